@@ -1,0 +1,84 @@
+//! Command-line flags of `infergate engine`, named as vLLM names them where vLLM has the flag.
+
+use std::path::PathBuf;
+
+/// Which forward pass the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Roofline time model of a GPU preset; everything else real.
+    Sim,
+}
+
+/// Flags of one engine worker.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Forward-pass backend.
+    #[arg(long, value_enum, default_value = "sim")]
+    pub backend: BackendKind,
+    /// GPU preset the sim backend models (h100, h200, a100, l4, mi300x).
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// Model preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-0.5b) or its Hugging Face id.
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    /// Names the model is served under (default: `--model`).
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free one and prints it).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// GPUs the model is sharded over.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// Most sequences in one batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step (default 8192; at least the context without chunked prefill).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Fraction of GPU memory the engine may use (weights, activations, KV cache).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Context length (default: the model's).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Admit prompts only whole, never split across steps.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
+    /// Disable reuse of cached KV blocks across requests.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Use exactly this many KV blocks instead of the memory-derived budget.
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
+    /// Requests allowed to wait for admission before new ones get 503.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting_requests: usize,
+    /// Jinja chat template file (default: ChatML).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Sim: mean answer length in tokens when EOS may end a sequence.
+    #[arg(long, default_value_t = 256.0)]
+    pub sim_mean_output_tokens: f64,
+    /// Fault: share of requests answered 500 before running (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_error_rate: f64,
+    /// Fault: multiply every step time by this.
+    #[arg(long, default_value_t = 1.0)]
+    pub fault_latency_multiplier: f64,
+    /// Fault: exit the process abruptly when the Nth request arrives.
+    #[arg(long)]
+    pub fault_crash_after: Option<u64>,
+    /// Fault: seed of the error-rate draw.
+    #[arg(long, default_value_t = 0)]
+    pub fault_seed: u64,
+}

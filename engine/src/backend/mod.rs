@@ -1,0 +1,19 @@
+//! Backends: the one part of the engine that differs between `sim` (a roofline time model) and
+//! real forward passes. Everything else (scheduler, KV cache, server, metrics) is shared.
+
+pub mod sim;
+
+use crate::roofline::StepCost;
+use crate::scheduler::Batch;
+use crate::sequence::Sequence;
+
+/// Runs a scheduled batch and samples next tokens.
+pub trait Backend: Send {
+    /// Runs one step's forward pass over `batch` (indices into `running`) and returns its cost;
+    /// the engine waits on its clock until the step would have ended.
+    fn execute(&mut self, batch: &Batch, running: &[Sequence]) -> StepCost;
+    /// Samples the next token for a sequence whose last token was just computed.
+    fn sample(&mut self, seq: &mut Sequence) -> u32;
+    /// End-of-sequence token id.
+    fn eos_token(&self) -> u32;
+}

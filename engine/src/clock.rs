@@ -1,0 +1,100 @@
+//! Time source of the engine: the real clock when serving, a virtual one in the offline simulator.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Seconds since the clock's epoch, and a way to wait until a later time.
+pub trait Clock: Send + Sync {
+    /// Current time in seconds since this clock started.
+    fn now(&self) -> f64;
+    /// Returns once `now() >= t`: sleeps on the real clock, jumps on a virtual one.
+    fn sleep_until(&self, t: f64);
+}
+
+/// Wall-clock time; `sleep_until` blocks the calling thread (the engine's own, never the reactor).
+#[derive(Debug)]
+pub struct RealClock {
+    start: Instant,
+}
+
+impl RealClock {
+    /// A clock whose epoch is now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for RealClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for RealClock {
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn sleep_until(&self, t: f64) {
+        let now = self.now();
+        if t > now {
+            std::thread::sleep(Duration::from_secs_f64(t - now));
+        }
+    }
+}
+
+/// Simulated time that only moves when told to; steps cost no wall time.
+#[derive(Debug, Default)]
+pub struct VirtualClock {
+    now: Mutex<f64>,
+}
+
+impl VirtualClock {
+    /// A virtual clock at time zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Moves time forward to `t` (never backwards).
+    pub fn advance_to(&self, t: f64) {
+        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        if t > *now {
+            *now = t;
+        }
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now(&self) -> f64 {
+        *self.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sleep_until(&self, t: f64) {
+        self.advance_to(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtual_clock_jumps_and_never_goes_back() {
+        let c = VirtualClock::new();
+        assert_eq!(c.now(), 0.0);
+        c.sleep_until(2.5);
+        assert_eq!(c.now(), 2.5);
+        c.advance_to(1.0);
+        assert_eq!(c.now(), 2.5);
+    }
+
+    #[test]
+    fn real_clock_sleeps_at_least_until_target() {
+        let c = RealClock::new();
+        let target = c.now() + 0.002;
+        c.sleep_until(target);
+        assert!(c.now() >= target);
+    }
+}

@@ -1,0 +1,257 @@
+//! The engine core: the step loop (admit → schedule → execute → sample → stream out → free) that
+//! runs on its own thread, owning the scheduler and the backend. The same core runs on the real
+//! clock when serving and on a virtual clock in the offline simulator.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::block_manager::CacheStats;
+use crate::clock::Clock;
+use crate::metrics::EngineMetrics;
+use crate::roofline::StepCost;
+use crate::scheduler::{ScheduledSeq, Scheduler};
+use crate::sequence::{FinishInfo, FinishReason, NewRequest, SendError, SeqEvent, Sequence};
+
+/// What one call to [`EngineCore::step`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepReport {
+    /// Cost of the step; `None` when nothing could be scheduled.
+    pub cost: Option<StepCost>,
+    /// Sequences in the batch.
+    pub scheduled: usize,
+    /// Sequences that finished.
+    pub finished: usize,
+    /// Sequences preempted.
+    pub preempted: usize,
+    /// Clock time at the end of the step.
+    pub end: f64,
+}
+
+/// Engine state owned by one thread.
+pub struct EngineCore {
+    sched: Scheduler,
+    backend: Box<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<EngineMetrics>,
+    pending: Arc<AtomicUsize>,
+    draining: Vec<(Sequence, FinishInfo)>,
+    entries: Vec<ScheduledSeq>,
+    last_stats: CacheStats,
+}
+
+impl EngineCore {
+    /// A core over `sched` and `backend`. `pending` counts requests submitted but not yet
+    /// admitted; the core decrements it as they are admitted or dropped.
+    pub fn new(
+        sched: Scheduler,
+        backend: Box<dyn Backend>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<EngineMetrics>,
+        pending: Arc<AtomicUsize>,
+    ) -> Self {
+        Self {
+            sched,
+            backend,
+            clock,
+            metrics,
+            pending,
+            draining: Vec::new(),
+            entries: Vec::new(),
+            last_stats: CacheStats::default(),
+        }
+    }
+
+    /// The scheduler (read-only: tests, simulator reports).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Queues a request; one that could never fit in the whole KV cache is refused at once.
+    pub fn add_request(&mut self, mut req: NewRequest) {
+        let kv = &self.sched.kv;
+        let need = kv.blocks_for(req.prompt.len() + req.params.max_tokens);
+        if need > kv.num_blocks() || req.prompt.is_empty() {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.metrics
+                .rejected
+                .with_label_values(&["kv_capacity"])
+                .inc();
+            let msg = format!(
+                "request needs {need} KV blocks ({} prompt + {} max tokens) but the cache has {} blocks",
+                req.prompt.len(),
+                req.params.max_tokens,
+                kv.num_blocks()
+            );
+            let _ = req.sink.try_send(SeqEvent::Error(msg));
+            return;
+        }
+        let bs = kv.block_size();
+        self.sched.add(Sequence::new(req, bs, self.clock.now()));
+        self.metrics.waiting.set(self.sched.waiting.len() as f64);
+    }
+
+    /// True while any request waits, runs, or has undelivered output.
+    pub fn has_work(&self) -> bool {
+        !self.sched.is_idle() || !self.draining.is_empty()
+    }
+
+    /// Runs one engine step; waits on the clock for the step's cost.
+    pub fn step(&mut self) -> StepReport {
+        let pending = &self.pending;
+        let gone = self.sched.remove_where(|s| s.sink.is_closed());
+        for s in &gone {
+            if s.first_scheduled.is_none() {
+                pending.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.metrics
+                .request_success
+                .with_label_values(&["abort"])
+                .inc();
+        }
+
+        let start = self.clock.now();
+        let batch = self.sched.schedule(start);
+        let preempted = batch.preempted;
+        self.entries.clear();
+        self.entries.extend_from_slice(&batch.seqs);
+        if self.entries.is_empty() {
+            self.flush_outputs();
+            self.update_gauges();
+            return StepReport {
+                end: start,
+                ..StepReport::default()
+            };
+        }
+        let cost = self
+            .backend
+            .execute(self.sched.batch(), &self.sched.running);
+        let end = start + cost.seconds;
+        self.clock.sleep_until(end);
+        self.sched.commit_step();
+        self.metrics
+            .steps
+            .with_label_values(&[cost.path.as_str()])
+            .inc();
+        self.metrics.preemptions.inc_by(preempted as f64);
+
+        let eos = self.backend.eos_token();
+        for e in &self.entries {
+            let seq = &mut self.sched.running[e.index];
+            seq.record_path(cost.path);
+            if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
+                pending.fetch_sub(1, Ordering::AcqRel);
+                self.metrics.queue_time.observe(start - seq.arrival);
+                self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
+            }
+            if seq.remaining() != 0 {
+                continue;
+            }
+            let token = self.backend.sample(seq);
+            let stop_ok = !seq.params.ignore_eos && seq.num_output() >= seq.params.min_tokens;
+            if token == eos && stop_ok {
+                seq.finish = Some(FinishReason::Stop);
+                continue;
+            }
+            seq.push_token(token, self.sched.kv.block_size());
+            self.metrics.generation_tokens.inc();
+            match seq.last_token_at {
+                None => self.metrics.ttft.observe(end - seq.arrival),
+                Some(prev) => self.metrics.itl.observe(end - prev),
+            }
+            seq.last_token_at = Some(end);
+            if seq.num_output() >= seq.params.max_tokens {
+                seq.finish = Some(FinishReason::Length);
+            }
+        }
+
+        let finished = self.sched.take_finished();
+        let n_finished = finished.len();
+        for seq in finished {
+            let Some(reason) = seq.finish else { continue };
+            let info = seq.finish_info(reason);
+            self.metrics.e2e.observe(end - seq.arrival);
+            let label = match reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+            };
+            self.metrics
+                .request_success
+                .with_label_values(&[label])
+                .inc();
+            self.draining.push((seq, info));
+        }
+        self.flush_outputs();
+        self.update_gauges();
+        StepReport {
+            cost: Some(cost),
+            scheduled: self.entries.len(),
+            finished: n_finished,
+            preempted,
+            end,
+        }
+    }
+
+    /// Hands buffered tokens to clients; finished sequences leave once their last event is taken.
+    fn flush_outputs(&mut self) {
+        for seq in &mut self.sched.running {
+            // A closed sink is noticed and aborted at the start of the next step.
+            seq.flush();
+        }
+        self.draining.retain_mut(|(seq, info)| {
+            if !seq.flush() {
+                return false;
+            }
+            if !seq.pending_tokens.is_empty() {
+                return true;
+            }
+            match seq.sink.try_send(SeqEvent::Finished(*info)) {
+                Ok(()) | Err(SendError::Closed) => false,
+                Err(SendError::Full(_)) => true,
+            }
+        });
+    }
+
+    fn update_gauges(&mut self) {
+        let m = &self.metrics;
+        m.running.set(self.sched.running.len() as f64);
+        m.waiting.set(self.sched.waiting.len() as f64);
+        m.kv_usage.set(self.sched.kv.usage());
+        let stats = self.sched.kv.stats();
+        m.prefix_queries
+            .inc_by((stats.queried_tokens - self.last_stats.queried_tokens) as f64);
+        m.prefix_hits
+            .inc_by((stats.hit_tokens - self.last_stats.hit_tokens) as f64);
+        self.last_stats = stats;
+    }
+}
+
+/// Runs `core` until every sender of `requests` is gone and all work is done.
+pub fn run_engine_loop(mut core: EngineCore, requests: Receiver<NewRequest>) {
+    loop {
+        if !core.has_work() {
+            match requests.recv() {
+                Ok(r) => core.add_request(r),
+                Err(_) => return,
+            }
+        }
+        while let Ok(r) = requests.try_recv() {
+            core.add_request(r);
+        }
+        let report = core.step();
+        if report.cost.is_none() {
+            // Nothing could run (output buffers full, or waiting on blocks): wait for news briefly.
+            match requests.recv_timeout(Duration::from_millis(2)) {
+                Ok(r) => core.add_request(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    if !core.has_work() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Builds a running engine from its flags: presets → KV budget → scheduler and backend → core
+//! thread. Refuses configurations that cannot work (unknown preset, model too large) up front.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+
+use crate::args::{BackendKind, EngineArgs};
+use crate::backend::sim::SimBackend;
+use crate::block_manager::BlockManager;
+use crate::clock::RealClock;
+use crate::core::{EngineCore, run_engine_loop};
+use crate::metrics::EngineMetrics;
+use crate::openai::ChatTemplate;
+use crate::presets;
+use crate::roofline::{RooflineConfig, RooflineModel, kv_block_budget};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::sequence::NewRequest;
+use crate::tokenizer::SimTokenizer;
+
+/// Fault injection knobs for tests of the layers above.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    /// Share of requests answered 500.
+    pub error_rate: f64,
+    /// Exit when this request number arrives.
+    pub crash_after: Option<u64>,
+    /// Seed of the error draw.
+    pub seed: u64,
+}
+
+impl Faults {
+    /// Whether request number `n` is failed on purpose (deterministic in seed and `n`).
+    pub fn should_fail(&self, n: u64) -> bool {
+        if self.error_rate <= 0.0 {
+            return false;
+        }
+        let h = xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), self.seed);
+        ((h >> 11) as f64 / (1u64 << 53) as f64) < self.error_rate
+    }
+}
+
+/// A started engine, as the HTTP layer sees it.
+pub struct Engine {
+    /// Names the model answers to; the first is the primary.
+    pub served_names: Vec<String>,
+    /// KV blocks in the cache.
+    pub num_blocks: usize,
+    /// Context length in tokens.
+    pub max_model_len: usize,
+    /// Most sequences per batch.
+    pub max_num_seqs: usize,
+    /// Exported metrics.
+    pub metrics: Arc<EngineMetrics>,
+    /// Injected faults.
+    pub faults: Faults,
+    /// Prompt tokenizer.
+    pub tokenizer: &'static SimTokenizer,
+    /// Chat template for `/v1/chat/completions`.
+    pub chat_template: ChatTemplate,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Requests submitted but not yet admitted.
+    pub pending: Arc<AtomicUsize>,
+    /// Bound on `pending`.
+    pub max_waiting: usize,
+    /// Queue into the core thread.
+    pub submit: mpsc::Sender<NewRequest>,
+}
+
+impl Engine {
+    /// Seconds a refused client should wait: the time the engine needs to admit `pending`
+    /// requests, from the observed mean request latency and the batch width.
+    pub fn retry_after_secs(&self, pending: usize) -> u64 {
+        let count = self.metrics.e2e.get_sample_count();
+        let mean = if count == 0 {
+            1.0
+        } else {
+            self.metrics.e2e.get_sample_sum() / count as f64
+        };
+        let secs = pending as f64 * mean / self.max_num_seqs.max(1) as f64;
+        secs.ceil().max(1.0) as u64
+    }
+}
+
+/// Validates the flags, sizes the KV cache and starts the core thread.
+pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
+    let BackendKind::Sim = args.backend;
+    let gpu = presets::gpu(&args.gpu).ok_or_else(|| {
+        format!(
+            "unknown --gpu {:?}; known: {}",
+            args.gpu,
+            presets::gpu_names().join(", ")
+        )
+    })?;
+    let model = presets::model(&args.model).ok_or_else(|| {
+        format!(
+            "unknown --model {:?}; known: {}",
+            args.model,
+            presets::model_names().join(", ")
+        )
+    })?;
+    if args.block_size == 0 || args.max_num_seqs == 0 || args.tensor_parallel_size == 0 {
+        return Err(
+            "--block-size, --max-num-seqs and --tensor-parallel-size must be at least 1".into(),
+        );
+    }
+    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0) {
+        return Err("--gpu-memory-utilization must be in (0, 1]".into());
+    }
+    let max_model_len = args.max_model_len.unwrap_or(model.max_model_len);
+    if max_model_len == 0 || max_model_len > model.max_model_len {
+        return Err(format!(
+            "--max-model-len {max_model_len} must be between 1 and {}'s context of {}",
+            model.name, model.max_model_len
+        ));
+    }
+    let budget = kv_block_budget(
+        gpu,
+        model,
+        args.tensor_parallel_size,
+        args.gpu_memory_utilization,
+        args.block_size,
+    )
+    .map_err(|e| e.to_string())?;
+    let num_blocks = args.num_gpu_blocks_override.unwrap_or(budget.num_blocks);
+    if num_blocks == 0 {
+        return Err("the KV cache would have no blocks".into());
+    }
+    let chunked = !args.no_chunked_prefill;
+    let mut batched = args.max_num_batched_tokens.unwrap_or(8192);
+    if !chunked {
+        // Whole prompts only: the budget must hold the longest one (as vLLM requires).
+        batched = batched.max(max_model_len);
+    }
+    if batched == 0 {
+        return Err("--max-num-batched-tokens must be at least 1".into());
+    }
+
+    let served_names = if args.served_model_name.is_empty() {
+        vec![args.model.clone()]
+    } else {
+        args.served_model_name.clone()
+    };
+    let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
+    let tokenizer = SimTokenizer::shared()?;
+    let chat_template = match &args.chat_template {
+        None => ChatTemplate::default_chatml(),
+        Some(path) => {
+            let src = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --chat-template {}: {e}", path.display()))?;
+            ChatTemplate::from_source(&src, "", "<|endoftext|>")
+                .map_err(|e| format!("--chat-template {}: {e}", path.display()))?
+        }
+    };
+
+    let roofline = RooflineModel::new(
+        gpu,
+        model,
+        RooflineConfig {
+            tensor_parallel_size: args.tensor_parallel_size,
+            max_num_seqs: args.max_num_seqs,
+            latency_multiplier: args.fault_latency_multiplier,
+            ..RooflineConfig::default()
+        },
+    );
+    let backend = SimBackend::new(
+        roofline,
+        tokenizer.word_tokens().to_vec(),
+        tokenizer.eos(),
+        args.sim_mean_output_tokens,
+        args.block_size,
+    );
+    let sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: batched,
+            chunked_prefill: chunked,
+        },
+        BlockManager::new(num_blocks, args.block_size, !args.no_prefix_caching),
+    );
+    let pending = Arc::new(AtomicUsize::new(0));
+    let core = EngineCore::new(
+        sched,
+        Box::new(backend),
+        Arc::new(RealClock::new()),
+        metrics.clone(),
+        pending.clone(),
+    );
+    let (submit, requests) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("engine-core".into())
+        .spawn(move || run_engine_loop(core, requests))
+        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+
+    Ok(Engine {
+        served_names,
+        num_blocks,
+        max_model_len,
+        max_num_seqs: args.max_num_seqs,
+        metrics,
+        faults: Faults {
+            error_rate: args.fault_error_rate,
+            crash_after: args.fault_crash_after,
+            seed: args.fault_seed,
+        },
+        tokenizer,
+        chat_template,
+        max_body_bytes: args.max_body_bytes,
+        pending,
+        max_waiting: args.max_waiting_requests,
+        submit,
+    })
+}

@@ -1,0 +1,21 @@
+//! infergate engine worker: an OpenAI-compatible server over a continuous-batching scheduler,
+//! a paged, prefix-cached KV block manager and a pluggable backend (`sim` today).
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod backend;
+pub mod block_manager;
+pub mod clock;
+pub mod core;
+pub mod generation;
+pub mod launch;
+pub mod metrics;
+pub mod openai;
+pub mod output_text;
+pub mod presets;
+pub mod request;
+pub mod roofline;
+pub mod scheduler;
+pub mod sequence;
+pub mod server;
+pub mod tokenizer;

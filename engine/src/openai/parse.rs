@@ -1,0 +1,403 @@
+//! Turns `/v1/completions` and `/v1/chat/completions` bodies into a validated [`ParsedRequest`].
+
+use serde_json::Value;
+
+use super::fields::{Fields, as_int, invalid, wrong_type};
+use super::{ApiError, ChatTemplate};
+use crate::request::SamplingParams;
+
+/// Which OpenAI endpoint a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+}
+
+/// The prompt to prefill: text still to tokenize, or token ids given by the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text; for chat, the rendered template.
+    Text(String),
+    /// Token ids sent as the completions `prompt`.
+    Tokens(Vec<u32>),
+}
+
+/// One chat message, its content flattened to text.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool` or `developer`.
+    pub role: String,
+    /// The text parts joined with `\n`; empty for an assistant message without content.
+    pub content: String,
+}
+
+/// A request that passed validation; only this type reaches the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest {
+    /// The endpoint, which decides the response shape.
+    pub endpoint: Endpoint,
+    /// The `model` named by the client.
+    pub model: String,
+    /// The prompt; for chat, the rendered template text.
+    pub prompt: Prompt,
+    /// Answer as server-sent events.
+    pub stream: bool,
+    /// `stream_options.include_usage`: end the stream with a usage chunk.
+    pub include_usage: bool,
+    /// The client's `max_tokens` (chat: `max_completion_tokens` first); `None` → caller defaults it.
+    pub max_tokens: Option<usize>,
+    /// Sampling parameters; `sampling.max_tokens` is 0 until the caller resolves it.
+    pub sampling: SamplingParams,
+    /// The opaque `user` tag.
+    pub user: Option<String>,
+}
+
+/// Most stop strings a request may carry, as in OpenAI's API.
+const MAX_STOP: usize = 4;
+
+/// Roles a chat message may have.
+const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+
+/// Parses and validates a `/v1/completions` body.
+pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let value = Fields::parse(body)?;
+    let f = Fields::new(&value)?;
+    let model = model(&f)?;
+    let prompt = completion_prompt(f.get("prompt"))?;
+    common(&f, Endpoint::Completions, model, prompt, "max_tokens")
+}
+
+/// Parses and validates a `/v1/chat/completions` body and renders its messages with `template`.
+pub fn parse_chat(body: &[u8], template: &ChatTemplate) -> Result<ParsedRequest, ApiError> {
+    let value = Fields::parse(body)?;
+    let f = Fields::new(&value)?;
+    let model = model(&f)?;
+    let messages = chat_messages(f.get("messages"))?;
+    let max_field = if f.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    // Validate the cheap fields before rendering the template.
+    let placeholder = Prompt::Text(String::new());
+    let mut parsed = common(&f, Endpoint::ChatCompletions, model, placeholder, max_field)?;
+    parsed.prompt = Prompt::Text(template.render(&messages, add_generation_prompt)?);
+    Ok(parsed)
+}
+
+fn model(f: &Fields<'_>) -> Result<String, ApiError> {
+    f.string("model")?
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::bad_request("`model` is required", Some("model")))
+}
+
+/// The fields both endpoints share.
+fn common(
+    f: &Fields<'_>,
+    endpoint: Endpoint,
+    model: String,
+    prompt: Prompt,
+    max_field: &str,
+) -> Result<ParsedRequest, ApiError> {
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = stream_options(f, stream)?;
+    unsupported(f)?;
+
+    let max_tokens = match f.int(max_field)? {
+        None => None,
+        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => {
+            return Err(invalid(
+                max_field,
+                format!("`{max_field}` must be at least 1, got {n}"),
+            ));
+        }
+    };
+    let min_tokens = match f.int("min_tokens")? {
+        None => 0,
+        Some(n) if n < 0 => {
+            return Err(invalid(
+                "min_tokens",
+                format!("`min_tokens` must be at least 0, got {n}"),
+            ));
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    if let Some(max) = max_tokens.filter(|&max| min_tokens > max) {
+        return Err(invalid(
+            "min_tokens",
+            format!("`min_tokens` ({min_tokens}) must be at most `{max_field}` ({max})"),
+        ));
+    }
+
+    let temperature = f.number("temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(invalid(
+            "temperature",
+            format!("`temperature` must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let top_p = f.number("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(invalid(
+            "top_p",
+            format!("`top_p` must be in (0, 1], got {top_p}"),
+        ));
+    }
+    let top_k = match f.int("top_k")? {
+        None | Some(0) | Some(-1) => -1,
+        Some(k) if k >= 1 => i32::try_from(k).unwrap_or(i32::MAX),
+        Some(k) => {
+            return Err(invalid(
+                "top_k",
+                format!("`top_k` must be -1 (disabled) or at least 1, got {k}"),
+            ));
+        }
+    };
+    let seed = match f.int("seed")? {
+        None => None,
+        // Negative seeds keep their bits, so -1 and u64::MAX name the same stream.
+        Some(s) if s < 0 => Some(i64::try_from(s).map_err(|_| seed_range())? as u64),
+        Some(s) => Some(u64::try_from(s).map_err(|_| seed_range())?),
+    };
+
+    Ok(ParsedRequest {
+        endpoint,
+        model,
+        prompt,
+        stream,
+        include_usage,
+        max_tokens,
+        sampling: SamplingParams {
+            max_tokens: 0,
+            min_tokens,
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed,
+            ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+            stop: stop(f.get("stop"))?,
+        },
+        user: f.string("user")?.map(str::to_owned),
+    })
+}
+
+fn seed_range() -> ApiError {
+    invalid("seed", "`seed` must fit in 64 bits".to_owned())
+}
+
+/// `stream_options.include_usage`; like vLLM, the options are only accepted with `stream: true`.
+fn stream_options(f: &Fields<'_>, stream: bool) -> Result<bool, ApiError> {
+    let Some(options) = f.get("stream_options") else {
+        return Ok(false);
+    };
+    let options = Fields::new(options).map_err(|_| wrong_type("stream_options", "an object"))?;
+    if !stream {
+        return Err(invalid(
+            "stream_options",
+            "`stream_options` can only be set when `stream` is true".to_owned(),
+        ));
+    }
+    options
+        .bool("include_usage")
+        .map(|b| b.unwrap_or(false))
+        .map_err(|_| wrong_type("stream_options.include_usage", "a boolean"))
+}
+
+/// Rejects features we do not implement: several choices and echoing the prompt.
+fn unsupported(f: &Fields<'_>) -> Result<(), ApiError> {
+    for field in ["n", "best_of"] {
+        match f.int(field)? {
+            Some(n) if n < 1 => {
+                return Err(invalid(
+                    field,
+                    format!("`{field}` must be at least 1, got {n}"),
+                ));
+            }
+            Some(n) if n > 1 => {
+                return Err(invalid(field, format!("{field} > 1 is not supported")));
+            }
+            _ => {}
+        }
+    }
+    if f.bool("echo")? == Some(true) {
+        return Err(invalid("echo", "`echo` is not supported".to_owned()));
+    }
+    Ok(())
+}
+
+fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let non_empty = |s: &str| {
+        if s.is_empty() {
+            Err(invalid(
+                "stop",
+                "`stop` strings must not be empty".to_owned(),
+            ))
+        } else {
+            Ok(s.to_owned())
+        }
+    };
+    match value {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![non_empty(s)?]),
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_STOP {
+                return Err(invalid(
+                    "stop",
+                    format!(
+                        "`stop` may hold at most {MAX_STOP} strings, got {}",
+                        items.len()
+                    ),
+                ));
+            }
+            items
+                .iter()
+                .map(|item| {
+                    item.as_str()
+                        .ok_or_else(|| wrong_type("stop", "a string or an array of strings"))
+                        .and_then(non_empty)
+                })
+                .collect()
+        }
+        Some(_) => Err(wrong_type("stop", "a string or an array of strings")),
+    }
+}
+
+fn completion_prompt(value: Option<&Value>) -> Result<Prompt, ApiError> {
+    const EXPECTED: &str = "a string, an array of token ids, or a one-element array of either";
+    let empty = || invalid("prompt", "`prompt` must not be empty".to_owned());
+    let batched = || invalid("prompt", "batched prompts are not supported".to_owned());
+    match value {
+        None => Err(ApiError::bad_request(
+            "`prompt` is required",
+            Some("prompt"),
+        )),
+        Some(Value::String(s)) if s.is_empty() => Err(empty()),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(empty()),
+            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens),
+            Some(Value::String(_) | Value::Array(_)) if items.len() > 1 => Err(batched()),
+            Some(inner @ (Value::String(_) | Value::Array(_))) => completion_prompt(Some(inner)),
+            Some(_) => Err(wrong_type("prompt", EXPECTED)),
+        },
+        Some(_) => Err(wrong_type("prompt", EXPECTED)),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
+    if items.is_empty() {
+        return Err(invalid("prompt", "`prompt` must not be empty".to_owned()));
+    }
+    items
+        .iter()
+        .map(|item| {
+            as_int(item)
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    invalid(
+                        "prompt",
+                        format!("`prompt` token ids must be integers in [0, 2^32), got {item}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn chat_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match value {
+        None => {
+            return Err(ApiError::bad_request(
+                "`messages` is required",
+                Some("messages"),
+            ));
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(wrong_type("messages", "an array of messages")),
+    };
+    if items.is_empty() {
+        return Err(invalid(
+            "messages",
+            "`messages` must not be empty".to_owned(),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| chat_message(i, item))
+        .collect()
+}
+
+fn chat_message(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
+    let at = format!("messages[{i}]");
+    let f = Fields::new(item).map_err(|_| wrong_type(&at, "an object"))?;
+    let role_field = format!("{at}.role");
+    let role = f
+        .string("role")
+        .map_err(|_| wrong_type(&role_field, "a string"))?
+        .ok_or_else(|| invalid(&role_field, format!("`{role_field}` is required")))?;
+    if !ROLES.contains(&role) {
+        return Err(invalid(
+            &role_field,
+            format!(
+                "unsupported role `{role}` in `{role_field}`; expected one of {}",
+                ROLES.join(", ")
+            ),
+        ));
+    }
+    let content_field = format!("{at}.content");
+    let content = match f.get("content") {
+        None if role == "assistant" => String::new(),
+        None => {
+            return Err(invalid(
+                &content_field,
+                format!("`{content_field}` is required for role `{role}`"),
+            ));
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => text_parts(&content_field, parts)?,
+        Some(_) => {
+            return Err(wrong_type(
+                &content_field,
+                "a string or an array of text parts",
+            ));
+        }
+    };
+    Ok(ChatMessage {
+        role: role.to_owned(),
+        content,
+    })
+}
+
+/// Joins `{"type":"text","text":...}` parts with `\n`, as vLLM flattens them for text-only models.
+fn text_parts(field: &str, parts: &[Value]) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        let f = Fields::new(part).map_err(|_| wrong_type(&at, "an object"))?;
+        match f.string("type") {
+            Ok(Some("text")) => {}
+            Ok(Some(other)) => {
+                return Err(invalid(
+                    &at,
+                    format!(
+                        "content part type `{other}` in `{at}` is not supported; only `text` is"
+                    ),
+                ));
+            }
+            _ => return Err(invalid(&at, format!("`{at}.type` must be a string"))),
+        }
+        match f.string("text") {
+            Ok(Some(text)) => texts.push(text),
+            _ => return Err(wrong_type(&format!("{at}.text"), "a string")),
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+#[cfg(test)]
+#[path = "parse_tests.rs"]
+mod tests;

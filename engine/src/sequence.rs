@@ -1,0 +1,203 @@
+//! One request's state inside the engine: its tokens, KV block table, progress and timings.
+
+use crate::block_manager::{BlockId, extend_block_hashes};
+use crate::request::SamplingParams;
+use crate::roofline::ExecPath;
+
+/// Why a sequence stopped generating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-sequence token sampled (or a stop string matched downstream).
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// Final accounting of one sequence, sent to its client after the last tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinishInfo {
+    /// Why generation ended.
+    pub reason: FinishReason,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Decode steps this sequence took on the CUDA-graph path.
+    pub graph_steps: u32,
+    /// Steps this sequence took on the eager path (prefill and large batches).
+    pub eager_steps: u32,
+    /// Times this sequence was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// What the engine delivers to a request's client.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// Newly generated token ids, in order.
+    Tokens(Vec<u32>),
+    /// The sequence ended; no event follows.
+    Finished(FinishInfo),
+    /// The engine could not run the request; no event follows.
+    Error(String),
+}
+
+/// Outcome of a non-blocking send to a client.
+#[derive(Debug)]
+pub enum SendError {
+    /// The client's buffer is full; the event comes back to be retried next step.
+    Full(SeqEvent),
+    /// The client is gone; the sequence should be aborted.
+    Closed,
+}
+
+/// Where a sequence's events go: a bounded channel to an HTTP response, or a recorder in the simulator.
+pub trait EventSink: Send {
+    /// Delivers an event without blocking.
+    fn try_send(&mut self, event: SeqEvent) -> Result<(), SendError>;
+    /// True once the receiver is gone (client disconnected).
+    fn is_closed(&self) -> bool;
+}
+
+/// A request handed to the engine core.
+pub struct NewRequest {
+    /// Engine-unique id.
+    pub id: u64,
+    /// Prompt token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Sampling and stopping parameters.
+    pub params: SamplingParams,
+    /// Destination of generated tokens.
+    pub sink: Box<dyn EventSink>,
+}
+
+/// Engine-side state of one request.
+pub struct Sequence {
+    /// Engine-unique id.
+    pub id: u64,
+    /// Prompt followed by generated tokens.
+    pub tokens: Vec<u32>,
+    /// Number of prompt tokens at the front of `tokens`.
+    pub prompt_len: usize,
+    /// Tokens whose KV entries are in the cache.
+    pub num_computed: usize,
+    /// KV blocks holding this sequence's tokens, in order.
+    pub block_table: Vec<BlockId>,
+    /// Chained content hashes of the full blocks of `tokens`.
+    pub block_hashes: Vec<u64>,
+    /// Leading blocks of `block_table` already registered in the prefix cache.
+    pub num_registered_blocks: usize,
+    /// Sampling and stopping parameters.
+    pub params: SamplingParams,
+    /// Sampler state (sim backend); seeded from the request.
+    pub rng_state: u64,
+    /// Clock time the request arrived.
+    pub arrival: f64,
+    /// Clock time it was first scheduled.
+    pub first_scheduled: Option<f64>,
+    /// Clock time of its latest generated token.
+    pub last_token_at: Option<f64>,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub cached_tokens: Option<usize>,
+    /// Decode steps taken on the graph path.
+    pub graph_steps: u32,
+    /// Steps taken on the eager path.
+    pub eager_steps: u32,
+    /// Times preempted.
+    pub preemptions: u32,
+    /// Set when generation ended.
+    pub finish: Option<FinishReason>,
+    /// Events not yet accepted by the sink.
+    pub pending_tokens: Vec<u32>,
+    /// Destination of events.
+    pub sink: Box<dyn EventSink>,
+}
+
+impl Sequence {
+    /// A waiting sequence for `req`, arrived at `now`.
+    pub fn new(req: NewRequest, block_size: usize, now: f64) -> Self {
+        let mut block_hashes = Vec::new();
+        extend_block_hashes(&mut block_hashes, &req.prompt, block_size);
+        let seed = req
+            .params
+            .seed
+            .unwrap_or(req.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        Self {
+            id: req.id,
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
+            num_computed: 0,
+            block_table: Vec::new(),
+            block_hashes,
+            num_registered_blocks: 0,
+            params: req.params,
+            rng_state: seed,
+            arrival: now,
+            first_scheduled: None,
+            last_token_at: None,
+            cached_tokens: None,
+            graph_steps: 0,
+            eager_steps: 0,
+            preemptions: 0,
+            finish: None,
+            pending_tokens: Vec::new(),
+            sink: req.sink,
+        }
+    }
+
+    /// Generated tokens so far.
+    pub fn num_output(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens still to compute before the next token can be sampled.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Appends a sampled token and extends the block hashes.
+    pub fn push_token(&mut self, token: u32, block_size: usize) {
+        self.tokens.push(token);
+        extend_block_hashes(&mut self.block_hashes, &self.tokens, block_size);
+        self.pending_tokens.push(token);
+    }
+
+    /// Counts one step on `path` for this sequence.
+    pub fn record_path(&mut self, path: ExecPath) {
+        match path {
+            ExecPath::Graph => self.graph_steps += 1,
+            ExecPath::Eager => self.eager_steps += 1,
+        }
+    }
+
+    /// The final accounting for the client.
+    pub fn finish_info(&self, reason: FinishReason) -> FinishInfo {
+        FinishInfo {
+            reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.num_output(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+            graph_steps: self.graph_steps,
+            eager_steps: self.eager_steps,
+            preemptions: self.preemptions,
+        }
+    }
+
+    /// Tries to hand pending tokens to the sink. Returns false when the client is gone.
+    pub fn flush(&mut self) -> bool {
+        if self.pending_tokens.is_empty() {
+            return !self.sink.is_closed();
+        }
+        let tokens = std::mem::take(&mut self.pending_tokens);
+        match self.sink.try_send(SeqEvent::Tokens(tokens)) {
+            Ok(()) => true,
+            Err(SendError::Full(SeqEvent::Tokens(t))) => {
+                self.pending_tokens = t;
+                true
+            }
+            Err(SendError::Full(_)) => true,
+            Err(SendError::Closed) => false,
+        }
+    }
+}

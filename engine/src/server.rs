@@ -1,0 +1,302 @@
+//! The engine worker's HTTP server: builds the engine from its flags, starts the core thread and
+//! serves the OpenAI-compatible API, `/health` and `/metrics` until SIGTERM or Ctrl-C.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::args::EngineArgs;
+use crate::generation::{ChannelSink, EVENT_BUFFER, Generation};
+use crate::launch::{Engine, build_engine};
+use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseMeta};
+use crate::sequence::NewRequest;
+
+/// Response body type of every route.
+pub type ResBody = BoxBody<Bytes, Infallible>;
+
+/// State shared by every connection.
+pub struct ServerState {
+    engine: Engine,
+    next_id: AtomicU64,
+    arrivals: AtomicU64,
+}
+
+/// Binds, prints the address, and serves until a shutdown signal; in-flight requests then finish.
+pub async fn serve(args: EngineArgs) -> Result<(), String> {
+    let engine = build_engine(&args)?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .map_err(|e| format!("bad --host/--port: {e}"))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(
+        model = %engine.served_names[0],
+        kv_blocks = engine.num_blocks,
+        max_model_len = engine.max_model_len,
+        "engine listening on http://{local}"
+    );
+    println!("infergate engine listening on http://{local}");
+    let state = Arc::new(ServerState {
+        engine,
+        next_id: AtomicU64::new(1),
+        arrivals: AtomicU64::new(0),
+    });
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let svc = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(route(state, req).await) }
+                });
+                let builder = auto::Builder::new(TokioExecutor::new());
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing in-flight requests");
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("grace period over; exiting with requests in flight");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: String) -> Response<ResBody> {
+    let mut res = Response::new(Full::new(Bytes::from(body)).boxed());
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    res
+}
+
+/// The one place an [`ApiError`] becomes an HTTP response.
+fn error_response(e: &ApiError) -> Response<ResBody> {
+    let mut res = full(e.status, "application/json", e.to_json());
+    if let Some(secs) = e.retry_after_secs {
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    res
+}
+
+async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResBody> {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::POST, "/v1/completions") => generate(state, req, Endpoint::Completions)
+            .await
+            .unwrap_or_else(|e| error_response(&e)),
+        (&Method::POST, "/v1/chat/completions") => generate(state, req, Endpoint::ChatCompletions)
+            .await
+            .unwrap_or_else(|e| error_response(&e)),
+        (&Method::GET, "/v1/models") => {
+            let e = &state.engine;
+            let created = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            full(
+                StatusCode::OK,
+                "application/json",
+                openai::models_list(&e.served_names, e.max_model_len, created),
+            )
+        }
+        (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", String::new()),
+        (&Method::GET, "/metrics") => full(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            state.engine.metrics.render(),
+        ),
+        (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health" | "/metrics") => {
+            error_response(&ApiError::method_not_allowed())
+        }
+        _ => error_response(&ApiError::not_found(format!("no route for {path}"))),
+    }
+}
+
+/// Handles a completion or chat request: read, validate, tokenize, admit, answer.
+async fn generate(
+    state: Arc<ServerState>,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+) -> Result<Response<ResBody>, ApiError> {
+    let engine = &state.engine;
+    let arrival = state.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
+    if engine.faults.crash_after.is_some_and(|n| arrival >= n) {
+        tracing::error!("fault injection: crashing at request {arrival}");
+        std::process::exit(70);
+    }
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+
+    let body = Limited::new(req.into_body(), engine.max_body_bytes)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::payload_too_large(format!(
+                    "request body exceeds {} bytes",
+                    engine.max_body_bytes
+                ))
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {e}"), None)
+            }
+        })?
+        .to_bytes();
+    let parsed = match endpoint {
+        Endpoint::Completions => openai::parse_completion(&body)?,
+        Endpoint::ChatCompletions => openai::parse_chat(&body, &engine.chat_template)?,
+    };
+    if !engine.served_names.iter().any(|n| n == &parsed.model) {
+        return Err(ApiError::not_found(format!(
+            "The model `{}` does not exist.",
+            parsed.model
+        )));
+    }
+    if engine.faults.should_fail(arrival) {
+        return Err(ApiError::internal("injected fault (--fault-error-rate)"));
+    }
+
+    let ParsedRequest {
+        prompt,
+        max_tokens,
+        mut sampling,
+        stream,
+        include_usage,
+        model,
+        ..
+    } = parsed;
+    let tokenizer = engine.tokenizer;
+    let prompt_tokens = match prompt {
+        Prompt::Tokens(t) => t,
+        // Tokenizing a long prompt takes milliseconds: keep it off the reactor.
+        Prompt::Text(text) => tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?,
+    };
+    if prompt_tokens.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
+    }
+    if let Some(bad) = prompt_tokens.iter().find(|&&t| t > tokenizer.eos()) {
+        return Err(ApiError::bad_request(
+            format!("token id {bad} is out of vocabulary"),
+            Some("prompt"),
+        ));
+    }
+    let limit = engine.max_model_len;
+    let n_prompt = prompt_tokens.len();
+    let default_max = match endpoint {
+        Endpoint::Completions => 16,
+        Endpoint::ChatCompletions => limit.saturating_sub(n_prompt),
+    };
+    let max_tokens = max_tokens.unwrap_or(default_max);
+    if n_prompt + max_tokens > limit || n_prompt >= limit {
+        return Err(ApiError::bad_request(
+            format!(
+                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                n_prompt + max_tokens
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    sampling.max_tokens = max_tokens;
+    if sampling.min_tokens > max_tokens {
+        sampling.min_tokens = max_tokens;
+    }
+
+    // Bounded waiting queue: refuse quickly with an honest estimate instead of queueing forever.
+    let pending = engine.pending.load(Ordering::Acquire);
+    if pending >= engine.max_waiting {
+        engine
+            .metrics
+            .rejected
+            .with_label_values(&["queue_full"])
+            .inc();
+        return Err(ApiError::unavailable(
+            format!("the engine's waiting queue is full ({pending} requests)"),
+            engine.retry_after_secs(pending),
+        ));
+    }
+    engine.pending.fetch_add(1, Ordering::AcqRel);
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let new = NewRequest {
+        id,
+        prompt: prompt_tokens,
+        params: sampling.clone(),
+        sink: Box::new(ChannelSink(tx)),
+    };
+    if engine.submit.send(new).is_err() {
+        engine.pending.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiError::internal("the engine thread has stopped"));
+    }
+
+    let meta = ResponseMeta::new(endpoint, model);
+    let mut generation = Generation::new(meta, rx, &sampling, n_prompt, include_usage, tokenizer);
+    let mut res = if stream {
+        // Wait for the first event so that refusals are real HTTP errors, not stream errors.
+        let first = generation.first_event().await?;
+        let mut res = Response::new(BoxBody::new(generation.into_sse(first)));
+        let h = res.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert("cache-control", HeaderValue::from_static("no-cache"));
+        res
+    } else {
+        let (body, paths) = generation.collect().await?;
+        let mut res = full(StatusCode::OK, "application/json", body);
+        if let Ok(v) = HeaderValue::from_str(&paths.header_value()) {
+            res.headers_mut().insert("x-infergate-exec-path", v);
+        }
+        res
+    };
+    if let Some(v) = request_id.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    Ok(res)
+}
