@@ -60,6 +60,9 @@ pub fn extend_block_hashes(hashes: &mut Vec<u64>, tokens: &[u32], block_size: us
         return;
     }
     let full = tokens.len() / block_size;
+    if hashes.len() >= full {
+        return;
+    }
     let mut buf = Vec::with_capacity(8 + 4 * block_size);
     while hashes.len() < full {
         let i = hashes.len();

@@ -138,6 +138,7 @@ impl EngineCore {
         self.metrics.preemptions.inc_by(preempted as f64);
 
         let eos = self.backend.eos_token();
+        let mut generated = 0u64;
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
             seq.record_path(cost.path);
@@ -156,7 +157,7 @@ impl EngineCore {
                 continue;
             }
             seq.push_token(token, self.sched.kv.block_size());
-            self.metrics.generation_tokens.inc();
+            generated += 1;
             match seq.last_token_at {
                 None => self.metrics.ttft.observe(end - seq.arrival),
                 Some(prev) => self.metrics.itl.observe(end - prev),
@@ -167,6 +168,7 @@ impl EngineCore {
             }
         }
 
+        self.metrics.generation_tokens.inc_by(generated as f64);
         let finished = self.sched.take_finished();
         let n_finished = finished.len();
         for seq in finished {
@@ -255,3 +257,7 @@ pub fn run_engine_loop(mut core: EngineCore, requests: Receiver<NewRequest>) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;

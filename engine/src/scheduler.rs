@@ -93,6 +93,9 @@ impl Scheduler {
                 i += 1;
             }
         }
+        if !self.waiting.iter().any(&mut gone) {
+            return removed;
+        }
         let mut kept = VecDeque::with_capacity(self.waiting.len());
         for seq in self.waiting.drain(..) {
             if gone(&seq) {
@@ -276,3 +279,7 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;
