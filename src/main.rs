@@ -1,7 +1,12 @@
 //! The `infergate` binary: one executable, several roles (see `infergate --help`).
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
+use infergate::config::LogFormat;
+use infergate::up::{RunArgs, load_snapshot};
 use infergate_engine::args::EngineArgs;
 
 /// Inference gateway and smart load balancer for LLM serving.
@@ -14,34 +19,95 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Gateway plus locally spawned sim workers from the embedded default config: one command, no GPU.
+    Up(RunArgs),
+    /// The gateway alone, in front of the workers its config names (ours, vLLM, SGLang, TGI).
+    Gateway(RunArgs),
     /// Run one engine worker (OpenAI-compatible API, vLLM metrics).
     Engine(EngineArgs),
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
 }
 
-fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a config and its policies; print every error with file and line (exit 1 on error).
+    Check {
+        /// Config file (default: config/infergate.yaml).
+        #[arg(long, default_value = "config/infergate.yaml")]
+        config: PathBuf,
+    },
+}
+
+fn init_logs(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn block_on(f: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
-    let result = match cli.command {
-        Command::Engine(args) => runtime.block_on(infergate_engine::server::serve(args)),
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match runtime.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Engine(args) => {
+            init_logs(LogFormat::Text, "info");
+            block_on(infergate_engine::server::serve(args))
+        }
+        Command::Up(args) | Command::Gateway(args) => {
+            let loaded = match load_snapshot(args.config.as_deref()) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            init_logs(loaded.0.log.format, &loaded.0.log.level);
+            block_on(infergate::up::run(args, loaded))
+        }
+        Command::Config {
+            command: ConfigCommand::Check { config },
+        } => match infergate::config::load(&config) {
+            Ok(s) => {
+                println!(
+                    "{}: OK ({} models, {} pools)",
+                    config.display(),
+                    s.models.len(),
+                    s.pools.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for e in &errors.0 {
+                    eprintln!("{e}");
+                }
+                eprintln!("{}: {} error(s)", config.display(), errors.0.len());
+                ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -60,7 +60,8 @@ pub struct EngineArgs {
     /// Requests allowed to wait for admission before new ones get 503.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting_requests: usize,
-    /// Jinja chat template file (default: ChatML).
+    /// Chat template: a Jinja file, or a Hugging Face model directory / its
+    /// `tokenizer_config.json` whose `chat_template` is used (default: ChatML).
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
     /// Largest request body in bytes.
@@ -81,4 +82,8 @@ pub struct EngineArgs {
     /// Fault: seed of the error-rate draw.
     #[arg(long, default_value_t = 0)]
     pub fault_seed: u64,
+    /// Exit when standard input closes: set by a supervising gateway so that workers never
+    /// outlive it, even when it is killed without a chance to stop them.
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
 }

@@ -146,6 +146,17 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     let tokenizer = SimTokenizer::shared()?;
     let chat_template = match &args.chat_template {
         None => ChatTemplate::default_chatml(),
+        Some(path) if path.is_dir() || path.ends_with("tokenizer_config.json") => {
+            // A Hugging Face model directory (or its tokenizer_config.json): use its template.
+            let config = if path.is_dir() {
+                path.join("tokenizer_config.json")
+            } else {
+                path.clone()
+            };
+            ChatTemplate::from_tokenizer_config(&config)
+                .map_err(|e| format!("--chat-template {}: {e}", config.display()))?
+                .ok_or_else(|| format!("{} has no chat_template", config.display()))?
+        }
         Some(path) => {
             let src = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read --chat-template {}: {e}", path.display()))?;

@@ -35,6 +35,18 @@ pub struct ServerState {
 /// Binds, prints the address, and serves until a shutdown signal; in-flight requests then finish.
 pub async fn serve(args: EngineArgs) -> Result<(), String> {
     let engine = build_engine(&args)?;
+    if args.exit_with_stdin {
+        std::thread::Builder::new()
+            .name("parent-watch".into())
+            .spawn(|| {
+                let mut sink = Vec::new();
+                // Blocks until the parent closes our stdin (or dies), then exits at once.
+                let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+                tracing::warn!("supervisor gone (stdin closed); exiting");
+                std::process::exit(0);
+            })
+            .map_err(|e| format!("cannot start the parent watch: {e}"))?;
+    }
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .map_err(|e| format!("bad --host/--port: {e}"))?;
@@ -51,7 +63,15 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
     println!("infergate engine listening on http://{local}");
     let state = Arc::new(ServerState {
         engine,
-        next_id: AtomicU64::new(1),
+        // Unseeded requests draw their sampling seed from the id: start from a per-process
+        // value so two workers (or two runs) do not produce the same text.
+        next_id: AtomicU64::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                ^ u64::from(std::process::id()),
+        ),
         arrivals: AtomicU64::new(0),
     });
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

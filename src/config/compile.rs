@@ -1,0 +1,120 @@
+//! The one conversion path from file text to `Snapshot`: parse both files, validate every section,
+//! collect every error, and only then build the snapshot.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use super::error::{ConfigError, ConfigErrors, Sink};
+use super::raw::RawConfig;
+use super::snapshot::Snapshot;
+use super::{pools, routing_file, sections};
+
+/// Where routing.yaml comes from.
+pub(super) enum RoutingSource<'a> {
+    /// Given as text, with the path it stands for.
+    Text(&'a str, &'a Path),
+    /// None: every pool gets the default policy.
+    Absent,
+    /// Read from `<policies>/routing.yaml` next to the config file.
+    Policies,
+}
+
+/// Parses and validates the config (and routing) text into a snapshot, or every error found.
+pub(super) fn compile(
+    text: &str,
+    path: &Path,
+    routing: RoutingSource<'_>,
+) -> Result<Snapshot, ConfigErrors> {
+    let mut sink = Sink::new(path);
+    let raw: RawConfig = match serde_saphyr::from_str(text) {
+        Ok(raw) => raw,
+        Err(err) => {
+            sink.yaml(&err);
+            return Err(ConfigErrors(sink.into_sorted()));
+        }
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    let routing = match routing {
+        RoutingSource::Text(text, path) => Some((text.to_string(), path.to_path_buf())),
+        RoutingSource::Absent => None,
+        RoutingSource::Policies => read_routing(&raw, base, &mut sink),
+    };
+
+    let mut pool_specs = pools::pools(&raw.pools, &mut sink);
+    let models = pools::models(&raw.models, &pool_specs, &mut sink);
+    let mut routing_errors = Vec::new();
+    if let Some((routing_text, routing_path)) = &routing {
+        let mut routing_sink = Sink::new(routing_path);
+        let entries = routing_file::parse(routing_text, &mut routing_sink);
+        for entry in entries.unwrap_or_default() {
+            match pool_specs.iter_mut().find(|p| p.name == entry.pool.value) {
+                Some(pool) => pool.policy = entry.policy,
+                None => routing_sink.at(
+                    &entry.pool.referenced,
+                    format!(
+                        "pool `{}` is not defined in {}",
+                        entry.pool.value,
+                        path.display()
+                    ),
+                ),
+            }
+        }
+        routing_errors = routing_sink.into_sorted();
+    }
+
+    let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
+    let snapshot = Snapshot {
+        listen: sections::address(&mut sink, raw.listen.as_ref(), "listen", default_listen),
+        admin: sections::admin(&mut sink, raw.admin.as_ref()),
+        tls: raw
+            .tls
+            .as_ref()
+            .and_then(|tls| sections::tls(&mut sink, tls, base)),
+        log: sections::log(&mut sink, raw.log.as_ref()),
+        health: sections::health(&mut sink, raw.health.as_ref()),
+        forward: sections::forward(&mut sink, raw.forward.as_ref()),
+        drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
+        max_body_bytes: sections::max_body_bytes(&mut sink, raw.limits.as_ref()),
+        models,
+        pools: pool_specs,
+        files: std::iter::once(path.to_path_buf())
+            .chain(routing.map(|(_, p)| p))
+            .map(|p| std::path::absolute(&p).unwrap_or(p))
+            .collect(),
+    };
+
+    let mut errors = sink.into_sorted();
+    errors.extend(routing_errors);
+    if errors.is_empty() {
+        Ok(snapshot)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Reads `<policies>/routing.yaml` (default `../policies`, relative to the config file). A missing
+/// file is an error only when `policies` was set explicitly.
+fn read_routing(raw: &RawConfig, base: &Path, sink: &mut Sink<'_>) -> Option<(String, PathBuf)> {
+    let dir = raw
+        .policies
+        .as_ref()
+        .map_or("../policies", |p| p.value.as_str());
+    let path = base.join(dir).join("routing.yaml");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Some((text, path)),
+        Err(err) => {
+            let message = format!("cannot read {}: {err}", path.display());
+            match &raw.policies {
+                Some(policies) => sink.at(&policies.referenced, message),
+                None if err.kind() == std::io::ErrorKind::NotFound => {}
+                None => sink.whole(message),
+            }
+            None
+        }
+    }
+}
+
+/// The error for a config file that cannot be read at all.
+pub(super) fn unreadable(path: &Path, err: &std::io::Error) -> ConfigErrors {
+    ConfigErrors(vec![ConfigError::file(path, format!("cannot read: {err}"))])
+}

@@ -1,0 +1,178 @@
+//! Tests that every kind of config error is reported with its file and line, all at once.
+
+use super::tests::{MINIMAL, errors, load_both, one_error};
+
+#[test]
+fn a_broken_yaml_file_reports_its_line() {
+    let errs = errors("models: []\npools:\n  - name: [p\n", None);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, "infergate.yaml");
+    assert!(errs[0].1.is_some_and(|l| l >= 3), "{errs:?}");
+    let errs = errors(MINIMAL, Some("pools:\n  p: {policy: prefix\n"));
+    assert_eq!(
+        (errs[0].0.as_str(), errs.len()),
+        ("routing.yaml", 1),
+        "{errs:?}"
+    );
+    assert!(errs[0].1.is_some_and(|l| l >= 2), "{errs:?}");
+}
+
+#[test]
+fn schema_errors_report_their_line() {
+    one_error(&format!("{MINIMAL}bogus: 1\n"), 7, "unknown field `bogus`");
+    one_error(&format!("health: {{eject_after: -1}}\n{MINIMAL}"), 1, "u32");
+    one_error(&format!("log: {{format: xml}}\n{MINIMAL}"), 1, "xml");
+    one_error("pools: []\n", 1, "models");
+}
+
+#[test]
+fn value_errors_report_their_line() {
+    one_error(
+        &format!("listen: localhost:80\n{MINIMAL}"),
+        1,
+        "not a socket address",
+    );
+    one_error(
+        &format!("\nhealth:\n  timeout: 10\n{MINIMAL}"),
+        3,
+        "no unit",
+    );
+    one_error(
+        &format!("health:\n  poll_interval: 0ms\n{MINIMAL}"),
+        2,
+        "greater than zero",
+    );
+    one_error(
+        &format!("forward: {{total_timeout: 5x}}\n{MINIMAL}"),
+        1,
+        "unknown duration unit",
+    );
+    one_error(
+        &format!("limits: {{max_body_bytes: 0}}\n{MINIMAL}"),
+        1,
+        "max_body_bytes",
+    );
+    one_error(
+        &MINIMAL.replace("http://127.0.0.1:9000/", "ftp://x"),
+        6,
+        "http or https",
+    );
+    one_error(
+        &MINIMAL.replace("url: http://127.0.0.1:9000/", "spawn: {count: 0}"),
+        6,
+        "count",
+    );
+    let dns = "dns: {name: w.svc, port: 8000, interval: 1y}";
+    one_error(
+        &MINIMAL.replace("url: http://127.0.0.1:9000/", dns),
+        6,
+        "dns interval",
+    );
+}
+
+#[test]
+fn reference_errors_report_their_line() {
+    one_error(
+        &MINIMAL.replace("pool: p}", "pool: q}"),
+        2,
+        "unknown pool `q`",
+    );
+    let dup_model = MINIMAL.replace("pools:", "  - {name: m, pool: p}\npools:");
+    one_error(&dup_model, 3, "duplicate model name `m` (first on line 2)");
+    let dup_pool = format!("{MINIMAL}  - name: p\n    workers: [{{url: http://x}}]\n");
+    one_error(&dup_pool, 7, "duplicate pool name `p`");
+    one_error(
+        "models: []\npools:\n  - name: empty\n    workers: []\n",
+        3,
+        "no workers",
+    );
+}
+
+#[test]
+fn admin_and_tls_errors_report_their_line() {
+    let open = format!("admin:\n  listen: 0.0.0.0:8081\n{MINIMAL}");
+    one_error(&open, 2, "api_key_env");
+    let unset = "INFERGATE_TEST_UNSET_ADMIN_KEY_7f3a";
+    one_error(
+        &format!("admin: {{api_key_env: {unset}}}\n{MINIMAL}"),
+        1,
+        "is not set",
+    );
+    let keyed = format!("admin:\n  listen: 0.0.0.0:8081\n  api_key_env: PATH\n{MINIMAL}");
+    let snap = load_both(&keyed, None).expect("PATH is always set");
+    assert!(snap.admin.api_key.is_some());
+    let errs = errors(
+        &format!("\ntls: {{cert: nope.pem, key: nope.key}}\n{MINIMAL}"),
+        None,
+    );
+    assert_eq!(
+        errs.iter().map(|e| e.1).collect::<Vec<_>>(),
+        [Some(2), Some(2)]
+    );
+    assert!(
+        errs[0].2.contains("tls.cert") && errs[1].2.contains("tls.key"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn routing_errors_report_their_line() {
+    let routing = "\
+pools:
+  p:
+    policy: prefix
+    load_factor: 0.5
+    max_kv_usage: 1.5
+    index_capacity: 0
+  ghost: {policy: least_load}
+  q2: {policy: round_robin, load_factor: 2}
+";
+    let config = format!("{MINIMAL}  - name: q2\n    workers: [{{url: http://x}}]\n");
+    let errs = errors(&config, Some(routing));
+    let lines: Vec<_> = errs.iter().map(|e| (e.0.as_str(), e.1)).collect();
+    let expected = [4, 5, 6, 7, 8].map(|l| ("routing.yaml", Some(l)));
+    assert_eq!(lines, expected, "{errs:#?}");
+    assert!(
+        errs[0]
+            .2
+            .contains("load_factor must be a number ≥ 1, got 0.5")
+    );
+    assert!(errs[1].2.contains("max_kv_usage"));
+    assert!(errs[2].2.contains("index_capacity"));
+    assert!(errs[3].2.contains("pool `ghost` is not defined"));
+    assert!(errs[4].2.contains("does not apply to policy round_robin"));
+    let typo = errors(
+        MINIMAL,
+        Some("pools:\n  p: {policy: prefix, load_factr: 2}\n"),
+    );
+    assert_eq!(typo.len(), 1);
+    assert!(typo[0].2.contains("load_factr"), "{typo:?}");
+}
+
+#[test]
+fn several_errors_in_both_files_are_all_reported() {
+    let config = "\
+listen: nowhere
+health: {poll_interval: fast, eject_after: 0}
+models:
+  - {name: m, pool: nope}
+pools:
+  - name: p
+    workers:
+      - url: not-a-url
+      - spawn: {count: 0}
+";
+    let errs = errors(config, Some("pools:\n  ghost: {policy: session}\n"));
+    let lines: Vec<_> = errs.iter().map(|e| (e.0.as_str(), e.1)).collect();
+    let file = "infergate.yaml";
+    let expected = [
+        (file, Some(1)),
+        (file, Some(2)),
+        (file, Some(2)),
+        (file, Some(4)),
+        (file, Some(8)),
+        (file, Some(9)),
+        ("routing.yaml", Some(2)),
+    ];
+    assert_eq!(lines, expected, "{errs:#?}");
+}

@@ -1,0 +1,151 @@
+//! Validation of `pools:` (names, dialects, worker sources) and `models:` (each naming a pool).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::error::Sink;
+use super::raw::{RawModel, RawPool, RawWorker, Text};
+use super::snapshot::{Dialect, ModelRoute, PoolSpec, WorkerSource};
+use super::values::{parse_duration, parse_worker_url};
+use crate::routing::{PolicyConfig, PrefixConfig};
+
+/// Re-resolution interval of a `dns` source when none is given.
+const DEFAULT_DNS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Builds the pools, with the default policy (`prefix`); routing.yaml overrides it later.
+pub(super) fn pools(raw: &[RawPool], sink: &mut Sink<'_>) -> Vec<PoolSpec> {
+    let mut first_line: HashMap<&str, u64> = HashMap::new();
+    let mut pools = Vec::with_capacity(raw.len());
+    for pool in raw {
+        let name = &pool.name;
+        if name.value.trim().is_empty() {
+            sink.at(&name.referenced, "pool name is empty");
+        } else if let Some(line) = first_line.get(name.value.as_str()) {
+            let msg = format!(
+                "duplicate pool name `{}` (first on line {line})",
+                name.value
+            );
+            sink.at(&name.referenced, msg);
+        } else {
+            first_line.insert(&name.value, name.referenced.line());
+        }
+        let raw_workers = pool.workers.as_deref().unwrap_or_default();
+        if raw_workers.is_empty() {
+            let msg = format!(
+                "pool `{}` has no workers: add url, spawn or dns entries",
+                name.value
+            );
+            sink.at(&name.referenced, msg);
+        }
+        let workers = raw_workers
+            .iter()
+            .filter_map(|w| worker(&name.value, w, sink))
+            .collect();
+        pools.push(PoolSpec {
+            name: name.value.clone(),
+            dialect: pool.dialect.unwrap_or(Dialect::Infergate),
+            workers,
+            policy: PolicyConfig::Prefix(PrefixConfig::default()),
+        });
+    }
+    pools
+}
+
+/// One worker source, or `None` after reporting why it is invalid.
+fn worker(pool: &str, raw: &RawWorker, sink: &mut Sink<'_>) -> Option<WorkerSource> {
+    let mut fail = |at: &Text, message: String| {
+        sink.at(&at.referenced, format!("pool `{pool}`: {message}"));
+        None
+    };
+    match raw {
+        RawWorker::Url(url) => match parse_worker_url(&url.value) {
+            Ok(url) => Some(WorkerSource::Url(url)),
+            Err(message) => fail(url, message),
+        },
+        RawWorker::Spawn(spawn) => {
+            let count = spawn.count.as_ref();
+            if let Some(count) = count.filter(|c| c.value == 0) {
+                sink.at(
+                    &count.referenced,
+                    format!("pool `{pool}`: spawn count must be ≥ 1"),
+                );
+                return None;
+            }
+            Some(WorkerSource::Spawn {
+                count: count.map_or(1, |c| c.value),
+                args: spawn.args.clone().unwrap_or_default(),
+            })
+        }
+        RawWorker::Dns(dns) => {
+            if dns.name.value.trim().is_empty() {
+                return fail(&dns.name, "dns name is empty".into());
+            }
+            if dns.port.value == 0 {
+                let at = &dns.port.referenced;
+                sink.at(at, format!("pool `{pool}`: dns port must be 1..=65535"));
+                return None;
+            }
+            let scheme = match &dns.scheme {
+                Some(s) if s.value == "http" || s.value == "https" => s.value.clone(),
+                Some(s) => {
+                    let got = &s.value;
+                    return fail(s, format!("dns scheme must be http or https, not `{got}`"));
+                }
+                None => "http".to_string(),
+            };
+            let interval = match &dns.interval {
+                None => DEFAULT_DNS_INTERVAL,
+                Some(text) => match parse_duration(&text.value) {
+                    Ok(d) if d.is_zero() => {
+                        return fail(text, "dns interval must be greater than zero".into());
+                    }
+                    Ok(d) => d,
+                    Err(message) => return fail(text, format!("dns interval: {message}")),
+                },
+            };
+            Some(WorkerSource::Dns {
+                name: dns.name.value.clone(),
+                port: dns.port.value,
+                scheme,
+                interval,
+            })
+        }
+    }
+}
+
+/// Builds the model routes, resolving each pool name to its index in `pools`.
+pub(super) fn models(raw: &[RawModel], pools: &[PoolSpec], sink: &mut Sink<'_>) -> Vec<ModelRoute> {
+    let mut first_line: HashMap<&str, u64> = HashMap::new();
+    let mut models = Vec::with_capacity(raw.len());
+    for model in raw {
+        let name = &model.name;
+        if name.value.trim().is_empty() {
+            sink.at(&name.referenced, "model name is empty");
+        } else if let Some(line) = first_line.get(name.value.as_str()) {
+            let msg = format!(
+                "duplicate model name `{}` (first on line {line})",
+                name.value
+            );
+            sink.at(&name.referenced, msg);
+        } else {
+            first_line.insert(&name.value, name.referenced.line());
+        }
+        let Some(pool) = pools.iter().position(|p| p.name == model.pool.value) else {
+            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            let msg = format!(
+                "model `{}` names unknown pool `{}` (pools: {})",
+                name.value,
+                model.pool.value,
+                known.join(", ")
+            );
+            sink.at(&model.pool.referenced, msg);
+            continue;
+        };
+        models.push(ModelRoute {
+            name: name.value.clone(),
+            pool,
+            upstream_model: model.upstream_model.clone(),
+        });
+    }
+    models
+}

@@ -1,0 +1,145 @@
+//! `policies/routing.yaml`: one routing policy per pool, with its parameters checked for range.
+//! Cross-checks against the pools of the main config happen in `compile`.
+
+use std::collections::HashMap;
+
+use serde_saphyr::Location;
+
+use super::error::Sink;
+use super::raw::{RawRouting, RoutingKeys, Text};
+use crate::routing::{PolicyConfig, PrefixConfig};
+
+/// One pool's entry in routing.yaml.
+pub(super) struct RoutingEntry {
+    /// The pool name, where it was written.
+    pub pool: Text,
+    /// Its policy, parameters in range.
+    pub policy: PolicyConfig,
+}
+
+/// Parses and checks routing.yaml; entries come back in file order. `None` when the file does
+/// not parse (the error is in `sink`); entries with bad parameters are reported and dropped.
+pub(super) fn parse(text: &str, sink: &mut Sink<'_>) -> Option<Vec<RoutingEntry>> {
+    if is_blank(text) {
+        return Some(Vec::new());
+    }
+    let raw: RawRouting = match serde_saphyr::from_str(text) {
+        Ok(raw) => raw,
+        Err(err) => {
+            sink.yaml(&err);
+            return None;
+        }
+    };
+    // The strict parse succeeded, so this lenient one sees the same document.
+    let keys: HashMap<String, HashMap<String, Location>> =
+        match serde_saphyr::from_str::<RoutingKeys>(text) {
+            Ok(lines) => key_places(lines),
+            Err(_) => HashMap::new(),
+        };
+    let mut entries: Vec<RoutingEntry> = raw
+        .pools
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(pool, policy)| RoutingEntry { pool, policy })
+        .collect();
+    entries.sort_by_key(|e| (e.pool.referenced.line(), e.pool.referenced.column()));
+    let no_keys = HashMap::new();
+    entries.retain(|entry| {
+        let places = keys.get(&entry.pool.value).unwrap_or(&no_keys);
+        check(entry, places, sink)
+    });
+    Some(entries)
+}
+
+/// True when the text holds nothing but blank lines and comments.
+fn is_blank(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
+}
+
+/// Pool name → key name → where the key was written.
+fn key_places(lines: RoutingKeys) -> HashMap<String, HashMap<String, Location>> {
+    let pools = lines.pools.unwrap_or_default();
+    pools
+        .into_iter()
+        .map(|(pool, keys)| {
+            let keys = keys.unwrap_or_default().into_keys();
+            let places = keys.map(|k| (k.value, k.referenced)).collect();
+            (pool.value, places)
+        })
+        .collect()
+}
+
+/// Reports parameters out of range, or given to a policy that takes none; true when clean.
+fn check(entry: &RoutingEntry, places: &HashMap<String, Location>, sink: &mut Sink<'_>) -> bool {
+    let pool = &entry.pool.value;
+    let place = |key: &str| places.get(key).copied().unwrap_or(entry.pool.referenced);
+    let mut clean = true;
+    let mut fail = |key: &str, message: String| {
+        sink.at(&place(key), format!("pool `{pool}`: {message}"));
+        clean = false;
+    };
+    match &entry.policy {
+        PolicyConfig::Prefix(config) => {
+            for (key, problem) in prefix_problems(config) {
+                fail(key, problem);
+            }
+        }
+        other => {
+            let mut extra: Vec<&String> = places.keys().filter(|k| *k != "policy").collect();
+            extra.sort();
+            for key in extra {
+                fail(
+                    key,
+                    format!("`{key}` does not apply to policy {}", name(other)),
+                );
+            }
+        }
+    }
+    clean
+}
+
+/// Every parameter of a prefix policy that is out of range, with the rule it breaks.
+fn prefix_problems(config: &PrefixConfig) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
+    if !config.load_factor.is_finite() || config.load_factor < 1.0 {
+        let got = config.load_factor;
+        problems.push((
+            "load_factor",
+            format!("load_factor must be a number ≥ 1, got {got}"),
+        ));
+    }
+    let kv = config.max_kv_usage;
+    if kv.is_nan() || kv <= 0.0 || kv > 1.0 {
+        let got = config.max_kv_usage;
+        problems.push((
+            "max_kv_usage",
+            format!("max_kv_usage must be in (0, 1], got {got}"),
+        ));
+    }
+    if config.max_waiting.is_nan() || config.max_waiting < 0.0 {
+        let got = config.max_waiting;
+        problems.push(("max_waiting", format!("max_waiting must be ≥ 0, got {got}")));
+    }
+    if config.index_capacity < 1 {
+        problems.push(("index_capacity", "index_capacity must be ≥ 1, got 0".into()));
+    }
+    if config.min_match_blocks < 1 {
+        problems.push((
+            "min_match_blocks",
+            "min_match_blocks must be ≥ 1, got 0".into(),
+        ));
+    }
+    problems
+}
+
+/// The YAML name of a policy.
+fn name(policy: &PolicyConfig) -> &'static str {
+    match policy {
+        PolicyConfig::RoundRobin => "round_robin",
+        PolicyConfig::LeastLoad => "least_load",
+        PolicyConfig::Session => "session",
+        PolicyConfig::Prefix(_) => "prefix",
+    }
+}

@@ -1,0 +1,210 @@
+//! Validation of the optional sections of the config file (listeners, TLS, log, health, forward,
+//! drain, limits). Each takes the raw section, reports bad values, and fills in the defaults.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_saphyr::Spanned;
+
+use super::error::Sink;
+use super::raw::{RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawTls, Text};
+use super::snapshot::{AdminConfig, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig};
+use super::values::{parse_duration, parse_socket_addr};
+
+/// `health:` with defaults 250ms / 1s / 3 / 2.
+pub(super) fn health(sink: &mut Sink<'_>, raw: Option<&RawHealth>) -> HealthConfig {
+    HealthConfig {
+        poll_interval: duration(
+            sink,
+            raw.and_then(|h| h.poll_interval.as_ref()),
+            "health.poll_interval",
+            Duration::from_millis(250),
+        ),
+        timeout: duration(
+            sink,
+            raw.and_then(|h| h.timeout.as_ref()),
+            "health.timeout",
+            Duration::from_secs(1),
+        ),
+        eject_after: at_least_one(
+            sink,
+            raw.and_then(|h| h.eject_after.as_ref()),
+            "health.eject_after",
+            3,
+        ),
+        readmit_after: at_least_one(
+            sink,
+            raw.and_then(|h| h.readmit_after.as_ref()),
+            "health.readmit_after",
+            2,
+        ),
+    }
+}
+
+/// `forward:` with defaults 2s / 60s / 30s / 10m and 2 retries.
+pub(super) fn forward(sink: &mut Sink<'_>, raw: Option<&RawForward>) -> ForwardConfig {
+    let mut field = |get: fn(&RawForward) -> Option<&Text>, name: &str, default_secs: u64| {
+        duration(
+            sink,
+            raw.and_then(get),
+            name,
+            Duration::from_secs(default_secs),
+        )
+    };
+    ForwardConfig {
+        connect_timeout: field(|f| f.connect_timeout.as_ref(), "forward.connect_timeout", 2),
+        first_byte_timeout: field(
+            |f| f.first_byte_timeout.as_ref(),
+            "forward.first_byte_timeout",
+            60,
+        ),
+        idle_timeout: field(|f| f.idle_timeout.as_ref(), "forward.idle_timeout", 30),
+        total_timeout: field(|f| f.total_timeout.as_ref(), "forward.total_timeout", 600),
+        retries: raw.and_then(|f| f.retries).unwrap_or(2),
+    }
+}
+
+/// `drain.grace`, default 30 s; zero is allowed (no grace).
+pub(super) fn drain_grace(sink: &mut Sink<'_>, raw: Option<&RawDrain>) -> Duration {
+    let default = Duration::from_secs(30);
+    let Some(text) = raw.and_then(|d| d.grace.as_ref()) else {
+        return default;
+    };
+    parse_duration(&text.value).unwrap_or_else(|msg| {
+        sink.at(&text.referenced, format!("drain.grace: {msg}"));
+        default
+    })
+}
+
+/// `limits.max_body_bytes`, default 8 MiB; must be at least 1.
+pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> usize {
+    let default = 8 * 1024 * 1024;
+    match raw.and_then(|l| l.max_body_bytes.as_ref()) {
+        None => default,
+        Some(n) if n.value == 0 => {
+            sink.at(&n.referenced, "limits.max_body_bytes must be ≥ 1");
+            default
+        }
+        Some(n) => n.value,
+    }
+}
+
+/// A duration field, or `default` when absent; a bad or zero value is reported.
+fn duration(sink: &mut Sink<'_>, field: Option<&Text>, name: &str, default: Duration) -> Duration {
+    let Some(text) = field else { return default };
+    match parse_duration(&text.value) {
+        Ok(d) if d.is_zero() => sink.at(
+            &text.referenced,
+            format!("{name} must be greater than zero"),
+        ),
+        Ok(d) => return d,
+        Err(msg) => sink.at(&text.referenced, format!("{name}: {msg}")),
+    }
+    default
+}
+
+/// A count that must be at least 1, or `default` when absent.
+fn at_least_one(
+    sink: &mut Sink<'_>,
+    field: Option<&Spanned<u32>>,
+    name: &str,
+    default: u32,
+) -> u32 {
+    match field {
+        None => default,
+        Some(n) if n.value == 0 => {
+            sink.at(&n.referenced, format!("{name} must be ≥ 1"));
+            default
+        }
+        Some(n) => n.value,
+    }
+}
+
+/// A socket address field, or `default` when absent.
+pub(super) fn address(
+    sink: &mut Sink<'_>,
+    field: Option<&Text>,
+    name: &str,
+    default: SocketAddr,
+) -> SocketAddr {
+    let Some(text) = field else { return default };
+    parse_socket_addr(&text.value).unwrap_or_else(|msg| {
+        sink.at(&text.referenced, format!("{name}: {msg}"));
+        default
+    })
+}
+
+/// The admin listener; a non-loopback address needs a key, and a named key variable must be set.
+pub(super) fn admin(sink: &mut Sink<'_>, raw: Option<&RawAdmin>) -> AdminConfig {
+    let listen_field = raw.and_then(|a| a.listen.as_ref());
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 8081));
+    let listen = address(sink, listen_field, "admin.listen", loopback);
+    let key_env = raw.and_then(|a| a.api_key_env.as_ref());
+    let api_key = key_env.and_then(|env| match std::env::var(&env.value) {
+        Ok(key) if !key.is_empty() => Some(key),
+        Ok(_) => {
+            let msg = format!(
+                "admin.api_key_env: environment variable `{}` is empty",
+                env.value
+            );
+            sink.at(&env.referenced, msg);
+            None
+        }
+        Err(_) => {
+            let msg = format!(
+                "admin.api_key_env: environment variable `{}` is not set",
+                env.value
+            );
+            sink.at(&env.referenced, msg);
+            None
+        }
+    });
+    if let Some(field) = listen_field.filter(|_| !listen.ip().is_loopback() && key_env.is_none()) {
+        let msg = format!(
+            "admin.listen {listen} is not a loopback address: set admin.api_key_env to the \
+             environment variable holding the admin key"
+        );
+        sink.at(&field.referenced, msg);
+    }
+    AdminConfig { listen, api_key }
+}
+
+/// TLS files resolved against the config file's directory; each must exist.
+pub(super) fn tls(sink: &mut Sink<'_>, raw: &RawTls, base: &Path) -> Option<TlsConfig> {
+    let mut resolve = |field: &Text, name: &str| {
+        let joined = base.join(&field.value);
+        let path = std::path::absolute(&joined).unwrap_or(joined);
+        if path.is_file() {
+            return Some(path);
+        }
+        sink.at(
+            &field.referenced,
+            format!("{name}: file {} does not exist", path.display()),
+        );
+        None
+    };
+    let cert = resolve(&raw.cert, "tls.cert");
+    let key = resolve(&raw.key, "tls.key");
+    Some(TlsConfig {
+        cert: cert?,
+        key: key?,
+    })
+}
+
+/// Log format and level; the level must not be empty.
+pub(super) fn log(sink: &mut Sink<'_>, raw: Option<&RawLog>) -> LogConfig {
+    let format = raw.and_then(|l| l.format).unwrap_or(LogFormat::Text);
+    let level = match raw.and_then(|l| l.level.as_ref()) {
+        Some(text) if text.value.trim().is_empty() => {
+            sink.at(
+                &text.referenced,
+                "log.level is empty: write e.g. info or info,infergate=debug",
+            );
+            String::new()
+        }
+        Some(text) => text.value.trim().to_string(),
+        None => "info".to_string(),
+    };
+    LogConfig { format, level }
+}

@@ -1,0 +1,175 @@
+//! The compiled configuration: one immutable, validated `Snapshot` that the gateway swaps in whole.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::routing::PolicyConfig;
+
+/// Everything the gateway needs from `config/infergate.yaml` and `policies/routing.yaml`,
+/// validated and resolved (addresses parsed, durations parsed, paths absolute, references
+/// turned into indices).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Address of the client-facing listener. Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// The admin listener and its key.
+    pub admin: AdminConfig,
+    /// TLS termination on the client listener; `None` serves plain HTTP. Default `None`.
+    pub tls: Option<TlsConfig>,
+    /// Log format and filter.
+    pub log: LogConfig,
+    /// Worker health and load polling.
+    pub health: HealthConfig,
+    /// Upstream timeouts and retries.
+    pub forward: ForwardConfig,
+    /// How long streams in flight may run after SIGTERM. Default 30 s.
+    pub drain_grace: Duration,
+    /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).
+    pub max_body_bytes: usize,
+    /// Models clients may ask for, in file order.
+    pub models: Vec<ModelRoute>,
+    /// Worker pools, in file order; `ModelRoute::pool` indexes this.
+    pub pools: Vec<PoolSpec>,
+    /// Every file the snapshot was compiled from, absolute, for the file watcher.
+    pub files: Vec<PathBuf>,
+}
+
+impl Snapshot {
+    /// The route of the model clients call `name`.
+    pub fn model(&self, name: &str) -> Option<&ModelRoute> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The pool called `name`, with its index in `pools`.
+    pub fn pool(&self, name: &str) -> Option<(usize, &PoolSpec)> {
+        self.pools.iter().enumerate().find(|(_, p)| p.name == name)
+    }
+}
+
+/// The admin listener (reload, status, drain endpoints).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    /// Address of the admin listener. Default `127.0.0.1:8081` (loopback only).
+    pub listen: SocketAddr,
+    /// Admin key read at load time from the variable named by `admin.api_key_env`.
+    /// Required when `listen` is not a loopback address. Default `None`.
+    pub api_key: Option<String>,
+}
+
+/// A certificate chain and private key for rustls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    /// PEM certificate chain, absolute (the file gives it relative to itself).
+    pub cert: PathBuf,
+    /// PEM private key, absolute.
+    pub key: PathBuf,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogConfig {
+    /// Line format. Default `text`.
+    pub format: LogFormat,
+    /// `tracing` filter directive, e.g. `info` or `info,infergate=debug`. Default `info`.
+    pub level: String,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Health checking and load polling of workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    /// Interval between `/metrics` polls of each worker. Default 250 ms.
+    pub poll_interval: Duration,
+    /// Time allowed for one poll. Default 1 s.
+    pub timeout: Duration,
+    /// Consecutive failures (polls, connect errors, 5xx) that eject a worker. Default 3.
+    pub eject_after: u32,
+    /// Consecutive successful polls that re-admit an ejected worker. Default 2.
+    pub readmit_after: u32,
+}
+
+/// Timeouts and retries of forwarded requests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardConfig {
+    /// Time to open a connection to a worker. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Time from sending the request to the first response byte. Default 60 s.
+    pub first_byte_timeout: Duration,
+    /// Longest gap between two body chunks. Default 30 s.
+    pub idle_timeout: Duration,
+    /// Whole-request limit, streaming included. Default 10 min.
+    pub total_timeout: Duration,
+    /// Extra attempts on another worker before the first byte (connect failure or 503). Default 2.
+    pub retries: u32,
+}
+
+/// A model name clients may use, and the pool that serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRoute {
+    /// Name clients put in the `model` field.
+    pub name: String,
+    /// Index into `Snapshot::pools`.
+    pub pool: usize,
+    /// Name sent to the workers when it differs from `name`. Default `None`.
+    pub upstream_model: Option<String>,
+}
+
+impl ModelRoute {
+    /// The model name to send upstream.
+    pub fn upstream_name(&self) -> &str {
+        self.upstream_model.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// A pool of interchangeable workers with one routing policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    /// Unique pool name (metric label, `x-infergate-pool` header).
+    pub name: String,
+    /// Metrics dialect of the workers. Default `infergate`.
+    pub dialect: Dialect,
+    /// Where the workers come from; never empty.
+    pub workers: Vec<WorkerSource>,
+    /// Routing policy from `policies/routing.yaml`. Default `prefix` with default settings.
+    pub policy: PolicyConfig,
+}
+
+/// Which metric names a worker's `/metrics` uses (defined with the parser that reads them).
+pub use crate::workers::load_metrics::Dialect;
+
+/// One source of workers in a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerSource {
+    /// A fixed worker: an `http` or `https` base URL without trailing slash.
+    Url(String),
+    /// Engine workers the gateway starts itself (child processes of the same binary).
+    Spawn {
+        /// Number of processes, at least 1. Default 1.
+        count: usize,
+        /// Arguments after `infergate engine`. Default none.
+        args: Vec<String>,
+    },
+    /// Workers found by resolving a DNS name (e.g. a Kubernetes headless Service).
+    Dns {
+        /// Name to resolve; each address is one worker.
+        name: String,
+        /// Port of every worker.
+        port: u16,
+        /// `http` or `https`. Default `http`.
+        scheme: String,
+        /// Re-resolution interval. Default 5 s.
+        interval: Duration,
+    },
+}

@@ -1,0 +1,160 @@
+//! Tests of the config loader that succeed: the shipped files, defaults, routing, paths, plus the
+//! helpers shared with `error_tests`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::routing::{PolicyConfig, PrefixConfig};
+
+pub(super) const CONFIG: &str = "/etc/infergate/infergate.yaml";
+pub(super) const ROUTING: &str = "/etc/infergate/routing.yaml";
+
+/// A valid minimal config: one model on one pool with one URL worker.
+pub(super) const MINIMAL: &str = "\
+models:
+  - {name: m, pool: p}
+pools:
+  - name: p
+    workers:
+      - url: http://127.0.0.1:9000/
+";
+
+/// Compiles config (and routing) text named as files under /etc/infergate.
+pub(super) fn load_both(config: &str, routing: Option<&str>) -> Result<Snapshot, ConfigErrors> {
+    load_str(
+        config,
+        Path::new(CONFIG),
+        routing.map(|r| (r, Path::new(ROUTING))),
+    )
+}
+
+/// The errors of a config that must fail, as (file, line, message).
+pub(super) fn errors(config: &str, routing: Option<&str>) -> Vec<(String, Option<u64>, String)> {
+    let Err(errors) = load_both(config, routing) else {
+        panic!("expected errors for:\n{config}");
+    };
+    let file = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    errors
+        .0
+        .iter()
+        .map(|e| (file(&e.file).unwrap_or_default(), e.line, e.message.clone()))
+        .collect()
+}
+
+/// Asserts the config has exactly one error, on `line`, whose message contains `needle`.
+pub(super) fn one_error(config: &str, line: u64, needle: &str) {
+    let errs = errors(config, None);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].1, Some(line), "{errs:#?}");
+    assert!(errs[0].2.contains(needle), "{needle:?} not in {errs:#?}");
+}
+
+#[test]
+fn the_shipped_files_load() {
+    let snap = load_default().expect("shipped config is valid");
+    assert_eq!(snap.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(snap.admin.listen.to_string(), "127.0.0.1:8081");
+    assert_eq!(snap.admin.api_key, None);
+    assert_eq!(snap.tls, None);
+    assert_eq!(snap.log.format, LogFormat::Text);
+    assert_eq!(snap.health.poll_interval, Duration::from_millis(250));
+    assert_eq!(snap.forward.total_timeout, Duration::from_secs(600));
+    assert_eq!(snap.drain_grace, Duration::from_secs(30));
+    assert_eq!(snap.max_body_bytes, 8 * 1024 * 1024);
+    let route = snap.model("llama-3-8b").expect("model");
+    assert_eq!(route.upstream_name(), "llama-3-8b");
+    let (index, pool) = snap.pool("local").expect("pool");
+    assert_eq!(route.pool, index);
+    assert_eq!(pool.dialect, Dialect::Infergate);
+    assert_eq!(pool.policy, PolicyConfig::Prefix(PrefixConfig::default()));
+    let WorkerSource::Spawn { count, args } = &pool.workers[0] else {
+        panic!("{:?}", pool.workers);
+    };
+    assert_eq!(*count, 2);
+    assert!(args.contains(&"sim".to_string()));
+}
+
+#[test]
+fn the_shipped_files_load_from_disk() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let snap = load(&root.join("config/infergate.yaml")).expect("shipped config is valid");
+    assert_eq!(
+        snap,
+        load_default()
+            .map(|s| Snapshot {
+                files: snap.files.clone(),
+                ..s
+            })
+            .expect("default")
+    );
+    assert_eq!(snap.files.len(), 2);
+    assert!(snap.files[1].ends_with("policies/routing.yaml"));
+    assert!(snap.files.iter().all(|f| f.is_absolute() && f.is_file()));
+}
+
+#[test]
+fn defaults_fill_every_optional_section() {
+    let snap = load_both(MINIMAL, None).expect("valid");
+    assert_eq!(snap.health.eject_after, 3);
+    assert_eq!(snap.forward.retries, 2);
+    assert_eq!(snap.log.level, "info");
+    assert_eq!(
+        snap.pools[0].workers,
+        [WorkerSource::Url("http://127.0.0.1:9000".into())]
+    );
+    assert_eq!(snap.files, [PathBuf::from(CONFIG)]);
+}
+
+#[test]
+fn routing_sets_a_pools_policy() {
+    let snap = load_both(MINIMAL, Some("pools:\n  p: {policy: round_robin}\n")).expect("valid");
+    assert_eq!(snap.pools[0].policy, PolicyConfig::RoundRobin);
+    assert_eq!(snap.files.len(), 2);
+    assert!(load_both(MINIMAL, Some("# nothing yet\n")).is_ok());
+}
+
+#[test]
+fn tls_files_resolve_against_the_config_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = format!("tls: {{cert: ../Cargo.toml, key: ../Cargo.toml}}\n{MINIMAL}");
+    let snap = load_str(&config, &root.join("config/infergate.yaml"), None).expect("valid");
+    let tls = snap.tls.expect("tls");
+    assert!(
+        tls.cert.is_absolute() && tls.cert.ends_with("Cargo.toml"),
+        "{tls:?}"
+    );
+}
+
+#[test]
+fn errors_display_as_file_line_column_message() {
+    let Err(errs) = load_both("listen: nowhere\npools: []\nmodels: []\n", None) else {
+        panic!("expected an error");
+    };
+    let text = errs.to_string();
+    assert!(
+        text.starts_with(&format!("{CONFIG}:1:9: listen: `nowhere`")),
+        "{text}"
+    );
+    let whole = ConfigError::file(Path::new("a.yaml"), "cannot read");
+    assert_eq!(whole.to_string(), "a.yaml: cannot read");
+    let two = ConfigErrors(vec![whole.clone(), whole]);
+    assert_eq!(two.to_string(), "a.yaml: cannot read\na.yaml: cannot read");
+}
+
+#[test]
+fn a_missing_file_is_one_file_level_error() {
+    let Err(errs) = load(Path::new("/nonexistent/infergate.yaml")) else {
+        panic!("expected an error");
+    };
+    assert_eq!(errs.0.len(), 1);
+    assert_eq!(errs.0[0].line, None);
+    let explicit = format!("policies: /nonexistent/policies\n{MINIMAL}");
+    let dir = std::env::temp_dir().join(format!("infergate-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("infergate.yaml");
+    std::fs::write(&path, explicit).expect("write");
+    let errs = load(&path).expect_err("routing.yaml missing");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((errs.0.len(), errs.0[0].line), (1, Some(1)), "{errs}");
+}

@@ -1,0 +1,341 @@
+//! The running gateway: the current snapshot with its pools (swapped atomically on reload), the
+//! shared HTTP client and metrics, and the background loops (load polling, DNS discovery).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::task::AbortHandle;
+
+use crate::config::{self, ConfigErrors, Snapshot, WorkerSource};
+use crate::metrics::GatewayMetrics;
+use crate::routing;
+use crate::upstream::{self, UpstreamClient};
+use crate::workers::poller::{PollSettings, poll_worker};
+use crate::workers::pool::{PolicyHolder, PoolRuntime};
+use crate::workers::state::WorkerState;
+
+/// One compiled configuration and the pools built from it; requests hold it until they finish.
+pub struct Live {
+    /// The configuration.
+    pub snapshot: Arc<Snapshot>,
+    /// Pools in snapshot order.
+    pub pools: Vec<Arc<PoolRuntime>>,
+    discovery: Vec<AbortHandle>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        for task in &self.discovery {
+            task.abort();
+        }
+    }
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConfigSource {
+    /// A file on disk (reloadable).
+    File(PathBuf),
+    /// The embedded default (`infergate up` without `--config`).
+    Embedded,
+}
+
+/// Outcome of the latest reload attempt, for the admin status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReloadStatus {
+    /// Successful reloads since start.
+    pub ok: u64,
+    /// Rejected reloads since start.
+    pub failed: u64,
+    /// Errors of the latest rejected attempt (empty after a success).
+    pub last_error: String,
+}
+
+/// Shared state of the gateway.
+pub struct Gateway {
+    live: ArcSwap<Live>,
+    /// Gateway metrics.
+    pub metrics: Arc<GatewayMetrics>,
+    /// Pooled client to workers.
+    pub client: UpstreamClient,
+    draining: AtomicBool,
+    source: ConfigSource,
+    spawned: HashMap<String, Vec<String>>,
+    reload_status: Mutex<ReloadStatus>,
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl Gateway {
+    /// Builds the gateway from a validated snapshot. `spawned` maps pool names to the URLs of
+    /// workers this process started for the pool's `spawn` entries.
+    pub fn new(
+        snapshot: Snapshot,
+        source: ConfigSource,
+        spawned: HashMap<String, Vec<String>>,
+    ) -> Result<Arc<Self>, String> {
+        let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
+        let client = upstream::client(snapshot.forward.connect_timeout);
+        let gw = Arc::new(Self {
+            live: ArcSwap::from_pointee(Live {
+                snapshot: Arc::new(snapshot.clone()),
+                pools: Vec::new(),
+                discovery: Vec::new(),
+            }),
+            metrics,
+            client,
+            draining: AtomicBool::new(false),
+            source,
+            spawned,
+            reload_status: Mutex::new(ReloadStatus::default()),
+            reload_lock: tokio::sync::Mutex::new(()),
+        });
+        let live = gw.build_live(snapshot, None);
+        gw.live.store(Arc::new(live));
+        Ok(gw)
+    }
+
+    /// The configuration and pools now in force.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Where the config comes from.
+    pub fn source(&self) -> &ConfigSource {
+        &self.source
+    }
+
+    /// True once a drain started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Starts draining: readiness fails from now on.
+    pub fn start_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Ready: not draining and at least one healthy worker.
+    pub fn is_ready(&self) -> bool {
+        !self.is_draining()
+            && self
+                .live()
+                .pools
+                .iter()
+                .any(|p| p.workers().iter().any(|w| w.is_healthy()))
+    }
+
+    /// The latest reload outcome.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.reload_status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Re-reads the config file and swaps it in; on error the old snapshot keeps serving.
+    pub async fn reload(self: &Arc<Self>) -> Result<(), ConfigErrors> {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let result = match &self.source {
+            ConfigSource::File(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || config::load(&path))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(ConfigErrors(vec![config::ConfigError {
+                            file: PathBuf::new(),
+                            line: None,
+                            column: None,
+                            message: format!("reload task failed: {e}"),
+                        }]))
+                    })
+            }
+            ConfigSource::Embedded => Ok((*self.live().snapshot).clone()),
+        };
+        let mut status = self.reload_status.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(snapshot) => {
+                let previous = self.live();
+                let live = self.build_live(snapshot, Some(&previous));
+                self.live.store(Arc::new(live));
+                status.ok += 1;
+                status.last_error.clear();
+                self.metrics.reloads.with_label_values(&["ok"]).inc();
+                tracing::info!("configuration reloaded");
+                Ok(())
+            }
+            Err(errors) => {
+                status.failed += 1;
+                status.last_error = errors.to_string();
+                self.metrics.reloads.with_label_values(&["rejected"]).inc();
+                tracing::error!(errors = %errors, "configuration rejected; the previous one keeps serving");
+                Err(errors)
+            }
+        }
+    }
+
+    /// Builds pools for `snapshot`, reusing worker state (in-flight counts, health) by URL and
+    /// policies (with their learned prefix index) whose settings did not change.
+    fn build_live(self: &Arc<Self>, snapshot: Snapshot, previous: Option<&Live>) -> Live {
+        let mut old_workers: HashMap<String, Arc<WorkerState>> = HashMap::new();
+        let mut old_policies: HashMap<String, Arc<PolicyHolder>> = HashMap::new();
+        if let Some(prev) = previous {
+            for p in &prev.pools {
+                for w in p.workers().iter() {
+                    old_workers.insert(w.url.clone(), w.clone());
+                }
+                old_policies.insert(p.name.clone(), p.policy().clone());
+            }
+        }
+        let worker_for = |url: &str| {
+            old_workers
+                .get(url)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(WorkerState::new(url)))
+        };
+        let mut pools = Vec::new();
+        let mut discovery = Vec::new();
+        for spec in &snapshot.pools {
+            let mut workers = Vec::new();
+            let mut dns = Vec::new();
+            for source in &spec.workers {
+                match source {
+                    WorkerSource::Url(url) => workers.push(worker_for(url)),
+                    WorkerSource::Spawn { .. } => {}
+                    WorkerSource::Dns {
+                        name,
+                        port,
+                        scheme,
+                        interval,
+                    } => dns.push((name.clone(), *port, scheme.clone(), *interval)),
+                }
+            }
+            if spec
+                .workers
+                .iter()
+                .any(|s| matches!(s, WorkerSource::Spawn { .. }))
+            {
+                for url in self.spawned.get(&spec.name).into_iter().flatten() {
+                    workers.push(worker_for(url));
+                }
+            }
+            let policy = match old_policies.get(&spec.name) {
+                Some(p) if p.config == spec.policy => p.clone(),
+                _ => Arc::new(PolicyHolder {
+                    config: spec.policy.clone(),
+                    policy: routing::build(&spec.policy),
+                }),
+            };
+            let pool = Arc::new(PoolRuntime::new(
+                &spec.name,
+                spec.dialect,
+                workers.clone(),
+                policy,
+            ));
+            if !dns.is_empty() {
+                let task = tokio::spawn(discover_dns(
+                    pool.clone(),
+                    workers,
+                    dns,
+                    old_workers.clone(),
+                ));
+                discovery.push(task.abort_handle());
+            }
+            pools.push(pool);
+        }
+        Live {
+            snapshot: Arc::new(snapshot),
+            pools,
+            discovery,
+        }
+    }
+
+    /// Polls every worker's metrics forever, on the current snapshot's interval.
+    pub async fn poll_loop(self: Arc<Self>) {
+        loop {
+            let live = self.live();
+            let health = live.snapshot.health.clone();
+            let settings = PollSettings {
+                timeout: health.timeout,
+                eject_after: health.eject_after,
+                readmit_after: health.readmit_after,
+            };
+            let mut tasks = Vec::new();
+            for pool in &live.pools {
+                for worker in pool.workers().iter() {
+                    let (gw, pool, worker) = (self.clone(), pool.clone(), worker.clone());
+                    tasks.push(tokio::spawn(async move {
+                        poll_worker(
+                            &gw.client,
+                            &worker,
+                            &pool.name,
+                            pool.dialect,
+                            settings,
+                            &gw.metrics,
+                        )
+                        .await;
+                    }));
+                }
+            }
+            drop(live);
+            for t in tasks {
+                let _ = t.await;
+            }
+            tokio::time::sleep(health.poll_interval).await;
+        }
+    }
+}
+
+/// Re-resolves a pool's DNS names on their interval (a Kubernetes headless Service lists one A
+/// record per ready pod) and swaps the pool's worker set when it changes.
+async fn discover_dns(
+    pool: Arc<PoolRuntime>,
+    fixed: Vec<Arc<WorkerState>>,
+    names: Vec<(String, u16, String, Duration)>,
+    mut known: HashMap<String, Arc<WorkerState>>,
+) {
+    let interval = names
+        .iter()
+        .map(|n| n.3)
+        .min()
+        .unwrap_or(Duration::from_secs(5));
+    let mut last: Vec<String> = Vec::new();
+    loop {
+        let mut urls = Vec::new();
+        for (name, port, scheme, _) in &names {
+            match tokio::net::lookup_host((name.as_str(), *port)).await {
+                Ok(addrs) => {
+                    for a in addrs {
+                        let host = match a {
+                            std::net::SocketAddr::V4(v4) => v4.ip().to_string(),
+                            std::net::SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+                        };
+                        urls.push(format!("{scheme}://{host}:{port}"));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %pool.name, name, error = %e, "DNS lookup failed; keeping the last set")
+                }
+            }
+        }
+        urls.sort();
+        urls.dedup();
+        if !urls.is_empty() && urls != last {
+            let mut workers = fixed.clone();
+            for url in &urls {
+                let w = known
+                    .entry(url.clone())
+                    .or_insert_with(|| Arc::new(WorkerState::new(url)))
+                    .clone();
+                workers.push(w);
+            }
+            tracing::info!(pool = %pool.name, workers = urls.len(), "DNS discovery updated the worker set");
+            pool.set_workers(workers);
+            last = urls;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

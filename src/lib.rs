@@ -1,0 +1,17 @@
+//! infergate: an inference gateway and smart load balancer for LLM serving.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod handler;
+pub mod metrics;
+pub mod proxy;
+pub mod request;
+pub mod routing;
+pub mod server;
+pub mod supervisor;
+pub mod up;
+pub mod upstream;
+pub mod workers;

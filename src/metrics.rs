@@ -1,0 +1,169 @@
+//! The gateway's own Prometheus metrics. Labels stay bounded: model and pool names come from
+//! config, worker labels from discovered URLs, never request ids, keys or prompts.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+use crate::workers::state::WorkerState;
+
+/// Every gateway metric.
+pub struct GatewayMetrics {
+    registry: Registry,
+    /// `infergate_requests_total{model,pool,status}`.
+    pub requests: IntCounterVec,
+    /// `infergate_ttft_seconds{pool}`: first body byte of the upstream answer, seen at the gateway.
+    pub ttft: HistogramVec,
+    /// `infergate_inter_chunk_seconds{pool}`: gaps between streamed chunks.
+    pub itl: HistogramVec,
+    /// `infergate_request_duration_seconds{pool}`: end to end.
+    pub e2e: HistogramVec,
+    /// `infergate_upstream_errors_total{pool,kind}`.
+    pub upstream_errors: IntCounterVec,
+    /// `infergate_retries_total{pool}`.
+    pub retries: IntCounterVec,
+    /// `infergate_worker_ejections_total{pool}`.
+    pub ejections: IntCounterVec,
+    /// `infergate_routing_decisions_total{pool,reason}`.
+    pub decisions: IntCounterVec,
+    /// `infergate_worker_in_flight{pool,worker}`.
+    pub worker_in_flight: GaugeVec,
+    /// `infergate_worker_waiting{pool,worker}` (polled).
+    pub worker_waiting: GaugeVec,
+    /// `infergate_worker_running{pool,worker}` (polled).
+    pub worker_running: GaugeVec,
+    /// `infergate_worker_kv_usage{pool,worker}` (polled, 0..1).
+    pub worker_kv_usage: GaugeVec,
+    /// `infergate_worker_healthy{pool,worker}` (1 or 0).
+    pub worker_healthy: GaugeVec,
+    /// `infergate_config_reloads_total{result}`.
+    pub reloads: IntCounterVec,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+const GAP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+impl GatewayMetrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let gauge = |name: &str, help: &str| -> Result<GaugeVec, prometheus::Error> {
+            let g = GaugeVec::new(Opts::new(name, help), &["pool", "worker"])?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let hist =
+            |name: &str, help: &str, buckets: &[f64]| -> Result<HistogramVec, prometheus::Error> {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                    &["pool"],
+                )?;
+                registry.register(Box::new(h.clone()))?;
+                Ok(h)
+            };
+        Ok(Self {
+            requests: counter(
+                "infergate_requests_total",
+                "Requests by model, pool and HTTP status.",
+                &["model", "pool", "status"],
+            )?,
+            ttft: hist(
+                "infergate_ttft_seconds",
+                "Time to the first upstream body byte, at the gateway.",
+                LATENCY_BUCKETS,
+            )?,
+            itl: hist(
+                "infergate_inter_chunk_seconds",
+                "Gaps between streamed chunks, at the gateway.",
+                GAP_BUCKETS,
+            )?,
+            e2e: hist(
+                "infergate_request_duration_seconds",
+                "End-to-end request duration at the gateway.",
+                LATENCY_BUCKETS,
+            )?,
+            upstream_errors: counter(
+                "infergate_upstream_errors_total",
+                "Upstream failures by kind.",
+                &["pool", "kind"],
+            )?,
+            retries: counter(
+                "infergate_retries_total",
+                "Requests retried on another worker before the first byte.",
+                &["pool"],
+            )?,
+            ejections: counter(
+                "infergate_worker_ejections_total",
+                "Workers ejected after consecutive failures.",
+                &["pool"],
+            )?,
+            decisions: counter(
+                "infergate_routing_decisions_total",
+                "Routing decisions by reason.",
+                &["pool", "reason"],
+            )?,
+            worker_in_flight: gauge(
+                "infergate_worker_in_flight",
+                "Requests this gateway has in flight on the worker.",
+            )?,
+            worker_waiting: gauge(
+                "infergate_worker_waiting",
+                "Requests waiting in the worker's engine (polled).",
+            )?,
+            worker_running: gauge(
+                "infergate_worker_running",
+                "Requests running in the worker's engine (polled).",
+            )?,
+            worker_kv_usage: gauge(
+                "infergate_worker_kv_usage",
+                "KV-cache usage of the worker, 0..1 (polled).",
+            )?,
+            worker_healthy: gauge(
+                "infergate_worker_healthy",
+                "1 when the worker is in rotation, 0 when ejected.",
+            )?,
+            reloads: counter(
+                "infergate_config_reloads_total",
+                "Config reload attempts by result.",
+                &["result"],
+            )?,
+            registry,
+        })
+    }
+
+    /// Updates the per-worker gauges.
+    pub fn observe_worker(&self, pool: &str, w: &WorkerState) {
+        let v = w.view();
+        let l = [pool, w.url.as_str()];
+        self.worker_in_flight
+            .with_label_values(&l)
+            .set(f64::from(v.in_flight));
+        self.worker_waiting.with_label_values(&l).set(v.waiting);
+        self.worker_running.with_label_values(&l).set(v.running);
+        self.worker_kv_usage.with_label_values(&l).set(v.kv_usage);
+        self.worker_healthy
+            .with_label_values(&l)
+            .set(if v.healthy { 1.0 } else { 0.0 });
+    }
+
+    /// Prometheus text of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# error encoding metrics: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

@@ -1,0 +1,179 @@
+//! The proxied response body: passes each upstream frame through the moment it arrives, measures
+//! time to first byte and the gaps between chunks, enforces the idle and total timeouts, ends a
+//! failed stream with an SSE error event instead of a silent truncation, and holds the worker's
+//! in-flight guard until the body ends or the client goes away.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use tokio::time::{Sleep, sleep, sleep_until};
+
+use crate::error::{BoxError, GatewayError};
+use crate::metrics::GatewayMetrics;
+use crate::workers::state::InFlightGuard;
+
+/// Timing limits of one proxied body.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BodyLimits {
+    /// Longest allowed silence between chunks.
+    pub idle: Duration,
+    /// Deadline for the whole request, from its arrival.
+    pub deadline: tokio::time::Instant,
+}
+
+/// Per-request context the body reports to when it ends.
+pub struct BodyReport {
+    /// Metrics to observe into.
+    pub metrics: Arc<GatewayMetrics>,
+    /// Pool label.
+    pub pool: String,
+    /// When the gateway received the request.
+    pub started: Instant,
+    /// True when the first byte was already observed (headers count for non-streams).
+    pub is_stream: bool,
+}
+
+/// Streams an upstream body to the client.
+pub struct ProxyBody {
+    inner: Incoming,
+    guard: Option<InFlightGuard>,
+    idle: Duration,
+    idle_timer: Pin<Box<Sleep>>,
+    deadline: Pin<Box<Sleep>>,
+    report: BodyReport,
+    last_chunk: Option<Instant>,
+    done: bool,
+}
+
+impl ProxyBody {
+    /// Wraps `inner`; `guard` is released when this body ends or is dropped.
+    pub fn new(
+        inner: Incoming,
+        guard: InFlightGuard,
+        limits: BodyLimits,
+        report: BodyReport,
+    ) -> Self {
+        Self {
+            inner,
+            guard: Some(guard),
+            idle: limits.idle,
+            idle_timer: Box::pin(sleep(limits.idle)),
+            deadline: Box::pin(sleep_until(limits.deadline)),
+            report,
+            last_chunk: None,
+            done: false,
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.done {
+            self.done = true;
+            let r = &self.report;
+            r.metrics
+                .e2e
+                .with_label_values(&[&r.pool])
+                .observe(r.started.elapsed().as_secs_f64());
+            self.guard = None;
+        }
+    }
+
+    /// Ends the body because of `err`: an SSE stream gets an error event, anything else an error.
+    fn fail(
+        &mut self,
+        err: GatewayError,
+        kind: &str,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let r = &self.report;
+        r.metrics
+            .upstream_errors
+            .with_label_values(&[&r.pool, kind])
+            .inc();
+        if let Some(g) = &self.guard {
+            tracing::warn!(worker = %g.worker().url, error = %err, "upstream failed mid-response");
+        }
+        let is_stream = self.report.is_stream;
+        self.finish();
+        if is_stream {
+            Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
+        } else {
+            Poll::Ready(Some(Err(Box::new(err))))
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.data_ref().is_some_and(|d| !d.is_empty()) {
+                    let now = Instant::now();
+                    let r = &this.report;
+                    match this.last_chunk {
+                        None if r.is_stream => r
+                            .metrics
+                            .ttft
+                            .with_label_values(&[&r.pool])
+                            .observe(now.duration_since(r.started).as_secs_f64()),
+                        None => {}
+                        Some(prev) => r
+                            .metrics
+                            .itl
+                            .with_label_values(&[&r.pool])
+                            .observe(now.duration_since(prev).as_secs_f64()),
+                    }
+                    this.last_chunk = Some(now);
+                    let idle = this.idle;
+                    this.idle_timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + idle);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => this.fail(
+                GatewayError::UpstreamUnavailable(format!("the worker failed mid-response: {e}")),
+                "mid_stream",
+            ),
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    return this.fail(
+                        GatewayError::UpstreamTimeout(
+                            "the request exceeded its total timeout".into(),
+                        ),
+                        "total_timeout",
+                    );
+                }
+                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                    return this.fail(
+                        GatewayError::UpstreamTimeout(format!(
+                            "the worker sent nothing for {:?}",
+                            this.idle
+                        )),
+                        "idle_timeout",
+                    );
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}

@@ -1,0 +1,203 @@
+//! Forwards a validated request to a worker of its pool: route, send, and before the first byte
+//! retry another worker on a connect failure or a 503, within the retry budget.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
+use hyper::{HeaderMap, Method, Request, Response, StatusCode};
+
+use crate::error::{GatewayError, ResBody};
+use crate::metrics::GatewayMetrics;
+use crate::proxy::body::{BodyLimits, BodyReport, ProxyBody};
+use crate::routing::RequestFeatures;
+use crate::upstream::UpstreamClient;
+use crate::workers::pool::PoolRuntime;
+use crate::workers::state::HealthChange;
+
+/// Timeouts and retry budget of forwarding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForwardSettings {
+    /// Time for the worker's response headers.
+    pub first_byte_timeout: Duration,
+    /// Longest silence between body chunks.
+    pub idle_timeout: Duration,
+    /// Whole-request limit.
+    pub total_timeout: Duration,
+    /// Extra attempts on other workers before the first byte.
+    pub retries: u32,
+    /// Consecutive failures that eject a worker.
+    pub eject_after: u32,
+}
+
+/// One request on its way upstream.
+pub struct Outbound<'a> {
+    /// Path and query to call on the worker, e.g. `/v1/chat/completions`.
+    pub path: &'a str,
+    /// The (possibly rewritten) JSON body.
+    pub body: Bytes,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Routing inputs.
+    pub features: &'a RequestFeatures,
+    /// Request id to propagate.
+    pub request_id: &'a str,
+    /// `traceparent` to propagate, if the client sent one.
+    pub traceparent: Option<&'a HeaderValue>,
+    /// When the gateway received the request.
+    pub started: Instant,
+}
+
+/// Headers that belong to one connection and are never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Sends `out` to a worker of `pool` and returns its response with the body streaming through.
+pub async fn forward(
+    client: &UpstreamClient,
+    pool: &PoolRuntime,
+    out: Outbound<'_>,
+    settings: ForwardSettings,
+    metrics: &Arc<GatewayMetrics>,
+) -> Result<Response<ResBody>, GatewayError> {
+    let mut tried: Vec<u64> = Vec::new();
+    let deadline = tokio::time::Instant::from_std(out.started) + settings.total_timeout;
+    let mut last_err = GatewayError::NoHealthyWorker(pool.name.clone());
+    for attempt in 0..=settings.retries {
+        let Some((worker, decision)) = pool.route(out.features, &tried) else {
+            return Err(last_err);
+        };
+        if attempt > 0 {
+            metrics.retries.with_label_values(&[&pool.name]).inc();
+        }
+        metrics
+            .decisions
+            .with_label_values(&[&pool.name, decision.reason.as_str()])
+            .inc();
+        let guard = worker.start_request();
+        let req = build_request(&worker.url, &out)?;
+        let sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)).await;
+        let res = match sent {
+            Err(_) => {
+                // The worker may still be running it: retrying would run it twice.
+                note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
+                return Err(GatewayError::UpstreamTimeout(format!(
+                    "worker {} sent no response within {:?}",
+                    worker.url, settings.first_byte_timeout
+                )));
+            }
+            Ok(Err(e)) => {
+                note_failure(pool, &worker, settings, metrics, "connect");
+                tried.push(worker.key);
+                last_err = GatewayError::UpstreamUnavailable(format!(
+                    "worker {} unreachable: {e}",
+                    worker.url
+                ));
+                if e.is_connect() {
+                    continue;
+                }
+                return Err(last_err);
+            }
+            Ok(Ok(res)) => res,
+        };
+        let status = res.status();
+        if status == StatusCode::SERVICE_UNAVAILABLE && attempt < settings.retries {
+            note_failure(pool, &worker, settings, metrics, "status_503");
+            tried.push(worker.key);
+            last_err =
+                GatewayError::UpstreamUnavailable(format!("worker {} is overloaded", worker.url));
+            continue;
+        }
+        if status.is_server_error() {
+            note_failure(pool, &worker, settings, metrics, "status_5xx");
+        } else {
+            worker.record_success(1);
+        }
+        let (parts, body) = res.into_parts();
+        let is_stream = out.stream && status.is_success();
+        let body = ProxyBody::new(
+            body,
+            guard,
+            BodyLimits {
+                idle: settings.idle_timeout,
+                deadline,
+            },
+            BodyReport {
+                metrics: metrics.clone(),
+                pool: pool.name.clone(),
+                started: out.started,
+                is_stream,
+            },
+        );
+        if !is_stream {
+            metrics
+                .ttft
+                .with_label_values(&[&pool.name])
+                .observe(out.started.elapsed().as_secs_f64());
+        }
+        let mut response = Response::new(body.boxed());
+        *response.status_mut() = parts.status;
+        copy_headers(&parts.headers, response.headers_mut());
+        let h = response.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&pool.name) {
+            h.insert("x-infergate-pool", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&worker.url) {
+            h.insert("x-infergate-worker", v);
+        }
+        return Ok(response);
+    }
+    Err(last_err)
+}
+
+fn note_failure(
+    pool: &PoolRuntime,
+    worker: &crate::workers::state::WorkerState,
+    settings: ForwardSettings,
+    metrics: &GatewayMetrics,
+    kind: &str,
+) {
+    metrics
+        .upstream_errors
+        .with_label_values(&[&pool.name, kind])
+        .inc();
+    if worker.record_failure(settings.eject_after) == HealthChange::Ejected {
+        metrics.ejections.with_label_values(&[&pool.name]).inc();
+        tracing::warn!(pool = %pool.name, worker = %worker.url, kind, "worker ejected after failed requests");
+    }
+}
+
+fn build_request(base: &str, out: &Outbound<'_>) -> Result<Request<Full<Bytes>>, GatewayError> {
+    let uri: hyper::Uri = format!("{base}{}", out.path)
+        .parse()
+        .map_err(|e| GatewayError::Internal(format!("bad worker URL {base}: {e}")))?;
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(CONTENT_TYPE, "application/json")
+        .header(CONTENT_LENGTH, out.body.len())
+        .header("x-request-id", out.request_id);
+    if let Some(tp) = out.traceparent {
+        req = req.header("traceparent", tp);
+    }
+    req.body(Full::new(out.body.clone()))
+        .map_err(|e| GatewayError::Internal(format!("cannot build the upstream request: {e}")))
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if HOP_BY_HOP.contains(&name.as_str()) {
+            continue;
+        }
+        to.append(HeaderName::clone(name), value.clone());
+    }
+}

@@ -1,0 +1,4 @@
+//! The forward phase: send to a worker, stream back, retry before the first byte.
+
+pub mod body;
+pub mod forward;

@@ -1,0 +1,138 @@
+//! `infergate up` and `infergate gateway`: load the config (a file, or the embedded default),
+//! start the workers its `spawn` entries declare, wait until they are ready, then serve.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{self, Snapshot, WorkerSource};
+use crate::gateway::{ConfigSource, Gateway};
+use crate::supervisor::{Supervisor, SupervisorConfig, WorkerSpec, free_loopback_port};
+
+/// Flags of `infergate up` / `infergate gateway`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    /// Gateway config file (default for `up`: the embedded `config/infergate.yaml`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override the public listen address (port 0 picks a free one).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Override the admin listen address.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// Override the number of workers of every `spawn` entry.
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+/// Loads the snapshot named by `config`, or the embedded default.
+pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), String> {
+    match config {
+        Some(path) => config::load(path)
+            .map(|s| (s, ConfigSource::File(path.to_path_buf())))
+            .map_err(|e| format!("invalid configuration:\n{e}")),
+        None => config::load_str(
+            config::DEFAULT_CONFIG,
+            Path::new("<embedded>/config/infergate.yaml"),
+            Some((
+                config::DEFAULT_ROUTING,
+                Path::new("<embedded>/policies/routing.yaml"),
+            )),
+        )
+        .map(|s| (s, ConfigSource::Embedded))
+        .map_err(|e| format!("invalid embedded configuration:\n{e}")),
+    }
+}
+
+/// Runs the gateway (and its spawned workers) on a loaded config until SIGTERM / Ctrl-C.
+pub async fn run(args: RunArgs, loaded: (Snapshot, ConfigSource)) -> Result<(), String> {
+    let (mut snapshot, source) = loaded;
+    if let Some(listen) = args.listen {
+        snapshot.listen = listen;
+    }
+    if let Some(admin) = args.admin_listen {
+        snapshot.admin.listen = admin;
+    }
+    if let Some(n) = args.workers {
+        for pool in &mut snapshot.pools {
+            for w in &mut pool.workers {
+                if let WorkerSource::Spawn { count, .. } = w {
+                    *count = n.max(1);
+                }
+            }
+        }
+    }
+    let mut specs = Vec::new();
+    for pool in &snapshot.pools {
+        for w in &pool.workers {
+            if let WorkerSource::Spawn { count, args } = w {
+                for _ in 0..*count {
+                    let port = free_loopback_port().map_err(|e| format!("no free port: {e}"))?;
+                    let mut full = vec!["engine".to_string()];
+                    full.extend(args.iter().cloned());
+                    specs.push(WorkerSpec {
+                        pool: pool.name.clone(),
+                        args: full,
+                        port,
+                    });
+                }
+            }
+        }
+    }
+    let supervisor = if specs.is_empty() {
+        None
+    } else {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+        eprintln!("starting {} local engine worker(s)...", specs.len());
+        Some(
+            Supervisor::start(
+                specs,
+                SupervisorConfig {
+                    exe,
+                    ready_timeout: Duration::from_secs(60),
+                    stop_grace: Duration::from_secs(10),
+                    backoff_min: Duration::from_millis(200),
+                    backoff_max: Duration::from_secs(10),
+                },
+            )
+            .await?,
+        )
+    };
+    let mut spawned: HashMap<String, Vec<String>> = HashMap::new();
+    if let Some(s) = &supervisor {
+        for (pool, url) in s.urls() {
+            spawned.entry(pool).or_default().push(url);
+        }
+    }
+    let result = serve_gateway(snapshot, source, spawned).await;
+    if let Some(s) = supervisor {
+        s.shutdown().await;
+    }
+    result
+}
+
+async fn serve_gateway(
+    snapshot: Snapshot,
+    source: ConfigSource,
+    spawned: HashMap<String, Vec<String>>,
+) -> Result<(), String> {
+    let first_model = snapshot.models.first().map(|m| m.name.clone());
+    let tls = snapshot.tls.is_some();
+    let gw = Gateway::new(snapshot, source, spawned)?;
+    let listeners = crate::server::bind(&gw).await?;
+    let public = listeners.public.local_addr().map_err(|e| e.to_string())?;
+    let admin = listeners.admin.local_addr().map_err(|e| e.to_string())?;
+    let scheme = if tls { "https" } else { "http" };
+    println!("infergate gateway listening on {scheme}://{public}");
+    println!("admin listening on http://{admin}");
+    if let Some(model) = first_model {
+        println!(
+            "try:\n  curl -N {scheme}://{public}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32,\"stream\":true}}'"
+        );
+    }
+    tracing::info!(%public, %admin, "gateway ready");
+    crate::server::serve(gw, listeners).await
+}

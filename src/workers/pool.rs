@@ -1,0 +1,83 @@
+//! A pool at run time: its current workers (swapped as discovery changes them) and its routing
+//! policy. Worker state and a policy's learned index survive config reloads that keep them.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
+use crate::workers::load_metrics::Dialect;
+use crate::workers::state::WorkerState;
+
+/// A routing policy together with the settings it was built from.
+pub struct PolicyHolder {
+    /// Settings from `policies/routing.yaml`.
+    pub config: PolicyConfig,
+    /// The built policy.
+    pub policy: Box<dyn RoutingPolicy>,
+}
+
+/// One pool of interchangeable workers.
+pub struct PoolRuntime {
+    /// Pool name from config.
+    pub name: String,
+    /// Metrics dialect of its workers.
+    pub dialect: Dialect,
+    workers: ArcSwap<Vec<Arc<WorkerState>>>,
+    policy: Arc<PolicyHolder>,
+}
+
+impl PoolRuntime {
+    /// A pool over `workers` routed by `policy`.
+    pub fn new(
+        name: &str,
+        dialect: Dialect,
+        workers: Vec<Arc<WorkerState>>,
+        policy: Arc<PolicyHolder>,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            dialect,
+            workers: ArcSwap::from_pointee(workers),
+            policy,
+        }
+    }
+
+    /// The current workers.
+    pub fn workers(&self) -> Arc<Vec<Arc<WorkerState>>> {
+        self.workers.load_full()
+    }
+
+    /// Replaces the worker set (DNS re-resolution).
+    pub fn set_workers(&self, workers: Vec<Arc<WorkerState>>) {
+        self.workers.store(Arc::new(workers));
+    }
+
+    /// The policy (shared with the next snapshot when its settings are unchanged).
+    pub fn policy(&self) -> &Arc<PolicyHolder> {
+        &self.policy
+    }
+
+    /// Routes a request among the current workers, skipping those in `exclude` (already tried).
+    pub fn route(
+        &self,
+        features: &RequestFeatures,
+        exclude: &[u64],
+    ) -> Option<(Arc<WorkerState>, Decision)> {
+        let workers = self.workers();
+        let views: Vec<WorkerView> = workers
+            .iter()
+            .map(|w| {
+                let mut v = w.view();
+                if exclude.contains(&v.key) {
+                    v.healthy = false;
+                }
+                v
+            })
+            .collect();
+        let decision = self.policy.policy.select(features, &views)?;
+        let worker = workers.get(decision.index)?.clone();
+        self.policy.policy.observe(features, worker.key);
+        Some((worker, decision))
+    }
+}

@@ -1,0 +1,183 @@
+//! Live state of one upstream worker: the gateway's own in-flight count (always fresh), the load
+//! last polled from its `/metrics`, and its health with ejection after consecutive failures.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use crate::routing::WorkerView;
+use crate::workers::load_metrics::EngineLoad;
+
+/// One worker, shared by the router, the forwarder and the poller.
+#[derive(Debug)]
+pub struct WorkerState {
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Stable identity: xxh3 of the URL.
+    pub key: u64,
+    in_flight: AtomicU32,
+    healthy: AtomicBool,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    waiting: AtomicU64,
+    running: AtomicU64,
+    kv_usage: AtomicU64,
+    ejections: AtomicU64,
+}
+
+/// What a health event did to a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    /// Nothing changed.
+    None,
+    /// The worker was ejected just now.
+    Ejected,
+    /// The worker was re-admitted just now.
+    Readmitted,
+}
+
+impl WorkerState {
+    /// A worker at `url`, healthy until proven otherwise.
+    pub fn new(url: &str) -> Self {
+        Self {
+            url: url.to_string(),
+            key: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
+            in_flight: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            waiting: AtomicU64::new(0f64.to_bits()),
+            running: AtomicU64::new(0f64.to_bits()),
+            kv_usage: AtomicU64::new(0f64.to_bits()),
+            ejections: AtomicU64::new(0),
+        }
+    }
+
+    /// The routing view of this worker now.
+    pub fn view(&self) -> WorkerView {
+        WorkerView {
+            key: self.key,
+            healthy: self.healthy.load(Ordering::Acquire),
+            in_flight: self.in_flight.load(Ordering::Acquire),
+            waiting: f64::from_bits(self.waiting.load(Ordering::Relaxed)),
+            running: f64::from_bits(self.running.load(Ordering::Relaxed)),
+            kv_usage: f64::from_bits(self.kv_usage.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// True unless ejected.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Requests this gateway has in flight here.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Times this worker was ejected.
+    pub fn ejections(&self) -> u64 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight until the guard drops (end of body, error, or client gone).
+    pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self.clone())
+    }
+
+    /// Stores a successful poll.
+    pub fn record_load(&self, load: EngineLoad) {
+        self.waiting
+            .store(load.waiting.to_bits(), Ordering::Relaxed);
+        self.running
+            .store(load.running.to_bits(), Ordering::Relaxed);
+        self.kv_usage
+            .store(load.kv_usage.to_bits(), Ordering::Relaxed);
+    }
+
+    /// A successful poll or request: re-admits after `readmit_after` in a row.
+    pub fn record_success(&self, readmit_after: u32) -> HealthChange {
+        self.failures.store(0, Ordering::Relaxed);
+        let n = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
+        if !self.is_healthy() && n >= readmit_after.max(1) {
+            self.healthy.store(true, Ordering::Release);
+            return HealthChange::Readmitted;
+        }
+        HealthChange::None
+    }
+
+    /// A failed poll, connect error or 5xx: ejects after `eject_after` in a row.
+    pub fn record_failure(&self, eject_after: u32) -> HealthChange {
+        self.successes.store(0, Ordering::Relaxed);
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.is_healthy() && n >= eject_after.max(1) {
+            self.healthy.store(false, Ordering::Release);
+            self.ejections.fetch_add(1, Ordering::Relaxed);
+            return HealthChange::Ejected;
+        }
+        HealthChange::None
+    }
+}
+
+/// Decrements a worker's in-flight count when dropped.
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<WorkerState>);
+
+impl InFlightGuard {
+    /// The worker this request runs on.
+    pub fn worker(&self) -> &Arc<WorkerState> {
+        &self.0
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_follows_guards() {
+        let w = Arc::new(WorkerState::new("http://a"));
+        let g1 = w.start_request();
+        let g2 = w.start_request();
+        assert_eq!(w.view().in_flight, 2);
+        drop(g1);
+        assert_eq!(w.in_flight(), 1);
+        drop(g2);
+        assert_eq!(w.in_flight(), 0);
+    }
+
+    #[test]
+    fn ejects_after_consecutive_failures_and_readmits_after_successes() {
+        let w = WorkerState::new("http://a");
+        assert_eq!(w.record_failure(3), HealthChange::None);
+        assert_eq!(w.record_success(2), HealthChange::None);
+        assert_eq!(w.record_failure(3), HealthChange::None);
+        assert_eq!(w.record_failure(3), HealthChange::None);
+        assert_eq!(w.record_failure(3), HealthChange::Ejected);
+        assert!(!w.view().healthy);
+        assert_eq!(w.record_failure(3), HealthChange::None);
+        assert_eq!(w.record_success(2), HealthChange::None);
+        assert_eq!(w.record_success(2), HealthChange::Readmitted);
+        assert!(w.is_healthy());
+        assert_eq!(w.ejections(), 1);
+    }
+
+    #[test]
+    fn polled_load_reaches_the_view() {
+        let w = WorkerState::new("http://a");
+        w.record_load(EngineLoad {
+            waiting: 2.0,
+            running: 5.0,
+            kv_usage: 0.4,
+        });
+        let v = w.view();
+        assert_eq!((v.waiting, v.running, v.kv_usage), (2.0, 5.0, 0.4));
+        assert_eq!(v.load(), 7.0);
+    }
+}
