@@ -100,7 +100,7 @@ impl EngineCore {
 
     /// Runs one engine step; waits on the clock for the step's cost.
     pub fn step(&mut self) -> StepReport {
-        let pending = &self.pending;
+        let pending = self.pending.clone();
         let gone = self.sched.remove_where(|s| s.sink.is_closed());
         for s in &gone {
             if s.first_scheduled.is_none() {
@@ -113,6 +113,14 @@ impl EngineCore {
         }
 
         let start = self.clock.now();
+        let stopped = self.sched.remove_where(|s| s.sink.stop_requested());
+        for mut seq in stopped {
+            if seq.first_scheduled.is_none() {
+                pending.fetch_sub(1, Ordering::AcqRel);
+            }
+            seq.finish = Some(FinishReason::Stop);
+            self.retire(seq, start);
+        }
         let batch = self.sched.schedule(start);
         let preempted = batch.preempted;
         self.entries.clear();
@@ -172,18 +180,7 @@ impl EngineCore {
         let finished = self.sched.take_finished();
         let n_finished = finished.len();
         for seq in finished {
-            let Some(reason) = seq.finish else { continue };
-            let info = seq.finish_info(reason);
-            self.metrics.e2e.observe(end - seq.arrival);
-            let label = match reason {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-            };
-            self.metrics
-                .request_success
-                .with_label_values(&[label])
-                .inc();
-            self.draining.push((seq, info));
+            self.retire(seq, end);
         }
         self.flush_outputs();
         self.update_gauges();
@@ -194,6 +191,22 @@ impl EngineCore {
             preempted,
             end,
         }
+    }
+
+    /// Records a finished sequence (blocks already freed) and queues its final report.
+    fn retire(&mut self, seq: Sequence, now: f64) {
+        let Some(reason) = seq.finish else { return };
+        let info = seq.finish_info(reason);
+        self.metrics.e2e.observe(now - seq.arrival);
+        let label = match reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        };
+        self.metrics
+            .request_success
+            .with_label_values(&[label])
+            .inc();
+        self.draining.push((seq, info));
     }
 
     /// Hands buffered tokens to clients; finished sequences leave once their last event is taken.

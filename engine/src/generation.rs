@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use hyper::body::{Body, Bytes, Frame};
@@ -17,19 +19,34 @@ use crate::tokenizer::SimTokenizer;
 /// Events buffered per request between the engine thread and the HTTP response.
 pub const EVENT_BUFFER: usize = 64;
 
-/// The engine-side end of a request's bounded event channel.
-pub struct ChannelSink(pub mpsc::Sender<SeqEvent>);
+/// The engine-side end of a request's bounded event channel, plus the flag a matched stop
+/// string raises so the engine ends the sequence (as finished, not aborted).
+pub struct ChannelSink {
+    tx: mpsc::Sender<SeqEvent>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ChannelSink {
+    /// A sink over `tx`; `stop` is shared with the request's [`Generation`].
+    pub fn new(tx: mpsc::Sender<SeqEvent>, stop: Arc<AtomicBool>) -> Self {
+        Self { tx, stop }
+    }
+}
 
 impl EventSink for ChannelSink {
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
     fn try_send(&mut self, event: SeqEvent) -> Result<(), SendError> {
-        self.0.try_send(event).map_err(|e| match e {
+        self.tx.try_send(event).map_err(|e| match e {
             mpsc::error::TrySendError::Full(ev) => SendError::Full(ev),
             mpsc::error::TrySendError::Closed(_) => SendError::Closed,
         })
     }
 
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
     }
 }
 
@@ -58,6 +75,7 @@ pub struct Generation {
     usage: Usage,
     include_usage: bool,
     first_sent: bool,
+    stop: Arc<AtomicBool>,
     /// Set once the answer is complete.
     pub finish: Option<FinishReason>,
     /// Execution paths reported by the engine.
@@ -79,6 +97,7 @@ impl Generation {
     pub fn new(
         meta: ResponseMeta,
         rx: mpsc::Receiver<SeqEvent>,
+        stop: Arc<AtomicBool>,
         params: &crate::request::SamplingParams,
         prompt_tokens: usize,
         include_usage: bool,
@@ -95,6 +114,7 @@ impl Generation {
             },
             include_usage,
             first_sent: false,
+            stop,
             finish: None,
             paths: ExecPaths::default(),
         }
@@ -105,25 +125,32 @@ impl Generation {
             Some(SeqEvent::Tokens(tokens)) => {
                 let mut text = String::new();
                 for t in tokens {
+                    if self.out.stopped() {
+                        // Tokens the engine made before it saw the stop flag: not shown.
+                        break;
+                    }
                     text += &self.out.push(&self.tokenizer.decode(&[t]));
                     if self.out.stopped() {
-                        // Closing the channel tells the engine to abort and free the KV blocks.
-                        self.rx.close();
-                        self.usage.completion_tokens = self.out.tokens();
-                        self.finish = Some(FinishReason::Stop);
-                        return Step::Done(text);
+                        // The engine ends the sequence at its next step and reports its
+                        // accounting; the answer completes on that report.
+                        self.stop.store(true, Ordering::Release);
                     }
                 }
                 Step::Text(text)
             }
             Some(SeqEvent::Finished(info)) => {
-                self.usage.completion_tokens = info.completion_tokens;
+                self.usage.completion_tokens = if self.out.stopped() {
+                    self.out.tokens()
+                } else {
+                    info.completion_tokens
+                };
                 self.usage.cached_tokens = info.cached_tokens;
                 self.paths = ExecPaths {
                     graph: info.graph_steps,
                     eager: info.eager_steps,
                 };
                 self.finish = Some(match info.reason {
+                    _ if self.out.stopped() => FinishReason::Stop,
                     sequence::FinishReason::Stop => FinishReason::Stop,
                     sequence::FinishReason::Length => FinishReason::Length,
                 });

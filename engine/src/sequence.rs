@@ -58,6 +58,10 @@ pub trait EventSink: Send {
     fn try_send(&mut self, event: SeqEvent) -> Result<(), SendError>;
     /// True once the receiver is gone (client disconnected).
     fn is_closed(&self) -> bool;
+    /// True when the client matched a stop string: end the sequence as finished.
+    fn stop_requested(&self) -> bool {
+        false
+    }
 }
 
 /// A request handed to the engine core.

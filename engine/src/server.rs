@@ -271,8 +271,13 @@ async fn generate(
     }
 
     // Bounded waiting queue: refuse quickly with an honest estimate instead of queueing forever.
-    let pending = engine.pending.load(Ordering::Acquire);
-    if pending >= engine.max_waiting {
+    // One atomic step, so concurrent arrivals cannot overshoot the bound together.
+    let admitted = engine
+        .pending
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+            (p < engine.max_waiting).then_some(p + 1)
+        });
+    if let Err(pending) = admitted {
         engine
             .metrics
             .rejected
@@ -283,14 +288,14 @@ async fn generate(
             engine.retry_after_secs(pending),
         ));
     }
-    engine.pending.fetch_add(1, Ordering::AcqRel);
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let new = NewRequest {
         id,
         prompt: prompt_tokens,
         params: sampling.clone(),
-        sink: Box::new(ChannelSink(tx)),
+        sink: Box::new(ChannelSink::new(tx, stop.clone())),
     };
     if engine.submit.send(new).is_err() {
         engine.pending.fetch_sub(1, Ordering::AcqRel);
@@ -298,7 +303,15 @@ async fn generate(
     }
 
     let meta = ResponseMeta::new(endpoint, model);
-    let mut generation = Generation::new(meta, rx, &sampling, n_prompt, include_usage, tokenizer);
+    let mut generation = Generation::new(
+        meta,
+        rx,
+        stop,
+        &sampling,
+        n_prompt,
+        include_usage,
+        tokenizer,
+    );
     let mut res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.
         let first = generation.first_event().await?;
