@@ -1,0 +1,2 @@
+//! Gateway overhead benchmark (being written).
+fn main() {}

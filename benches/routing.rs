@@ -1,0 +1,2 @@
+//! Routing policy benchmark (being written).
+fn main() {}
