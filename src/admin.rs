@@ -86,10 +86,8 @@ fn status(gw: &Gateway) -> Response<ResBody> {
 
 /// Compares secrets without an early exit that would leak the matching prefix length.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]

@@ -30,6 +30,21 @@ pub enum GatewayError {
     PayloadTooLarge(usize),
     /// Wrong method for the route (405).
     MethodNotAllowed,
+    /// Missing or unknown API key (401).
+    Unauthorized(String),
+    /// The tenant's tier does not allow this (403).
+    Forbidden(String),
+    /// Over a rate, concurrency or queue limit (429); a retry after `retry_after_secs` can pass.
+    TooManyRequests {
+        /// What limit and by how much.
+        message: String,
+        /// Whole seconds, rounded up.
+        retry_after_secs: u64,
+        /// `x-ratelimit-*` headers.
+        headers: Vec<(&'static str, String)>,
+    },
+    /// Larger than the tenant's whole budget: no retry can pass (400).
+    NeverFits(String),
     /// No healthy worker in the pool (503).
     NoHealthyWorker(String),
     /// The gateway is draining (503).
@@ -56,6 +71,10 @@ impl GatewayError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::NeverFits(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoHealthyWorker(_) | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
@@ -70,6 +89,21 @@ impl GatewayError {
         match self {
             Self::BadRequest { message, param } => ApiError::bad_request(message, param.as_deref()),
             Self::NotFound(m) => ApiError::not_found(m),
+            Self::Unauthorized(m) => {
+                with_kind(m, StatusCode::UNAUTHORIZED, "authentication_error", None)
+            }
+            Self::Forbidden(m) => with_kind(m, StatusCode::FORBIDDEN, "permission_error", None),
+            Self::TooManyRequests {
+                message,
+                retry_after_secs,
+                ..
+            } => with_kind(
+                message,
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some(*retry_after_secs),
+            ),
+            Self::NeverFits(m) => ApiError::bad_request(m, Some("max_tokens")),
             Self::PayloadTooLarge(limit) => {
                 ApiError::payload_too_large(format!("request body exceeds {limit} bytes"))
             }
@@ -94,7 +128,34 @@ impl GatewayError {
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
+        if let Self::TooManyRequests { headers, .. } = self {
+            for (name, value) in headers {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    res.headers_mut().insert(*name, v);
+                }
+            }
+        }
         res
+    }
+
+    /// The rejection reason label for per-tenant metrics (`upstream`/`internal` are not
+    /// rejections).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unauthorized(_) => "auth",
+            Self::TooManyRequests { .. } => "rate",
+            Self::BadRequest { .. }
+            | Self::NotFound(_)
+            | Self::PayloadTooLarge(_)
+            | Self::Forbidden(_)
+            | Self::NeverFits(_)
+            | Self::MethodNotAllowed => "validation",
+            Self::Draining => "draining",
+            Self::NoHealthyWorker(_) | Self::UpstreamUnavailable(_) | Self::UpstreamTimeout(_) => {
+                "upstream"
+            }
+            Self::Internal(_) => "internal",
+        }
     }
 
     /// An SSE error event followed by `[DONE]`, for failures after a stream has started.
@@ -110,6 +171,19 @@ impl std::fmt::Display for GatewayError {
 }
 
 impl std::error::Error for GatewayError {}
+
+fn with_kind(
+    message: &str,
+    status: StatusCode,
+    kind: &'static str,
+    retry: Option<u64>,
+) -> ApiError {
+    let mut e = ApiError::bad_request(message, None);
+    e.status = status;
+    e.kind = kind;
+    e.retry_after_secs = retry;
+    e
+}
 
 /// A complete body.
 pub fn full_body(body: impl Into<Bytes>) -> ResBody {

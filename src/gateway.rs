@@ -10,9 +10,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::task::AbortHandle;
 
-use crate::config::{self, ConfigErrors, Snapshot, WorkerSource};
+use crate::config::{self, ConfigErrors, Snapshot, TenantSpec, WorkerSource};
+use crate::limits::{InProcessLimiter, Limiter};
 use crate::metrics::GatewayMetrics;
 use crate::routing;
+use crate::tenants::KeyTable;
 use crate::upstream::{self, UpstreamClient};
 use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::{PolicyHolder, PoolRuntime};
@@ -24,6 +26,8 @@ pub struct Live {
     pub snapshot: Arc<Snapshot>,
     /// Pools in snapshot order.
     pub pools: Vec<Arc<PoolRuntime>>,
+    /// API key digests → index into `snapshot.tenants`.
+    pub keys: KeyTable,
     discovery: Vec<AbortHandle>,
 }
 
@@ -62,6 +66,9 @@ pub struct Gateway {
     pub metrics: Arc<GatewayMetrics>,
     /// Pooled client to workers.
     pub client: UpstreamClient,
+    /// Per-tenant rate and concurrency limits.
+    pub limiter: Arc<dyn Limiter>,
+    extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
     source: ConfigSource,
     spawned: HashMap<String, Vec<String>>,
@@ -71,11 +78,13 @@ pub struct Gateway {
 
 impl Gateway {
     /// Builds the gateway from a validated snapshot. `spawned` maps pool names to the URLs of
-    /// workers this process started for the pool's `spawn` entries.
+    /// workers this process started for the pool's `spawn` entries; `extra_tenants` (the demo
+    /// tenant of `up`) serve whenever the config declares no tenants of its own.
     pub fn new(
         snapshot: Snapshot,
         source: ConfigSource,
         spawned: HashMap<String, Vec<String>>,
+        extra_tenants: Vec<TenantSpec>,
     ) -> Result<Arc<Self>, String> {
         let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
         let client = upstream::client(snapshot.forward.connect_timeout);
@@ -83,10 +92,13 @@ impl Gateway {
             live: ArcSwap::from_pointee(Live {
                 snapshot: Arc::new(snapshot.clone()),
                 pools: Vec::new(),
+                keys: KeyTable::new(&[]),
                 discovery: Vec::new(),
             }),
             metrics,
             client,
+            limiter: Arc::new(InProcessLimiter::new()),
+            extra_tenants,
             draining: AtomicBool::new(false),
             source,
             spawned,
@@ -179,15 +191,20 @@ impl Gateway {
 
     /// Builds pools for `snapshot`, reusing worker state (in-flight counts, health) by URL and
     /// policies (with their learned prefix index) whose settings did not change.
-    fn build_live(self: &Arc<Self>, snapshot: Snapshot, previous: Option<&Live>) -> Live {
+    fn build_live(self: &Arc<Self>, mut snapshot: Snapshot, previous: Option<&Live>) -> Live {
+        if snapshot.tenants.is_empty() {
+            snapshot.tenants = self.extra_tenants.clone();
+        }
         let mut old_workers: HashMap<String, Arc<WorkerState>> = HashMap::new();
         let mut old_policies: HashMap<String, Arc<PolicyHolder>> = HashMap::new();
+        let mut old_queues = HashMap::new();
         if let Some(prev) = previous {
             for p in &prev.pools {
                 for w in p.workers().iter() {
                     old_workers.insert(w.url.clone(), w.clone());
                 }
                 old_policies.insert(p.name.clone(), p.policy().clone());
+                old_queues.insert(p.name.clone(), p.admission.clone());
             }
         }
         let worker_for = |url: &str| {
@@ -229,11 +246,22 @@ impl Gateway {
                     policy: routing::build(&spec.policy),
                 }),
             };
+            // Queued requests survive a reload unless the pool's admission bounds changed.
+            let admission = match old_queues.get(&spec.name) {
+                Some((old_spec, queue)) if *old_spec == spec.admission => {
+                    (old_spec.clone(), queue.clone())
+                }
+                _ => (
+                    spec.admission.clone(),
+                    PoolRuntime::new_queue(&spec.admission),
+                ),
+            };
             let pool = Arc::new(PoolRuntime::new(
                 &spec.name,
                 spec.dialect,
                 workers.clone(),
                 policy,
+                admission,
             ));
             if !dns.is_empty() {
                 let task = tokio::spawn(discover_dns(
@@ -247,6 +275,7 @@ impl Gateway {
             pools.push(pool);
         }
         Live {
+            keys: KeyTable::new(&snapshot.tenants),
             snapshot: Arc::new(snapshot),
             pools,
             discovery,
@@ -280,10 +309,17 @@ impl Gateway {
                     }));
                 }
             }
-            drop(live);
             for t in tasks {
                 let _ = t.await;
             }
+            for pool in &live.pools {
+                pool.update_capacity();
+                self.metrics
+                    .queue_depth
+                    .with_label_values(&[&pool.name])
+                    .set(pool.admission.1.depth() as f64);
+            }
+            drop(live);
             tokio::time::sleep(health.poll_interval).await;
         }
     }

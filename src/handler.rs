@@ -10,10 +10,16 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::admission::Refusal;
+use crate::config::TenantSpec;
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
+use crate::gateway::Live;
+use crate::ledger::Ledger;
+use crate::limits::{Rejection, TierLimits};
 use crate::proxy::forward::{ForwardSettings, Outbound, forward};
-use crate::request::{Endpoint, validate};
+use crate::request::{Endpoint, PromptSize, validate};
+use crate::tenants::bearer;
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
 
@@ -23,13 +29,15 @@ struct RequestCtx {
     started: Instant,
     model: String,
     pool: String,
+    tenant: String,
+    reject_reason: Option<&'static str>,
 }
 
 /// Serves one request on the public listener.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBody> {
     let mut ctx = accept(&req);
     let path = req.uri().path().to_string();
-    let mut res = match (req.method(), path.as_str()) {
+    let res = match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/chat/completions") => {
             proxy(&gw, req, Endpoint::ChatCompletions, &mut ctx).await
         }
@@ -55,9 +63,12 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
             Err(GatewayError::MethodNotAllowed)
         }
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
-    }
-    .unwrap_or_else(|e| e.into_response());
-    account(&gw, &ctx, &res);
+    };
+    let (mut res, err) = match res {
+        Ok(r) => (r, None),
+        Err(e) => (e.into_response(), Some(e)),
+    };
+    account(&gw, &ctx, &res, err.as_ref());
     if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
         res.headers_mut().insert("x-request-id", v);
     }
@@ -89,10 +100,13 @@ fn accept(req: &Request<Incoming>) -> RequestCtx {
         started: Instant::now(),
         model: String::new(),
         pool: String::new(),
+        tenant: String::new(),
+        reject_reason: None,
     }
 }
 
-/// Parse and validate, then route and forward.
+/// Authenticate → read → validate → meter → admit → route and forward. The ledger created at
+/// metering settles once: when the response body ends, or with a full refund if it never starts.
 async fn proxy(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
@@ -106,6 +120,14 @@ async fn proxy(
     let live = gw.live();
     let snapshot = &live.snapshot;
     let (parts, body) = req.into_parts();
+
+    // Authenticate before reading the body: an unknown caller costs nothing more.
+    let tenant = authenticate(&live, &parts.headers)?;
+    ctx.tenant = tenant.name.clone();
+    let tier = snapshot
+        .tier(&tenant.tier)
+        .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
+
     let limit = snapshot.max_body_bytes;
     let body = Limited::new(body, limit)
         .collect()
@@ -118,13 +140,83 @@ async fn proxy(
             }
         })?
         .to_bytes();
-    let valid = validate(endpoint, &parts.headers, body, snapshot)?;
+    let valid = validate(endpoint, &parts.headers, body, snapshot, tier)?;
     ctx.model = valid.model.clone();
     let pool = live
         .pools
         .get(valid.pool)
         .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
+
+    // Meter: estimate the prompt with a real tokenizer (off the reactor when long).
+    let prompt_tokens = match &valid.prompt {
+        PromptSize::Tokens(n) => *n,
+        PromptSize::Text(t) if t.len() < 4096 => valid.estimator.count(t),
+        PromptSize::Text(t) => {
+            let (est, text) = (valid.estimator, t.clone());
+            tokio::task::spawn_blocking(move || est.count(&text))
+                .await
+                .map_err(|e| GatewayError::Internal(format!("token estimate failed: {e}")))?
+        }
+    };
+    if let Some(context) = valid.max_context
+        && prompt_tokens > context as u64
+    {
+        return Err(GatewayError::bad_request(
+            format!(
+                "the prompt is about {prompt_tokens} tokens but the model `{}` has a context of {context} tokens",
+                valid.model
+            ),
+            Some("messages"),
+        ));
+    }
+    let reserve = prompt_tokens + valid.max_tokens;
+    let limits = TierLimits {
+        requests_per_minute: tier.requests_per_minute,
+        tokens_per_minute: tier.tokens_per_minute,
+        max_concurrent: tier.max_concurrent,
+    };
+    let reservation = gw
+        .limiter
+        .acquire(&tenant.name, &limits, reserve, Instant::now())
+        .map_err(|r| rejection_error(r, reserve))?;
+    let mut ledger = Ledger::new(
+        gw.limiter.clone(),
+        gw.metrics.clone(),
+        &tenant.name,
+        reserve,
+        prompt_tokens,
+    );
+
+    // Admit: wait in the pool's bounded priority queue (leaving it at once if the client goes).
+    let (_, queue) = &pool.admission;
+    gw.metrics
+        .queue_depth
+        .with_label_values(&[&pool.name])
+        .set(queue.depth() as f64 + 1.0);
+    let permit = queue.admit(tier.priority, Instant::now()).await;
+    gw.metrics
+        .queue_depth
+        .with_label_values(&[&pool.name])
+        .set(queue.depth() as f64);
+    let permit = permit.map_err(|refusal| {
+        ctx.reject_reason = Some(refusal.reason());
+        let secs = crate::limits::retry_after_secs(refusal.retry_after());
+        match refusal {
+            Refusal::Draining { .. } => GatewayError::Draining,
+            other => GatewayError::TooManyRequests {
+                message: format!("pool `{}`: {other}", pool.name),
+                retry_after_secs: secs,
+                headers: Vec::new(),
+            },
+        }
+    })?;
+    gw.metrics
+        .queue_wait
+        .with_label_values(&[&pool.name])
+        .observe(permit.waited().as_secs_f64());
+    ledger.hold(permit);
+
     let f = &snapshot.forward;
     let settings = ForwardSettings {
         first_byte_timeout: f.first_byte_timeout,
@@ -141,8 +233,81 @@ async fn proxy(
         request_id: &ctx.request_id,
         traceparent: parts.headers.get("traceparent"),
         started: ctx.started,
+        hide_usage_chunk: valid.stream && !valid.client_wants_usage,
+        on_end: Some(Box::new(move |end| ledger.settle(end))),
     };
-    forward(&gw.client, pool, out, settings, &gw.metrics).await
+    let mut res = forward(&gw.client, pool, out, settings, &gw.metrics).await?;
+    for (name, value) in reservation.headers.header_pairs() {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            res.headers_mut().insert(name, v);
+        }
+    }
+    Ok(res)
+}
+
+/// The caller's tenant: the owner of the bearer key, or the anonymous tenant (default tier)
+/// when the config declares no tenants at all.
+fn authenticate(live: &Live, headers: &hyper::HeaderMap) -> Result<TenantSpec, GatewayError> {
+    let snapshot = &live.snapshot;
+    if snapshot.tenants.is_empty() {
+        return Ok(TenantSpec {
+            name: "anonymous".into(),
+            tier: snapshot.default_tier.clone().unwrap_or_else(|| {
+                snapshot
+                    .tiers
+                    .first()
+                    .map(|t| t.name.clone())
+                    .unwrap_or_default()
+            }),
+            key_hashes: Vec::new(),
+        });
+    }
+    let presented = bearer(
+        headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok_or_else(|| {
+        GatewayError::Unauthorized(
+            "You didn't provide an API key: send `Authorization: Bearer YOUR_KEY`.".into(),
+        )
+    })?;
+    let index = live
+        .keys
+        .lookup(presented)
+        .ok_or_else(|| GatewayError::Unauthorized("Incorrect API key provided.".into()))?;
+    snapshot
+        .tenants
+        .get(index)
+        .cloned()
+        .ok_or_else(|| GatewayError::Internal("key table out of date".into()))
+}
+
+/// A limiter refusal as the answer the client gets.
+fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
+    match r {
+        Rejection::RateLimited {
+            retry_after,
+            which,
+            headers,
+        } => GatewayError::TooManyRequests {
+            message: format!(
+                "Rate limit reached for {} (this request needs {reserve} tokens). Try again in {}.",
+                which.as_str(),
+                crate::limits::format_reset(retry_after)
+            ),
+            retry_after_secs: crate::limits::retry_after_secs(retry_after),
+            headers: headers.header_pairs(),
+        },
+        Rejection::TooLarge { tokens, burst } => GatewayError::NeverFits(format!(
+            "this request needs {tokens} tokens (prompt plus max_tokens) but your tier allows at most {burst} tokens per minute: it can never pass; lower max_tokens or shorten the prompt"
+        )),
+        Rejection::Concurrency { limit } => GatewayError::TooManyRequests {
+            message: format!("too many requests in flight: your tier allows {limit} at once"),
+            retry_after_secs: 1,
+            headers: Vec::new(),
+        },
+    }
 }
 
 /// `GET /v1/models`: the models this gateway routes, in OpenAI's list shape.
@@ -168,13 +333,40 @@ fn models(gw: &Gateway) -> Response<ResBody> {
     )
 }
 
-/// Account: count the request by model, pool and status (once per request).
-fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>) {
-    if ctx.model.is_empty() && ctx.pool.is_empty() {
+/// Account: count the request by model, pool and status, and per tenant (once per request).
+fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<&GatewayError>) {
+    let status = res.status();
+    if !ctx.model.is_empty() {
+        gw.metrics
+            .requests
+            .with_label_values(&[&ctx.model, &ctx.pool, status.as_str()])
+            .inc();
+    }
+    let tenant = if ctx.tenant.is_empty() {
+        "unknown"
+    } else {
+        ctx.tenant.as_str()
+    };
+    if let Some(e) = err {
+        let reason = ctx.reject_reason.unwrap_or_else(|| e.reason());
+        if !matches!(reason, "upstream" | "internal") {
+            gw.metrics
+                .rejections
+                .with_label_values(&[tenant, reason])
+                .inc();
+        }
+    }
+    if ctx.tenant.is_empty() && err.is_none() {
         return;
     }
+    let outcome = match (err, status.as_u16()) {
+        (Some(e), _) if !matches!(e.reason(), "upstream" | "internal") => "rejected",
+        (_, 200..=399) => "ok",
+        (_, 400..=499) => "client_error",
+        _ => "upstream_error",
+    };
     gw.metrics
-        .requests
-        .with_label_values(&[&ctx.model, &ctx.pool, res.status().as_str()])
+        .tenant_requests
+        .with_label_values(&[tenant, outcome])
         .inc();
 }

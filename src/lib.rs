@@ -2,16 +2,21 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod error;
 pub mod gateway;
 pub mod handler;
+pub mod ledger;
+pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod request;
 pub mod routing;
 pub mod server;
 pub mod supervisor;
+pub mod tenants;
+pub mod tokens;
 pub mod up;
 pub mod upstream;
 pub mod workers;

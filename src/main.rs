@@ -25,10 +25,28 @@ enum Command {
     Gateway(RunArgs),
     /// Run one engine worker (OpenAI-compatible API, vLLM metrics).
     Engine(EngineArgs),
+    /// API keys: `infergate keys create` makes a key and prints the hash line for the config.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Configuration tools.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Generate a new random key; print it once and the config entry holding only its hash.
+    Create {
+        /// Tenant name for the printed config entry.
+        #[arg(long, default_value = "my-team")]
+        tenant: String,
+        /// Tier for the printed config entry.
+        #[arg(long, default_value = "free")]
+        tier: String,
     },
 }
 
@@ -71,6 +89,19 @@ fn block_on(f: impl std::future::Future<Output = Result<(), String>>) -> ExitCod
     }
 }
 
+/// `up` (with a demo key when no tenants are declared) and `gateway`.
+fn run_gateway(args: RunArgs, demo_key: bool) -> ExitCode {
+    let loaded = match load_snapshot(args.config.as_deref()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logs(loaded.0.log.format, &loaded.0.log.level);
+    block_on(infergate::up::run(args, loaded, demo_key))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -78,17 +109,29 @@ fn main() -> ExitCode {
             init_logs(LogFormat::Text, "info");
             block_on(infergate_engine::server::serve(args))
         }
-        Command::Up(args) | Command::Gateway(args) => {
-            let loaded = match load_snapshot(args.config.as_deref()) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            init_logs(loaded.0.log.format, &loaded.0.log.level);
-            block_on(infergate::up::run(args, loaded))
-        }
+        Command::Up(args) => run_gateway(args, true),
+        Command::Gateway(args) => run_gateway(args, false),
+        Command::Keys {
+            command: KeysCommand::Create { tenant, tier },
+        } => match infergate::tenants::generate_key() {
+            Ok(key) => {
+                let hash = infergate::tenants::format_hash(&infergate::tenants::hash_key(&key));
+                println!("key:  {key}");
+                println!(
+                    "      (shown once: give it to the tenant; the gateway stores only its hash)"
+                );
+                println!("config/infergate.yaml:");
+                println!("tenants:");
+                println!("  - name: {tenant}");
+                println!("    tier: {tier}");
+                println!("    keys: [\"{hash}\"]");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot read randomness: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Config {
             command: ConfigCommand::Check { config },
         } => match infergate::config::load(&config) {

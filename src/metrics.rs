@@ -38,6 +38,16 @@ pub struct GatewayMetrics {
     pub worker_healthy: GaugeVec,
     /// `infergate_config_reloads_total{result}`.
     pub reloads: IntCounterVec,
+    /// `infergate_tenant_requests_total{tenant,outcome}` (outcome: ok, client_error, rejected, upstream_error).
+    pub tenant_requests: IntCounterVec,
+    /// `infergate_tenant_tokens_total{tenant,kind}` (kind: prompt, completion).
+    pub tenant_tokens: IntCounterVec,
+    /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, validation, draining).
+    pub rejections: IntCounterVec,
+    /// `infergate_queue_depth{pool}`: requests waiting for admission.
+    pub queue_depth: GaugeVec,
+    /// `infergate_queue_wait_seconds{pool}`: time admitted requests waited.
+    pub queue_wait: HistogramVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -138,6 +148,34 @@ impl GatewayMetrics {
                 "infergate_config_reloads_total",
                 "Config reload attempts by result.",
                 &["result"],
+            )?,
+            tenant_requests: counter(
+                "infergate_tenant_requests_total",
+                "Requests per tenant by outcome.",
+                &["tenant", "outcome"],
+            )?,
+            tenant_tokens: counter(
+                "infergate_tenant_tokens_total",
+                "Tokens per tenant as reported by the workers (prompt, completion).",
+                &["tenant", "kind"],
+            )?,
+            rejections: counter(
+                "infergate_rejections_total",
+                "Requests refused by the gateway, per tenant and reason.",
+                &["tenant", "reason"],
+            )?,
+            queue_depth: {
+                let g = GaugeVec::new(
+                    Opts::new("infergate_queue_depth", "Requests waiting for admission."),
+                    &["pool"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            queue_wait: hist(
+                "infergate_queue_wait_seconds",
+                "Time admitted requests waited in the admission queue.",
+                LATENCY_BUCKETS,
             )?,
             registry,
         })

@@ -6,12 +6,13 @@ use hyper::HeaderMap;
 use hyper::body::Bytes;
 use serde_json::Value;
 
-use crate::config::Snapshot;
+use crate::config::{Snapshot, TierSpec};
 use crate::error::GatewayError;
 use crate::routing::RequestFeatures;
 use crate::routing::features::{
     DEFAULT_BLOCK_BYTES, canonical_chat, canonical_completion, prefix_hashes, session_hash,
 };
+use crate::tokens::Estimator;
 
 /// Most prefix blocks hashed per request (64 KiB of prompt at the default block size).
 const MAX_PREFIX_BLOCKS: usize = 256;
@@ -50,14 +51,45 @@ pub struct ValidRequest {
     pub body: Bytes,
     /// Routing inputs.
     pub features: RequestFeatures,
+    /// Completion tokens to reserve: the request's `max_tokens`, or the tier's default (which
+    /// is then also sent upstream).
+    pub max_tokens: u64,
+    /// What to count prompt tokens of.
+    pub prompt: PromptSize,
+    /// Tokenizer for the estimate.
+    pub estimator: Estimator,
+    /// The model's context length, when configured.
+    pub max_context: Option<usize>,
+    /// The client asked for the usage chunk (`stream_options.include_usage`); when it did not,
+    /// the gateway asks upstream anyway and hides the chunk.
+    pub client_wants_usage: bool,
 }
 
-/// Validates `body` for `endpoint` against the snapshot's models.
+/// The prompt, as far as metering needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptSize {
+    /// Text to tokenize (chat messages joined, or the completion prompt).
+    Text(String),
+    /// A prompt given as token ids: its length is exact.
+    Tokens(u64),
+}
+
+fn number(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<f64>, GatewayError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+            GatewayError::bad_request(format!("`{key}` must be a number"), Some(key))
+        }),
+    }
+}
+
+/// Validates `body` for `endpoint` against the snapshot's models and the caller's tier.
 pub fn validate(
     endpoint: Endpoint,
     headers: &HeaderMap,
     body: Bytes,
     snapshot: &Snapshot,
+    tier: &TierSpec,
 ) -> Result<ValidRequest, GatewayError> {
     let mut json: Value = serde_json::from_slice(&body)
         .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
@@ -82,12 +114,68 @@ pub fn validate(
     let route = snapshot
         .model(&model)
         .ok_or_else(|| GatewayError::NotFound(format!("The model `{model}` does not exist.")))?;
+    if !tier.allows_model(&model) {
+        return Err(GatewayError::Forbidden(format!(
+            "your tier `{}` may not use the model `{model}`",
+            tier.name
+        )));
+    }
     let stream = matches!(obj.get("stream"), Some(Value::Bool(true)));
-    let canonical = match endpoint {
+    if let Some(t) = number(obj, "temperature")?
+        && !(0.0..=2.0).contains(&t)
+    {
+        return Err(GatewayError::bad_request(
+            format!("temperature must be between 0 and 2, got {t}"),
+            Some("temperature"),
+        ));
+    }
+    if let Some(p) = number(obj, "top_p")?
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(GatewayError::bad_request(
+            format!("top_p must be in (0, 1], got {p}"),
+            Some("top_p"),
+        ));
+    }
+    let max_key = if obj
+        .get("max_completion_tokens")
+        .is_some_and(|v| !v.is_null())
+    {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let asked = match number(obj, max_key)? {
+        None => None,
+        Some(m) if m < 1.0 || m.fract() != 0.0 => {
+            return Err(GatewayError::bad_request(
+                format!("{max_key} must be a whole number of at least 1, got {m}"),
+                Some(max_key),
+            ));
+        }
+        Some(m) if m > f64::from(tier.max_tokens) => {
+            return Err(GatewayError::bad_request(
+                format!(
+                    "{max_key} is {m} but your tier `{}` allows at most {}",
+                    tier.name, tier.max_tokens
+                ),
+                Some(max_key),
+            ));
+        }
+        Some(m) => Some(m as u64),
+    };
+    let max_tokens = asked.unwrap_or(u64::from(tier.default_max_tokens));
+    let client_wants_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let (canonical, prompt) = match endpoint {
         Endpoint::ChatCompletions => {
             let messages = obj
                 .get("messages")
                 .and_then(Value::as_array)
+                .filter(|m| !m.is_empty())
                 .ok_or_else(|| {
                     GatewayError::bad_request(
                         "`messages` must be a non-empty array",
@@ -107,12 +195,18 @@ pub fn validate(
                 .collect();
             let pairs: Vec<(&str, &str)> =
                 flat.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            canonical_chat(&pairs)
+            let text = flat
+                .iter()
+                .map(|(r, c)| format!("{r}\n{c}\n"))
+                .collect::<String>();
+            (canonical_chat(&pairs), PromptSize::Text(text))
         }
         Endpoint::Completions => match obj.get("prompt") {
-            Some(Value::String(p)) => canonical_completion(p),
-            Some(Value::Array(items)) => {
-                // A token-id prompt: hash the ids' decimal text so equal prompts still match.
+            Some(Value::String(p)) if !p.is_empty() => {
+                (canonical_completion(p), PromptSize::Text(p.clone()))
+            }
+            Some(Value::Array(items)) if !items.is_empty() => {
+                // Token ids (or one string in an array): hash their text so equal prompts match.
                 let text = items
                     .iter()
                     .map(|v| match v {
@@ -121,11 +215,16 @@ pub fn validate(
                     })
                     .collect::<Vec<_>>()
                     .join(" ");
-                canonical_completion(&text)
+                let size = if items.iter().all(Value::is_number) {
+                    PromptSize::Tokens(items.len() as u64)
+                } else {
+                    PromptSize::Text(text.clone())
+                };
+                (canonical_completion(&text), size)
             }
             _ => {
                 return Err(GatewayError::bad_request(
-                    "`prompt` must be a string or an array",
+                    "`prompt` must be a non-empty string or array",
                     Some("prompt"),
                 ));
             }
@@ -141,14 +240,30 @@ pub fn validate(
         session_key: session.as_deref().map(session_hash),
     };
     let pool = route.pool;
-    let body = match route.upstream_model.as_deref() {
-        Some(up) if up != model => {
-            obj.insert("model".into(), Value::String(up.to_string()));
-            Bytes::from(
-                serde_json::to_vec(&json).map_err(|e| GatewayError::Internal(e.to_string()))?,
-            )
-        }
-        _ => body,
+    let mut rewrite = false;
+    if let Some(up) = route.upstream_model.as_deref()
+        && up != model
+    {
+        obj.insert("model".into(), Value::String(up.to_string()));
+        rewrite = true;
+    }
+    if asked.is_none() {
+        // Reserve and enforce the tier's default instead of the engine's (possibly whole-context) one.
+        obj.insert("max_tokens".into(), Value::from(max_tokens));
+        rewrite = true;
+    }
+    if stream && !client_wants_usage {
+        // Ask for the usage chunk to reconcile the reservation; it is hidden from the client.
+        obj.insert(
+            "stream_options".into(),
+            serde_json::json!({"include_usage": true}),
+        );
+        rewrite = true;
+    }
+    let body = if rewrite {
+        Bytes::from(serde_json::to_vec(&json).map_err(|e| GatewayError::Internal(e.to_string()))?)
+    } else {
+        body
     };
     Ok(ValidRequest {
         endpoint,
@@ -157,6 +272,11 @@ pub fn validate(
         stream,
         body,
         features,
+        max_tokens,
+        prompt,
+        estimator: route.tokenizer,
+        max_context: route.max_context,
+        client_wants_usage,
     })
 }
 

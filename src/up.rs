@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{self, Snapshot, WorkerSource};
+use crate::config::{self, Snapshot, TenantSpec, WorkerSource};
 use crate::gateway::{ConfigSource, Gateway};
 use crate::supervisor::{Supervisor, SupervisorConfig, WorkerSpec, free_loopback_port};
 
@@ -33,12 +33,16 @@ pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), 
         Some(path) => config::load(path)
             .map(|s| (s, ConfigSource::File(path.to_path_buf())))
             .map_err(|e| format!("invalid configuration:\n{e}")),
-        None => config::load_str(
+        None => config::load_str_with(
             config::DEFAULT_CONFIG,
             Path::new("<embedded>/config/infergate.yaml"),
             Some((
                 config::DEFAULT_ROUTING,
                 Path::new("<embedded>/policies/routing.yaml"),
+            )),
+            Some((
+                config::DEFAULT_TENANTS,
+                Path::new("<embedded>/policies/tenants.yaml"),
             )),
         )
         .map(|s| (s, ConfigSource::Embedded))
@@ -47,7 +51,11 @@ pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), 
 }
 
 /// Runs the gateway (and its spawned workers) on a loaded config until SIGTERM / Ctrl-C.
-pub async fn run(args: RunArgs, loaded: (Snapshot, ConfigSource)) -> Result<(), String> {
+pub async fn run(
+    args: RunArgs,
+    loaded: (Snapshot, ConfigSource),
+    demo_key: bool,
+) -> Result<(), String> {
     let (mut snapshot, source) = loaded;
     if let Some(listen) = args.listen {
         snapshot.listen = listen;
@@ -107,7 +115,26 @@ pub async fn run(args: RunArgs, loaded: (Snapshot, ConfigSource)) -> Result<(), 
             spawned.entry(pool).or_default().push(url);
         }
     }
-    let result = serve_gateway(snapshot, source, spawned).await;
+    // `up` with a config that declares no tenants: a demo tenant with a key made fresh now, so
+    // no shipped file ever holds a usable key.
+    let mut extra = Vec::new();
+    let mut demo = None;
+    if demo_key && snapshot.tenants.is_empty() {
+        let key =
+            crate::tenants::generate_key().map_err(|e| format!("cannot make a demo key: {e}"))?;
+        let tier = snapshot
+            .default_tier
+            .clone()
+            .or_else(|| snapshot.tiers.first().map(|t| t.name.clone()))
+            .unwrap_or_default();
+        extra.push(TenantSpec {
+            name: "demo".into(),
+            tier,
+            key_hashes: vec![crate::tenants::hash_key(&key)],
+        });
+        demo = Some(key);
+    }
+    let result = serve_gateway(snapshot, source, spawned, extra, demo).await;
     if let Some(s) = supervisor {
         s.shutdown().await;
     }
@@ -118,19 +145,28 @@ async fn serve_gateway(
     snapshot: Snapshot,
     source: ConfigSource,
     spawned: HashMap<String, Vec<String>>,
+    extra_tenants: Vec<TenantSpec>,
+    demo_key: Option<String>,
 ) -> Result<(), String> {
     let first_model = snapshot.models.first().map(|m| m.name.clone());
     let tls = snapshot.tls.is_some();
-    let gw = Gateway::new(snapshot, source, spawned)?;
+    let gw = Gateway::new(snapshot, source, spawned, extra_tenants)?;
     let listeners = crate::server::bind(&gw).await?;
     let public = listeners.public.local_addr().map_err(|e| e.to_string())?;
     let admin = listeners.admin.local_addr().map_err(|e| e.to_string())?;
     let scheme = if tls { "https" } else { "http" };
     println!("infergate gateway listening on {scheme}://{public}");
     println!("admin listening on http://{admin}");
+    let auth = match &demo_key {
+        Some(key) => {
+            println!("demo API key (new at every start): {key}");
+            format!(" -H 'authorization: Bearer {key}'")
+        }
+        None => String::new(),
+    };
     if let Some(model) = first_model {
         println!(
-            "try:\n  curl -N {scheme}://{public}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32,\"stream\":true}}'"
+            "try:\n  curl -N {scheme}://{public}/v1/chat/completions{auth} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32,\"stream\":true}}'"
         );
     }
     tracing::info!(%public, %admin, "gateway ready");

@@ -1,5 +1,5 @@
-//! The one conversion path from file text to `Snapshot`: parse both files, validate every section,
-//! collect every error, and only then build the snapshot.
+//! The one conversion path from file text to `Snapshot`: parse the config, routing.yaml and
+//! tenants.yaml, validate every section, collect every error, and only then build the snapshot.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -7,23 +7,25 @@ use std::path::{Path, PathBuf};
 use super::error::{ConfigError, ConfigErrors, Sink};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
-use super::{pools, routing_file, sections};
+use super::{pools, routing_file, sections, tenant_section, tiers_file};
 
-/// Where routing.yaml comes from.
-pub(super) enum RoutingSource<'a> {
+/// Where a policy file (routing.yaml, tenants.yaml) comes from.
+#[derive(Clone, Copy)]
+pub(super) enum PolicySource<'a> {
     /// Given as text, with the path it stands for.
     Text(&'a str, &'a Path),
-    /// None: every pool gets the default policy.
+    /// None: defaults (every pool gets the default policy; one built-in tier).
     Absent,
-    /// Read from `<policies>/routing.yaml` next to the config file.
+    /// Read from the `policies` directory next to the config file.
     Policies,
 }
 
-/// Parses and validates the config (and routing) text into a snapshot, or every error found.
+/// Parses and validates the config text and its policy files into a snapshot, or every error.
 pub(super) fn compile(
     text: &str,
     path: &Path,
-    routing: RoutingSource<'_>,
+    routing: PolicySource<'_>,
+    tenants: PolicySource<'_>,
 ) -> Result<Snapshot, ConfigErrors> {
     let mut sink = Sink::new(path);
     let raw: RawConfig = match serde_saphyr::from_str(text) {
@@ -34,11 +36,8 @@ pub(super) fn compile(
         }
     };
     let base = path.parent().unwrap_or(Path::new("."));
-    let routing = match routing {
-        RoutingSource::Text(text, path) => Some((text.to_string(), path.to_path_buf())),
-        RoutingSource::Absent => None,
-        RoutingSource::Policies => read_routing(&raw, base, &mut sink),
-    };
+    let routing = policy_text(routing, &raw, base, "routing.yaml", &mut sink);
+    let tenants = policy_text(tenants, &raw, base, "tenants.yaml", &mut sink);
 
     let mut pool_specs = pools::pools(&raw.pools, &mut sink);
     let models = pools::models(&raw.models, &pool_specs, &mut sink);
@@ -61,6 +60,18 @@ pub(super) fn compile(
         }
         routing_errors = routing_sink.into_sorted();
     }
+    let (tiers, tier_errors) = match &tenants {
+        Some((tenants_text, tenants_path)) => {
+            let mut tier_sink = Sink::new(tenants_path);
+            let tiers = tiers_file::parse(tenants_text, &models, &mut tier_sink);
+            (tiers, tier_sink.into_sorted())
+        }
+        None => (Some(tiers_file::builtin()), Vec::new()),
+    };
+    let tier_list = tiers.as_ref().map(|t| t.tiers.as_slice());
+    let raw_tenants = raw.tenants.as_deref().unwrap_or_default();
+    let tenant_list = tenant_section::tenants(raw_tenants, tier_list, base, &mut sink);
+    let (tiers, default_tier) = tiers.map_or((Vec::new(), None), |t| (t.tiers, t.default_tier));
 
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
     let snapshot = Snapshot {
@@ -77,14 +88,20 @@ pub(super) fn compile(
         max_body_bytes: sections::max_body_bytes(&mut sink, raw.limits.as_ref()),
         models,
         pools: pool_specs,
+        tenants: tenant_list.tenants,
+        tiers,
+        default_tier,
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
+            .chain(tenants.map(|(_, p)| p))
+            .chain(tenant_list.key_files)
             .map(|p| std::path::absolute(&p).unwrap_or(p))
             .collect(),
     };
 
     let mut errors = sink.into_sorted();
     errors.extend(routing_errors);
+    errors.extend(tier_errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {
@@ -92,21 +109,44 @@ pub(super) fn compile(
     }
 }
 
-/// Reads `<policies>/routing.yaml` (default `../policies`, relative to the config file). A missing
-/// file is an error only when `policies` was set explicitly.
-fn read_routing(raw: &RawConfig, base: &Path, sink: &mut Sink<'_>) -> Option<(String, PathBuf)> {
+/// The text of one policy file and the path it stands for, `None` when absent.
+fn policy_text(
+    source: PolicySource<'_>,
+    raw: &RawConfig,
+    base: &Path,
+    file: &str,
+    sink: &mut Sink<'_>,
+) -> Option<(String, PathBuf)> {
+    match source {
+        PolicySource::Text(text, path) => Some((text.to_string(), path.to_path_buf())),
+        PolicySource::Absent => None,
+        PolicySource::Policies => read_policy(raw, base, file, sink),
+    }
+}
+
+/// Reads `<policies>/<file>` (`policies` defaults to `../policies`, relative to the config file).
+/// A missing file is an error only for routing.yaml when `policies` was set explicitly;
+/// tenants.yaml is always optional.
+fn read_policy(
+    raw: &RawConfig,
+    base: &Path,
+    file: &str,
+    sink: &mut Sink<'_>,
+) -> Option<(String, PathBuf)> {
     let dir = raw
         .policies
         .as_ref()
         .map_or("../policies", |p| p.value.as_str());
-    let path = base.join(dir).join("routing.yaml");
+    let path = base.join(dir).join(file);
     match std::fs::read_to_string(&path) {
         Ok(text) => Some((text, path)),
         Err(err) => {
             let message = format!("cannot read {}: {err}", path.display());
+            let missing = err.kind() == std::io::ErrorKind::NotFound;
             match &raw.policies {
+                _ if missing && file == "tenants.yaml" => {}
                 Some(policies) => sink.at(&policies.referenced, message),
-                None if err.kind() == std::io::ErrorKind::NotFound => {}
+                None if missing => {}
                 None => sink.whole(message),
             }
             None

@@ -1,5 +1,5 @@
-//! Gateway configuration: `config/infergate.yaml` and `policies/routing.yaml` parsed as plain serde
-//! structs, validated in one pass that reports every error with its file and line, and compiled
+//! Gateway configuration: `config/infergate.yaml`, `policies/routing.yaml` and
+//! `policies/tenants.yaml` parsed as plain serde structs, validated in one pass that reports every error with its file and line, and compiled
 //! into one immutable [`Snapshot`] for the gateway to swap in atomically.
 
 mod compile;
@@ -9,10 +9,14 @@ mod raw;
 mod routing_file;
 mod sections;
 mod snapshot;
+mod tenant_section;
+mod tiers_file;
 mod values;
 
 #[cfg(test)]
 mod error_tests;
+#[cfg(test)]
+mod tenant_tests;
 #[cfg(test)]
 mod tests;
 
@@ -20,11 +24,11 @@ use std::path::Path;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use snapshot::{
-    AdminConfig, Dialect, ForwardConfig, HealthConfig, LogConfig, LogFormat, ModelRoute, PoolSpec,
-    Snapshot, TlsConfig, WorkerSource,
+    AdminConfig, AdmissionSpec, Dialect, ForwardConfig, HealthConfig, LogConfig, LogFormat,
+    ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,
 };
 
-use compile::RoutingSource;
+use compile::PolicySource;
 
 /// The shipped gateway config, the embedded default of `infergate up`.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/infergate.yaml");
@@ -32,36 +36,63 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../config/infergate.yaml");
 /// The shipped routing policies that go with [`DEFAULT_CONFIG`].
 pub const DEFAULT_ROUTING: &str = include_str!("../../policies/routing.yaml");
 
-/// Reads the config file at `config_path` and `<policies>/routing.yaml` next to it (`policies`
-/// defaults to `../policies`, relative to the config file; a missing routing.yaml there means
-/// default policies), and compiles them. Every error found is returned, not just the first.
+/// The shipped tiers that go with [`DEFAULT_CONFIG`].
+pub const DEFAULT_TENANTS: &str = include_str!("../../policies/tenants.yaml");
+
+/// Reads the config file at `config_path` and `<policies>/routing.yaml` and
+/// `<policies>/tenants.yaml` next to it (`policies` defaults to `../policies`, relative to the
+/// config file; a missing routing.yaml there means default policies, a missing tenants.yaml the
+/// one built-in tier `default`), and compiles them. Every error found is returned.
 pub fn load(config_path: &Path) -> Result<Snapshot, ConfigErrors> {
     let text = std::fs::read_to_string(config_path)
         .map_err(|err| compile::unreadable(config_path, &err))?;
-    compile::compile(&text, config_path, RoutingSource::Policies)
+    compile::compile(
+        &text,
+        config_path,
+        PolicySource::Policies,
+        PolicySource::Policies,
+    )
 }
 
-/// Compiles config text (and routing text, when given) without reading them from disk. The paths
-/// name the files in messages and anchor relative paths (TLS files); they are also what
-/// `Snapshot::files` lists. Without routing text every pool gets the default `prefix` policy.
+/// Compiles config text (and routing text, when given) without reading them from disk; tiers are
+/// the built-in `default` tier. Same as [`load_str_with`] without tenants text.
 pub fn load_str(
     config_text: &str,
     config_path: &Path,
     routing: Option<(&str, &Path)>,
 ) -> Result<Snapshot, ConfigErrors> {
-    let routing = match routing {
-        Some((text, path)) => RoutingSource::Text(text, path),
-        None => RoutingSource::Absent,
-    };
-    compile::compile(config_text, config_path, routing)
+    load_str_with(config_text, config_path, routing, None)
 }
 
-/// Compiles the embedded defaults ([`DEFAULT_CONFIG`], [`DEFAULT_ROUTING`]), named as the shipped
-/// files `config/infergate.yaml` and `policies/routing.yaml`.
+/// Compiles config text, and routing and tenants text when given, without reading them from disk
+/// (a tenant's `key_file` is still read). The paths name the files in messages and anchor relative
+/// paths (TLS and key files); they are also what `Snapshot::files` lists. Without routing text
+/// every pool gets the default `prefix` policy; without tenants text the only tier is the
+/// built-in `default` (unlimited) and it is the default tier.
+pub fn load_str_with(
+    config_text: &str,
+    config_path: &Path,
+    routing: Option<(&str, &Path)>,
+    tenants: Option<(&str, &Path)>,
+) -> Result<Snapshot, ConfigErrors> {
+    compile::compile(config_text, config_path, given(routing), given(tenants))
+}
+
+/// A policy file given as text, or absent.
+fn given<'a>(file: Option<(&'a str, &'a Path)>) -> PolicySource<'a> {
+    match file {
+        Some((text, path)) => PolicySource::Text(text, path),
+        None => PolicySource::Absent,
+    }
+}
+
+/// Compiles the embedded defaults ([`DEFAULT_CONFIG`], [`DEFAULT_ROUTING`],
+/// [`DEFAULT_TENANTS`]), named as the shipped files under `config/` and `policies/`.
 pub fn load_default() -> Result<Snapshot, ConfigErrors> {
-    load_str(
+    load_str_with(
         DEFAULT_CONFIG,
         Path::new("config/infergate.yaml"),
         Some((DEFAULT_ROUTING, Path::new("policies/routing.yaml"))),
+        Some((DEFAULT_TENANTS, Path::new("policies/tenants.yaml"))),
     )
 }

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::error::Sink;
-use super::raw::{RawModel, RawPool, RawWorker, Text};
-use super::snapshot::{Dialect, ModelRoute, PoolSpec, WorkerSource};
+use super::raw::{RawAdmission, RawModel, RawPool, RawWorker, Text};
+use super::snapshot::{AdmissionSpec, Dialect, ModelRoute, PoolSpec, WorkerSource};
 use super::values::{parse_duration, parse_worker_url};
 use crate::routing::{PolicyConfig, PrefixConfig};
 
@@ -41,14 +41,47 @@ pub(super) fn pools(raw: &[RawPool], sink: &mut Sink<'_>) -> Vec<PoolSpec> {
             .iter()
             .filter_map(|w| worker(&name.value, w, sink))
             .collect();
+        let admission = admission(&name.value, pool.admission.as_ref(), sink);
         pools.push(PoolSpec {
             name: name.value.clone(),
             dialect: pool.dialect.unwrap_or(Dialect::Infergate),
             workers,
             policy: PolicyConfig::Prefix(PrefixConfig::default()),
+            admission,
         });
     }
     pools
+}
+
+/// A pool's admission bounds, defaults filled in; invalid values are reported.
+fn admission(pool: &str, raw: Option<&RawAdmission>, sink: &mut Sink<'_>) -> AdmissionSpec {
+    let mut spec = AdmissionSpec::default();
+    let Some(raw) = raw else {
+        return spec;
+    };
+    if let Some(n) = &raw.max_in_flight_per_worker {
+        if n.value == 0 {
+            sink.at(
+                &n.referenced,
+                format!("pool `{pool}`: max_in_flight_per_worker must be at least 1"),
+            );
+        } else {
+            spec.max_in_flight_per_worker = n.value;
+        }
+    }
+    if let Some(q) = raw.max_queue {
+        spec.max_queue = q;
+    }
+    if let Some(text) = &raw.max_wait {
+        match parse_duration(&text.value) {
+            Ok(d) => spec.max_wait = d,
+            Err(message) => sink.at(
+                &text.referenced,
+                format!("pool `{pool}`: max_wait: {message}"),
+            ),
+        }
+    }
+    spec
 }
 
 /// One worker source, or `None` after reporting why it is invalid.
@@ -145,6 +178,8 @@ pub(super) fn models(raw: &[RawModel], pools: &[PoolSpec], sink: &mut Sink<'_>) 
             name: name.value.clone(),
             pool,
             upstream_model: model.upstream_model.clone(),
+            max_context: model.max_context,
+            tokenizer: model.tokenizer.unwrap_or_default(),
         });
     }
     models

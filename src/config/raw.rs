@@ -28,6 +28,7 @@ pub(super) struct RawConfig {
     pub limits: Option<RawLimits>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
+    pub tenants: Option<Vec<RawTenant>>,
 }
 
 /// `admin:`
@@ -96,6 +97,8 @@ pub(super) struct RawModel {
     pub name: Text,
     pub pool: Text,
     pub upstream_model: Option<String>,
+    pub max_context: Option<usize>,
+    pub tokenizer: Option<crate::tokens::Estimator>,
 }
 
 /// One entry of `pools:`.
@@ -105,6 +108,16 @@ pub(super) struct RawPool {
     pub name: Text,
     pub dialect: Option<Dialect>,
     pub workers: Option<Vec<RawWorker>>,
+    pub admission: Option<RawAdmission>,
+}
+
+/// A pool's `admission:` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmission {
+    pub max_in_flight_per_worker: Option<Spanned<usize>>,
+    pub max_queue: Option<usize>,
+    pub max_wait: Option<Text>,
 }
 
 /// One entry of a pool's `workers:`, a single-key map naming its kind.
@@ -132,6 +145,38 @@ pub(super) struct RawDns {
     pub port: Spanned<u16>,
     pub scheme: Option<Text>,
     pub interval: Option<Text>,
+}
+
+/// One entry of `tenants:`; its keys come from any mix of the three sources.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTenant {
+    pub name: Text,
+    pub tier: Text,
+    pub keys: Option<Vec<Text>>,
+    pub key_env: Option<Text>,
+    pub key_file: Option<Text>,
+}
+
+/// `policies/tenants.yaml`: tier name → tier, and the tier of a generated demo tenant.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTiersFile {
+    pub tiers: Option<HashMap<Text, RawTier>>,
+    pub default_tier: Option<Text>,
+}
+
+/// One tier of tenants.yaml; every field is optional (defaults in `TierSpec`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTier {
+    pub priority: Option<u32>,
+    pub requests_per_minute: Option<Spanned<u64>>,
+    pub tokens_per_minute: Option<Spanned<u64>>,
+    pub max_concurrent: Option<Spanned<u32>>,
+    pub max_tokens: Option<Spanned<u32>>,
+    pub default_max_tokens: Option<Spanned<u32>>,
+    pub models: Option<Vec<Text>>,
 }
 
 /// `policies/routing.yaml`: pool name → policy.

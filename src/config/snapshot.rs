@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::routing::PolicyConfig;
 
-/// Everything the gateway needs from `config/infergate.yaml` and `policies/routing.yaml`,
-/// validated and resolved (addresses parsed, durations parsed, paths absolute, references
+/// Everything the gateway needs from `config/infergate.yaml`, `policies/routing.yaml` and
+/// `policies/tenants.yaml`, validated and resolved (addresses parsed, durations parsed, paths absolute, references
 /// turned into indices).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -33,7 +33,17 @@ pub struct Snapshot {
     pub models: Vec<ModelRoute>,
     /// Worker pools, in file order; `ModelRoute::pool` indexes this.
     pub pools: Vec<PoolSpec>,
-    /// Every file the snapshot was compiled from, absolute, for the file watcher.
+    /// Tenants from the config's `tenants:`, in file order. Default none (`infergate up` then
+    /// makes a demo tenant of `default_tier` with a fresh key).
+    pub tenants: Vec<TenantSpec>,
+    /// Tiers from tenants.yaml, in file order; without that file, one built-in tier `default`
+    /// (priority 0, no limits, `max_tokens` 4096, `default_max_tokens` 256, all models).
+    pub tiers: Vec<TierSpec>,
+    /// Tier of a generated demo tenant: tenants.yaml's `default_tier`, `default` without that
+    /// file, `None` when the file names none.
+    pub default_tier: Option<String>,
+    /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
+    /// read, tenants' `key_file`s), absolute, for the file watcher.
     pub files: Vec<PathBuf>,
 }
 
@@ -46,6 +56,52 @@ impl Snapshot {
     /// The pool called `name`, with its index in `pools`.
     pub fn pool(&self, name: &str) -> Option<(usize, &PoolSpec)> {
         self.pools.iter().enumerate().find(|(_, p)| p.name == name)
+    }
+
+    /// The tier called `name`.
+    pub fn tier(&self, name: &str) -> Option<&TierSpec> {
+        self.tiers.iter().find(|t| t.name == name)
+    }
+}
+
+/// A tenant: who may call, and under which tier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantSpec {
+    /// Unique tenant name (metric label, logs).
+    pub name: String,
+    /// Name of its tier in `Snapshot::tiers`.
+    pub tier: String,
+    /// SHA-256 digests of its API keys, never empty, unique across tenants.
+    pub key_hashes: Vec<[u8; 32]>,
+}
+
+/// What a tier allows: priority in admission queues, rate limits, token ceilings, models.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierSpec {
+    /// Unique tier name.
+    pub name: String,
+    /// Admission priority; higher is served first. Default 0.
+    pub priority: u32,
+    /// Requests per minute per tenant, ≥ 1; `None` is unlimited. Default `None`.
+    pub requests_per_minute: Option<u64>,
+    /// Tokens (prompt + reserved completion) per minute per tenant, ≥ 1; `None` is unlimited.
+    /// Default `None`.
+    pub tokens_per_minute: Option<u64>,
+    /// Requests in flight per tenant, ≥ 1; `None` is unlimited. Default `None`.
+    pub max_concurrent: Option<u32>,
+    /// Largest `max_tokens` a request may ask for, ≥ 1. Default 4096.
+    pub max_tokens: u32,
+    /// Completion tokens reserved when a request gives no `max_tokens`, ≤ `max_tokens`.
+    /// Default 256 (or `max_tokens` when smaller).
+    pub default_max_tokens: u32,
+    /// Model names the tier may call; `"*"` allows every model. Default `["*"]`.
+    pub models: Vec<String>,
+}
+
+impl TierSpec {
+    /// True when the tier may call the model clients call `model`.
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.models.iter().any(|m| m == "*" || m == model)
     }
 }
 
@@ -124,6 +180,11 @@ pub struct ModelRoute {
     pub pool: usize,
     /// Name sent to the workers when it differs from `name`. Default `None`.
     pub upstream_model: Option<String>,
+    /// Context length in tokens; longer prompts are refused before any upstream work.
+    /// Default `None` (the worker decides).
+    pub max_context: Option<usize>,
+    /// Tokenizer estimating prompt tokens for metering (`cl100k`, `o200k`, `bytes`). Default `cl100k`.
+    pub tokenizer: crate::tokens::Estimator,
 }
 
 impl ModelRoute {
@@ -144,6 +205,30 @@ pub struct PoolSpec {
     pub workers: Vec<WorkerSource>,
     /// Routing policy from `policies/routing.yaml`. Default `prefix` with default settings.
     pub policy: PolicyConfig,
+    /// Bounded priority queue in front of the workers.
+    pub admission: AdmissionSpec,
+}
+
+/// A pool's admission bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionSpec {
+    /// Requests the gateway sends to one worker at once; the rest wait in the queue. Default 256
+    /// (vLLM's default `max_num_seqs`).
+    pub max_in_flight_per_worker: usize,
+    /// Requests allowed to wait; beyond it new ones get 429 at once. Default 1024.
+    pub max_queue: usize,
+    /// Longest wait in the queue before a 429. Default 30s.
+    pub max_wait: Duration,
+}
+
+impl Default for AdmissionSpec {
+    fn default() -> Self {
+        Self {
+            max_in_flight_per_worker: 256,
+            max_queue: 1024,
+            max_wait: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Which metric names a worker's `/metrics` uses (defined with the parser that reads them).

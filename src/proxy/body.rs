@@ -13,7 +13,22 @@ use tokio::time::{Sleep, sleep, sleep_until};
 
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
+use crate::proxy::usage::{TokenUsage, UsageTap};
 use crate::workers::state::InFlightGuard;
+
+/// How a proxied body ended, for the account phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndReport {
+    /// Usage reported by the worker, when it arrived.
+    pub usage: Option<TokenUsage>,
+    /// Streamed content events seen (fallback measure of completion tokens).
+    pub content_events: u64,
+    /// True when the body ended normally (not an upstream failure or a client that left).
+    pub completed: bool,
+}
+
+/// Called exactly once when the body ends, fails or is dropped.
+pub type OnEnd = Box<dyn FnOnce(EndReport) + Send + Sync>;
 
 /// Timing limits of one proxied body.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,17 +61,23 @@ pub struct ProxyBody {
     report: BodyReport,
     last_chunk: Option<Instant>,
     done: bool,
+    tap: UsageTap,
+    on_end: Option<OnEnd>,
 }
 
 impl ProxyBody {
-    /// Wraps `inner`; `guard` is released when this body ends or is dropped.
+    /// Wraps `inner`; `guard` is released and `on_end` called when this body ends or is dropped.
     pub fn new(
         inner: Incoming,
         guard: InFlightGuard,
         limits: BodyLimits,
         report: BodyReport,
+        tap: UsageTap,
+        on_end: Option<OnEnd>,
     ) -> Self {
         Self {
+            tap,
+            on_end,
             inner,
             guard: Some(guard),
             idle: limits.idle,
@@ -68,9 +89,16 @@ impl ProxyBody {
         }
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self, completed: bool) {
         if !self.done {
             self.done = true;
+            if let Some(on_end) = self.on_end.take() {
+                on_end(EndReport {
+                    usage: self.tap.usage,
+                    content_events: self.tap.content_events,
+                    completed,
+                });
+            }
             let r = &self.report;
             r.metrics
                 .e2e
@@ -78,6 +106,30 @@ impl ProxyBody {
                 .observe(r.started.elapsed().as_secs_f64());
             self.guard = None;
         }
+    }
+
+    /// Records the timing of a data frame and pushes the idle deadline back.
+    fn on_data(&mut self) {
+        let now = Instant::now();
+        let r = &self.report;
+        match self.last_chunk {
+            None if r.is_stream => r
+                .metrics
+                .ttft
+                .with_label_values(&[&r.pool])
+                .observe(now.duration_since(r.started).as_secs_f64()),
+            None => {}
+            Some(prev) => r
+                .metrics
+                .itl
+                .with_label_values(&[&r.pool])
+                .observe(now.duration_since(prev).as_secs_f64()),
+        }
+        self.last_chunk = Some(now);
+        let idle = self.idle;
+        self.idle_timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + idle);
     }
 
     /// Ends the body because of `err`: an SSE stream gets an error event, anything else an error.
@@ -95,7 +147,7 @@ impl ProxyBody {
             tracing::warn!(worker = %g.worker().url, error = %err, "upstream failed mid-response");
         }
         let is_stream = self.report.is_stream;
-        self.finish();
+        self.finish(false);
         if is_stream {
             Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
         } else {
@@ -113,67 +165,73 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if frame.data_ref().is_some_and(|d| !d.is_empty()) {
-                    let now = Instant::now();
-                    let r = &this.report;
-                    match this.last_chunk {
-                        None if r.is_stream => r
-                            .metrics
-                            .ttft
-                            .with_label_values(&[&r.pool])
-                            .observe(now.duration_since(r.started).as_secs_f64()),
-                        None => {}
-                        Some(prev) => r
-                            .metrics
-                            .itl
-                            .with_label_values(&[&r.pool])
-                            .observe(now.duration_since(prev).as_secs_f64()),
-                    }
-                    this.last_chunk = Some(now);
-                    let idle = this.idle;
-                    this.idle_timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + idle);
-                }
-                Poll::Ready(Some(Ok(frame)))
+        loop {
+            if this.done {
+                return Poll::Ready(None);
             }
-            Poll::Ready(Some(Err(e))) => this.fail(
-                GatewayError::UpstreamUnavailable(format!("the worker failed mid-response: {e}")),
-                "mid_stream",
-            ),
-            Poll::Ready(None) => {
-                this.finish();
-                Poll::Ready(None)
-            }
-            Poll::Pending => {
-                if this.deadline.as_mut().poll(cx).is_ready() {
-                    return this.fail(
-                        GatewayError::UpstreamTimeout(
-                            "the request exceeded its total timeout".into(),
-                        ),
-                        "total_timeout",
-                    );
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let frame = match frame.into_data() {
+                        Ok(data) => {
+                            let data = this.tap.feed(data);
+                            if data.is_empty() {
+                                continue;
+                            }
+                            this.on_data();
+                            Frame::data(data)
+                        }
+                        Err(other) => other,
+                    };
+                    return Poll::Ready(Some(Ok(frame)));
                 }
-                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(Some(Err(e))) => {
                     return this.fail(
-                        GatewayError::UpstreamTimeout(format!(
-                            "the worker sent nothing for {:?}",
-                            this.idle
+                        GatewayError::UpstreamUnavailable(format!(
+                            "the worker failed mid-response: {e}"
                         )),
-                        "idle_timeout",
+                        "mid_stream",
                     );
                 }
-                Poll::Pending
+                Poll::Ready(None) => {
+                    let rest = this.tap.flush();
+                    this.finish(true);
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                Poll::Pending => {
+                    if this.deadline.as_mut().poll(cx).is_ready() {
+                        return this.fail(
+                            GatewayError::UpstreamTimeout(
+                                "the request exceeded its total timeout".into(),
+                            ),
+                            "total_timeout",
+                        );
+                    }
+                    if this.idle_timer.as_mut().poll(cx).is_ready() {
+                        return this.fail(
+                            GatewayError::UpstreamTimeout(format!(
+                                "the worker sent nothing for {:?}",
+                                this.idle
+                            )),
+                            "idle_timeout",
+                        );
+                    }
+                    return Poll::Pending;
+                }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        // The client went away (or the response was discarded): account what happened.
+        self.finish(false);
     }
 }

@@ -11,7 +11,8 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::body::{BodyLimits, BodyReport, ProxyBody};
+use crate::proxy::body::{BodyLimits, BodyReport, OnEnd, ProxyBody};
+use crate::proxy::usage::UsageTap;
 use crate::routing::RequestFeatures;
 use crate::upstream::UpstreamClient;
 use crate::workers::pool::PoolRuntime;
@@ -48,6 +49,10 @@ pub struct Outbound<'a> {
     pub traceparent: Option<&'a HeaderValue>,
     /// When the gateway received the request.
     pub started: Instant,
+    /// Remove the usage-only SSE chunk (the gateway asked for it, the client did not).
+    pub hide_usage_chunk: bool,
+    /// Account phase hook, called once when the response body ends.
+    pub on_end: Option<OnEnd>,
 }
 
 /// Headers that belong to one connection and are never forwarded.
@@ -65,7 +70,7 @@ const HOP_BY_HOP: &[&str] = &[
 pub async fn forward(
     client: &UpstreamClient,
     pool: &PoolRuntime,
-    out: Outbound<'_>,
+    mut out: Outbound<'_>,
     settings: ForwardSettings,
     metrics: &Arc<GatewayMetrics>,
 ) -> Result<Response<ResBody>, GatewayError> {
@@ -137,6 +142,8 @@ pub async fn forward(
                 started: out.started,
                 is_stream,
             },
+            UsageTap::new(is_stream, out.hide_usage_chunk),
+            out.on_end.take(),
         );
         if !is_stream {
             metrics

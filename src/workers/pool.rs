@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::{AdmissionQueue, QueueConfig};
+use crate::config::AdmissionSpec;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
 use crate::workers::state::WorkerState;
@@ -25,6 +27,8 @@ pub struct PoolRuntime {
     pub dialect: Dialect,
     workers: ArcSwap<Vec<Arc<WorkerState>>>,
     policy: Arc<PolicyHolder>,
+    /// Bounded priority queue in front of the workers, and the settings it was built from.
+    pub admission: (AdmissionSpec, AdmissionQueue),
 }
 
 impl PoolRuntime {
@@ -34,13 +38,34 @@ impl PoolRuntime {
         dialect: Dialect,
         workers: Vec<Arc<WorkerState>>,
         policy: Arc<PolicyHolder>,
+        admission: (AdmissionSpec, AdmissionQueue),
     ) -> Self {
-        Self {
+        let pool = Self {
             name: name.to_string(),
             dialect,
             workers: ArcSwap::from_pointee(workers),
             policy,
-        }
+            admission,
+        };
+        pool.update_capacity();
+        pool
+    }
+
+    /// A fresh admission queue for `spec`.
+    pub fn new_queue(spec: &AdmissionSpec) -> AdmissionQueue {
+        AdmissionQueue::new(QueueConfig {
+            capacity: spec.max_in_flight_per_worker,
+            max_queue: spec.max_queue,
+            max_wait: spec.max_wait,
+        })
+    }
+
+    /// Sizes the admission capacity to the healthy workers (at least one worker's worth, so
+    /// that with every worker down requests fail fast in routing instead of queueing).
+    pub fn update_capacity(&self) {
+        let healthy = self.workers().iter().filter(|w| w.is_healthy()).count();
+        let (spec, queue) = &self.admission;
+        queue.set_capacity(spec.max_in_flight_per_worker * healthy.max(1));
     }
 
     /// The current workers.
@@ -51,6 +76,7 @@ impl PoolRuntime {
     /// Replaces the worker set (DNS re-resolution).
     pub fn set_workers(&self, workers: Vec<Arc<WorkerState>>) {
         self.workers.store(Arc::new(workers));
+        self.update_capacity();
     }
 
     /// The policy (shared with the next snapshot when its settings are unchanged).

@@ -1,0 +1,250 @@
+//! Admission: a bounded priority queue per pool in front of the workers.
+//!
+//! `capacity` slots (the sum of the workers' in-flight limits) are handed out at once while free;
+//! beyond that, up to `max_queue` requests wait, best priority first and then by arrival, for at
+//! most `max_wait`. Everything past the bound is refused at once, without being buffered, with a
+//! `Retry-After` derived from the observed completion rate and the queue position.
+//!
+//! A [`Permit`] frees its slot on drop and hands it to the best waiter; tie it to the response
+//! body so cancellation and completion release it the same way. A waiter whose future is dropped
+//! (client gone) leaves the queue at once; a slot already handed to it moves on to the next.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub mod rate;
+mod state;
+
+pub use rate::CompletionRate;
+use state::{Key, Outcome, State, lock};
+use tokio::sync::oneshot;
+
+/// Sizes of one pool's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Requests in flight at once: the sum of the workers' per-worker limits.
+    pub capacity: usize,
+    /// Requests allowed to wait; beyond this they are refused at once.
+    pub max_queue: usize,
+    /// Longest a request waits before it is refused.
+    pub max_wait: Duration,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue was full (429); `position` is where the request would have stood.
+    QueueFull {
+        retry_after: Duration,
+        position: usize,
+    },
+    /// The request waited `max_wait` without a slot (429).
+    Timeout { retry_after: Duration },
+    /// The pool is draining (503).
+    Draining { retry_after: Duration },
+}
+
+impl Refusal {
+    /// Suggested wait before retrying (from completion rate and position, within 1–60 s).
+    pub fn retry_after(&self) -> Duration {
+        match self {
+            Self::QueueFull { retry_after, .. }
+            | Self::Timeout { retry_after }
+            | Self::Draining { retry_after } => *retry_after,
+        }
+    }
+
+    /// Metric label: "queue_full", "queue_timeout" or "draining".
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::QueueFull { .. } => "queue_full",
+            Self::Timeout { .. } => "queue_timeout",
+            Self::Draining { .. } => "draining",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::QueueFull { position, .. } => {
+                write!(f, "server busy: admission queue full (position {position})")
+            }
+            Self::Timeout { .. } => {
+                f.write_str("server busy: timed out waiting in the admission queue")
+            }
+            Self::Draining { .. } => f.write_str("server is draining; retry on another replica"),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// What queue, permits and waiters share.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    max_wait: Duration,
+}
+
+/// One pool's admission queue; clones share the queue.
+#[derive(Debug, Clone)]
+pub struct AdmissionQueue {
+    shared: Arc<Shared>,
+}
+
+impl AdmissionQueue {
+    /// An open queue with `cfg.capacity` free slots.
+    pub fn new(cfg: QueueConfig) -> Self {
+        let state = Mutex::new(State::new(cfg.capacity, cfg.max_queue));
+        Self {
+            shared: Arc::new(Shared {
+                state,
+                max_wait: cfg.max_wait,
+            }),
+        }
+    }
+
+    /// Changes the number of slots (workers joined, left or advertised new limits). Extra slots
+    /// go to waiters at once; with fewer, permits above the new capacity simply are not replaced.
+    pub fn set_capacity(&self, n: usize) {
+        let mut st = lock(&self.shared.state);
+        st.capacity = n;
+        st.dispatch();
+    }
+
+    /// Waits for a slot, best priority (higher first) and then earliest arrival first. `now` is
+    /// the request's arrival; the deadline is `now + max_wait`. Cancel safe: dropping the future
+    /// leaves the queue.
+    pub async fn admit(&self, priority: u32, now: Instant) -> Result<Permit, Refusal> {
+        let (key, rx) = {
+            let mut st = lock(&self.shared.state);
+            if st.closed {
+                return Err(Refusal::Draining {
+                    retry_after: st.retry_after(0),
+                });
+            }
+            if st.waiters.is_empty() && st.in_flight < st.capacity {
+                st.in_flight += 1;
+                return Ok(self.permit(Duration::ZERO));
+            }
+            st.enqueue(priority)?
+        };
+        let mut waiting = Waiting {
+            shared: Arc::clone(&self.shared),
+            key,
+            rx,
+            settled: false,
+        };
+        let deadline = tokio::time::Instant::from_std(now + self.shared.max_wait);
+        let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
+            Ok(received) => {
+                waiting.settled = true;
+                // The sender lives in the queue until it sends, so an error cannot happen here.
+                let draining = || {
+                    Outcome::Refused(Refusal::Draining {
+                        retry_after: Duration::ZERO,
+                    })
+                };
+                received.unwrap_or_else(|_| draining())
+            }
+            Err(_elapsed) => waiting.expire(),
+        };
+        match outcome {
+            Outcome::Slot => Ok(self.permit(Instant::now().saturating_duration_since(now))),
+            Outcome::Refused(refusal) => Err(refusal),
+        }
+    }
+
+    /// Refuses all waiters and later arrivals with `Draining`; permits held finish normally.
+    pub fn close(&self) {
+        lock(&self.shared.state).close();
+    }
+
+    /// Requests waiting now.
+    pub fn depth(&self) -> usize {
+        lock(&self.shared.state).waiters.len()
+    }
+
+    /// Slots held now (including ones handed to a waiter that has not woken yet).
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.state).in_flight
+    }
+
+    /// `Retry-After` the queue would answer now for a request at `position`.
+    pub fn retry_after(&self, position: usize) -> Duration {
+        lock(&self.shared.state).retry_after(position)
+    }
+
+    fn permit(&self, waited: Duration) -> Permit {
+        let shared = Arc::clone(&self.shared);
+        Permit {
+            shared,
+            waited,
+            granted: Instant::now(),
+        }
+    }
+}
+
+/// One admitted request's slot; dropping it frees the slot for the best waiter.
+#[derive(Debug)]
+pub struct Permit {
+    shared: Arc<Shared>,
+    waited: Duration,
+    granted: Instant,
+}
+
+impl Permit {
+    /// Time spent queued before admission (zero when a slot was free), for the wait histogram.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        lock(&self.shared.state).release(Some(self.granted.elapsed()));
+    }
+}
+
+/// A queued waiter; dropping it before it settles takes it out of the queue.
+struct Waiting {
+    shared: Arc<Shared>,
+    key: Key,
+    rx: oneshot::Receiver<Outcome>,
+    settled: bool,
+}
+
+impl Waiting {
+    /// At the deadline: leave the queue, or take what was handed over just before.
+    fn expire(&mut self) -> Outcome {
+        self.settled = true;
+        let mut st = lock(&self.shared.state);
+        let position = st.position(&self.key);
+        let timeout = Outcome::Refused(Refusal::Timeout {
+            retry_after: st.retry_after(position),
+        });
+        if st.waiters.remove(&self.key).is_some() {
+            return timeout;
+        }
+        self.rx.try_recv().unwrap_or(timeout)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut st = lock(&self.shared.state);
+        if st.waiters.remove(&self.key).is_none()
+            && let Ok(Outcome::Slot) = self.rx.try_recv()
+        {
+            st.release(None); // handed to us as we left: pass it on
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,261 @@
+//! Admission queue tests on real (short) time; conditions are polled with a deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::*;
+
+fn queue(capacity: usize, max_queue: usize, max_wait: Duration) -> AdmissionQueue {
+    AdmissionQueue::new(QueueConfig {
+        capacity,
+        max_queue,
+        max_wait,
+    })
+}
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// Polls `cond` until it holds, failing after five seconds.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn admitted(q: &AdmissionQueue, priority: u32) -> Permit {
+    match q.admit(priority, Instant::now()).await {
+        Ok(p) => p,
+        Err(e) => panic!("refused: {e:?}"),
+    }
+}
+
+/// Spawns a waiter that reports `label` when admitted and holds the permit until told.
+fn spawn_waiter(q: &AdmissionQueue, priority: u32, label: u32, done: mpsc::UnboundedSender<u32>) {
+    let q = q.clone();
+    tokio::spawn(async move {
+        let permit = admitted(&q, priority).await;
+        let _ = done.send(label);
+        drop(permit);
+    });
+}
+
+#[tokio::test]
+async fn capacity_is_respected_and_waiters_follow() {
+    let q = queue(2, 10, LONG);
+    let (a, b) = (admitted(&q, 0).await, admitted(&q, 0).await);
+    assert_eq!((a.waited(), q.in_flight()), (Duration::ZERO, 2));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 0, 1, tx);
+    until("one waiter", || q.depth() == 1).await;
+    assert_eq!(q.in_flight(), 2);
+    drop(a);
+    assert_eq!(rx.recv().await, Some(1));
+    drop(b);
+    until("all free", || q.in_flight() == 0).await;
+}
+
+#[tokio::test]
+async fn later_high_priority_goes_before_earlier_low_priority() {
+    let q = queue(1, 10, LONG);
+    let held = admitted(&q, 0).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 1, 1, tx.clone());
+    until("low queued", || q.depth() == 1).await;
+    spawn_waiter(&q, 1, 2, tx.clone());
+    until("second low queued", || q.depth() == 2).await;
+    spawn_waiter(&q, 10, 3, tx);
+    until("high queued", || q.depth() == 3).await;
+    drop(held);
+    let order = [rx.recv().await, rx.recv().await, rx.recv().await];
+    assert_eq!(order, [Some(3), Some(1), Some(2)]);
+    until("all free", || q.in_flight() == 0).await;
+}
+
+#[tokio::test]
+async fn full_queue_answers_at_once_with_position_based_retry() {
+    let q = queue(1, 2, LONG);
+    let _held = admitted(&q, 0).await;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 0, 1, tx.clone());
+    spawn_waiter(&q, 0, 2, tx);
+    until("queue full", || q.depth() == 2).await;
+    let started = Instant::now();
+    let refusal = q.admit(0, Instant::now()).await.err();
+    assert!(started.elapsed() < Duration::from_millis(100));
+    // Prior: one second per request on one slot; position 2 → (2 + 1) / 1 per second.
+    let want = Refusal::QueueFull {
+        retry_after: Duration::from_secs(3),
+        position: 2,
+    };
+    assert_eq!(refusal, Some(want));
+    assert_eq!(q.depth(), 2);
+}
+
+#[tokio::test]
+async fn higher_priority_displaces_the_worst_waiter_of_a_full_queue() {
+    let q = queue(1, 1, LONG);
+    let held = admitted(&q, 0).await;
+    let low = tokio::spawn({
+        let q = q.clone();
+        async move { q.admit(1, Instant::now()).await.err() }
+    });
+    until("low queued", || q.depth() == 1).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 5, 5, tx);
+    let refusal = low.await.ok().flatten();
+    assert!(matches!(
+        refusal,
+        Some(Refusal::QueueFull { position: 0, .. })
+    ));
+    drop(held);
+    assert_eq!(rx.recv().await, Some(5));
+}
+
+#[tokio::test]
+async fn waiting_past_max_wait_times_out() {
+    let q = queue(1, 10, Duration::from_millis(50));
+    let _held = admitted(&q, 0).await;
+    let started = Instant::now();
+    let refusal = q.admit(0, started).await.err();
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    assert_eq!(
+        refusal,
+        Some(Refusal::Timeout {
+            retry_after: Duration::from_secs(1)
+        })
+    );
+    assert_eq!((q.depth(), q.in_flight()), (0, 1));
+}
+
+#[tokio::test]
+async fn dropped_waiter_leaves_and_loses_no_slot() {
+    let q = queue(1, 10, LONG);
+    let held = admitted(&q, 0).await;
+    let waiter = tokio::spawn({
+        let q = q.clone();
+        async move { q.admit(0, Instant::now()).await.is_ok() }
+    });
+    until("queued", || q.depth() == 1).await;
+    waiter.abort();
+    assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(q.depth(), 0);
+    drop(held);
+    assert_eq!(q.in_flight(), 0);
+    let again = admitted(&q, 0).await;
+    assert_eq!(again.waited(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn slot_handed_to_a_departed_waiter_moves_on() {
+    let q = queue(1, 10, LONG);
+    let held = admitted(&q, 0).await;
+    let mut first = Box::pin(q.admit(9, Instant::now()));
+    tokio::select! {
+        biased;
+        _ = &mut first => panic!("no slot yet"),
+        () = std::future::ready(()) => {}
+    }
+    assert_eq!(q.depth(), 1);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 0, 2, tx);
+    until("second queued", || q.depth() == 2).await;
+    drop(held); // the slot goes to `first`, which never looks at it again
+    assert_eq!((q.depth(), q.in_flight()), (1, 1));
+    drop(first);
+    assert_eq!(rx.recv().await, Some(2));
+    until("all free", || q.in_flight() == 0).await;
+}
+
+#[tokio::test]
+async fn close_refuses_waiters_and_arrivals_with_draining() {
+    let q = queue(1, 10, LONG);
+    let held = admitted(&q, 0).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|p| {
+            let q = q.clone();
+            tokio::spawn(async move { q.admit(p, Instant::now()).await.err() })
+        })
+        .collect();
+    until("three queued", || q.depth() == 3).await;
+    q.close();
+    for w in waiters {
+        assert!(matches!(
+            w.await.ok().flatten(),
+            Some(Refusal::Draining { .. })
+        ));
+    }
+    let late = q.admit(0, Instant::now()).await.err();
+    assert_eq!(late.map(|r| r.reason()), Some("draining"));
+    drop(held);
+    assert_eq!((q.depth(), q.in_flight()), (0, 0));
+}
+
+#[tokio::test]
+async fn raising_capacity_admits_waiters() {
+    let q = queue(1, 10, LONG);
+    let _held = admitted(&q, 0).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    spawn_waiter(&q, 0, 1, tx);
+    until("queued", || q.depth() == 1).await;
+    q.set_capacity(2);
+    assert_eq!(rx.recv().await, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flood_is_bounded_and_excess_refused_promptly() {
+    const N: usize = 10_000;
+    let q = queue(4, 100, LONG);
+    let held: Vec<Permit> = hold(&q, 4).await;
+    let (refused, served) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let (q, refused, served) = (q.clone(), refused.clone(), served.clone());
+            tokio::spawn(async move {
+                match q.admit((i % 3) as u32, Instant::now()).await {
+                    Ok(_permit) => served.fetch_add(1, Ordering::SeqCst),
+                    Err(Refusal::QueueFull { retry_after, .. }) => {
+                        assert!(retry_after >= Duration::from_secs(1));
+                        refused.fetch_add(1, Ordering::SeqCst)
+                    }
+                    Err(other) => panic!("unexpected {other:?}"),
+                }
+            })
+        })
+        .collect();
+    until("excess refused", || {
+        refused.load(Ordering::SeqCst) + q.depth() == N
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        (q.depth(), q.in_flight(), served.load(Ordering::SeqCst)),
+        (100, 4, 0)
+    );
+    drop(held);
+    for t in tasks {
+        assert!(t.await.is_ok());
+    }
+    let (refused, served) = (
+        refused.load(Ordering::SeqCst),
+        served.load(Ordering::SeqCst),
+    );
+    assert!(
+        served >= 100 && refused + served == N,
+        "served {served}, refused {refused}"
+    );
+    assert_eq!((q.depth(), q.in_flight()), (0, 0));
+}
+
+async fn hold(q: &AdmissionQueue, n: usize) -> Vec<Permit> {
+    let mut permits = Vec::with_capacity(n);
+    for _ in 0..n {
+        permits.push(admitted(q, 0).await);
+    }
+    permits
+}
