@@ -1,2 +1,584 @@
-//! Gateway overhead benchmark (being written).
-fn main() {}
+//! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
+//! through `infergate gateway`, and through nginx as a plain reverse proxy, side by side in one run.
+//! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
+//! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use common::{BoxError, Conn, Proc, SseSplitter, Table, TempDir, ms, percentile, sorted};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::time::Sleep;
+
+/// Client connections, each one task running requests back to back.
+const CONNECTIONS: usize = 32;
+/// Discarded at the start of each column (connection pools fill, caches warm).
+const WARMUP: Duration = Duration::from_secs(1);
+/// Measured per column and mode.
+const MEASURE: Duration = Duration::from_secs(10);
+/// SSE chunks per streamed answer, before `data: [DONE]`.
+const CHUNKS: u32 = 20;
+/// The upstream's spacing between streamed chunks.
+const CHUNK_GAP: Duration = Duration::from_millis(5);
+
+const CHAT: &[u8] =
+    br#"{"model":"bench","messages":[{"role":"user","content":"Say hello"}],"max_tokens":16}"#;
+const CHAT_STREAM: &[u8] = br#"{"model":"bench","messages":[{"role":"user","content":"Say hello"}],"max_tokens":16,"stream":true}"#;
+const ANSWER: &[u8] = br#"{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}"#;
+const CHUNK: &[u8] = b"data: {\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"bench\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"},\"finish_reason\":null}]}\n\n";
+const DONE: &[u8] = b"data: [DONE]\n\n";
+const METRICS: &[u8] = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"bench\"} 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"bench\"} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"bench\"} 0\n";
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// What one column measured.
+#[derive(Default)]
+struct Samples {
+    /// Whole-request latency of each successful request, seconds.
+    latencies: Vec<f64>,
+    /// Client-side gap before each streamed chunk after the first, seconds.
+    gaps: Vec<f64>,
+    /// Failed requests (and failed connects) in the measured window.
+    errors: u64,
+    /// The first failure, for the notes.
+    first_error: Option<String>,
+    /// Length of the measured window, seconds.
+    window: f64,
+    /// CPU seconds the proxy process used in the measured window (`None` for direct).
+    proxy_cpu: Option<f64>,
+}
+
+impl Samples {
+    fn error(&mut self, measured: bool, e: String) {
+        if measured {
+            self.errors += 1;
+        }
+        self.first_error.get_or_insert(e);
+    }
+
+    fn merge(&mut self, other: Samples) {
+        self.latencies.extend(other.latencies);
+        self.gaps.extend(other.gaps);
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+
+    /// Successful requests per second.
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.window
+    }
+
+    /// Proxy CPU microseconds per successful request, or a dash.
+    fn cpu_per_request(&self) -> String {
+        match self.proxy_cpu {
+            Some(cpu) if !self.latencies.is_empty() => {
+                format!("{:.0}", cpu * 1e6 / self.latencies.len() as f64)
+            }
+            _ => "–".into(),
+        }
+    }
+
+    /// Latency percentile `p`, seconds.
+    fn latency(&self, p: f64) -> f64 {
+        percentile(&sorted(self.latencies.clone()), p)
+    }
+}
+
+/// One way to reach the upstream.
+struct Target {
+    name: &'static str,
+    url: String,
+    /// The proxy's process id, for its CPU time.
+    pid: Option<u32>,
+}
+
+async fn run() -> Result<(), BoxError> {
+    let bin = common::infergate_bin();
+    let upstream = start_upstream().await?;
+    let upstream_url = format!("http://{upstream}");
+    let dir = TempDir::new("overhead");
+
+    let gateway = start_gateway(&bin, &dir, &upstream_url).await?;
+    let mut targets = vec![
+        Target {
+            name: "direct",
+            url: upstream_url.clone(),
+            pid: None,
+        },
+        Target {
+            name: "infergate gateway",
+            url: gateway.url.clone(),
+            pid: gateway.pid(),
+        },
+    ];
+    let mut notes = Vec::new();
+    let nginx = match find_nginx() {
+        Some(nginx_bin) => {
+            let (proc, url) = start_nginx(&nginx_bin, &dir, upstream).await?;
+            targets.push(Target {
+                name: "nginx (proxy_pass)",
+                url,
+                pid: proc.pid(),
+            });
+            Some(proc)
+        }
+        None => {
+            notes.push("nginx not found: its column is skipped".to_string());
+            None
+        }
+    };
+    for t in &targets {
+        smoke(&t.url)
+            .await
+            .map_err(|e| format!("{} at {}: {e}", t.name, t.url))?;
+    }
+
+    eprintln!(
+        "{CONNECTIONS} connections, closed loop, {}s warm-up + {}s measured per column",
+        WARMUP.as_secs(),
+        MEASURE.as_secs()
+    );
+    let mut plain = Vec::new();
+    for t in &targets {
+        eprintln!("non-streaming: {} ...", t.name);
+        plain.push(closed_loop(t, false).await);
+    }
+    let mut streamed = Vec::new();
+    for t in &targets {
+        eprintln!("streaming: {} ...", t.name);
+        streamed.push(closed_loop(t, true).await);
+    }
+    if let Some(p) = nginx {
+        p.stop().await;
+    }
+    gateway.stop().await;
+
+    println!("\n{}", plain_table(&targets, &plain).render());
+    println!("{}", stream_table(&targets, &streamed).render());
+    println!(
+        "machine: {}; client, upstream and proxy share it",
+        common::machine_note()
+    );
+    for (t, s) in targets.iter().zip(plain.iter().chain(&streamed)) {
+        if let Some(e) = &s.first_error {
+            println!("note: {}: first error: {e}", t.name);
+        }
+    }
+    for n in notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}
+
+fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
+    let mut table = Table::new(&[
+        "non-streaming",
+        "req/s",
+        "× direct",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "added p99 ms",
+        "p50 × direct",
+        "p99 × direct",
+        "proxy CPU µs/req",
+        "errors",
+    ]);
+    let base = &runs[0];
+    let (b50, b99) = (base.latency(50.0), base.latency(99.0));
+    for (t, s) in targets.iter().zip(runs) {
+        let (p50, p99) = (s.latency(50.0), s.latency(99.0));
+        table.row(vec![
+            t.name.to_string(),
+            format!("{:.0}", s.rate()),
+            format!("{:.2}", s.rate() / base.rate()),
+            ms(p50),
+            ms(p99),
+            ms(p50 - b50),
+            ms(p99 - b99),
+            format!("{:.2}", p50 / b50),
+            format!("{:.2}", p99 / b99),
+            s.cpu_per_request(),
+            s.errors.to_string(),
+        ]);
+    }
+    table
+}
+
+fn stream_table(targets: &[Target], runs: &[Samples]) -> Table {
+    let mut table = Table::new(&[
+        "streaming (20 chunks, 5 ms apart)",
+        "streams/s",
+        "gap p50 ms",
+        "gap p99 ms",
+        "gap max ms",
+        "added gap p50 ms",
+        "added gap p99 ms",
+        "proxy CPU µs/stream",
+        "errors",
+    ]);
+    let base = sorted(runs[0].gaps.clone());
+    let (b50, b99) = (percentile(&base, 50.0), percentile(&base, 99.0));
+    for (t, s) in targets.iter().zip(runs) {
+        let gaps = sorted(s.gaps.clone());
+        let (p50, p99) = (percentile(&gaps, 50.0), percentile(&gaps, 99.0));
+        table.row(vec![
+            t.name.to_string(),
+            format!("{:.0}", s.rate()),
+            ms(p50),
+            ms(p99),
+            ms(gaps.last().copied().unwrap_or(f64::NAN)),
+            ms(p50 - b50),
+            ms(p99 - b99),
+            s.cpu_per_request(),
+            s.errors.to_string(),
+        ]);
+    }
+    table
+}
+
+/// One request of each kind must succeed before anything is measured.
+async fn smoke(url: &str) -> Result<(), BoxError> {
+    let mut conn = Conn::open(url).await?;
+    let mut gaps = Vec::new();
+    one_request(&mut conn, false, &mut gaps).await?;
+    one_request(&mut conn, true, &mut gaps).await?;
+    if gaps.len() != CHUNKS as usize {
+        return Err(format!("{} gaps in a stream, expected {CHUNKS}", gaps.len()).into());
+    }
+    Ok(())
+}
+
+/// Runs [`CONNECTIONS`] tasks, each sending requests back to back on its own kept-alive
+/// connection, for [`WARMUP`] + [`MEASURE`]; keeps what started in the measured window.
+async fn closed_loop(target: &Target, stream: bool) -> Samples {
+    let measure_from = Instant::now() + WARMUP;
+    let end = measure_from + MEASURE;
+    let pid = target.pid;
+    let cpu = tokio::spawn(async move {
+        let pid = pid?;
+        tokio::time::sleep_until(measure_from.into()).await;
+        let before = common::cpu_seconds(pid)?;
+        tokio::time::sleep_until(end.into()).await;
+        Some(common::cpu_seconds(pid)? - before)
+    });
+    let tasks: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let url = target.url.clone();
+            tokio::spawn(async move {
+                let mut s = Samples::default();
+                let mut conn: Option<Conn> = None;
+                let mut gaps = Vec::new();
+                while Instant::now() < end {
+                    let started = Instant::now();
+                    let measured = started >= measure_from;
+                    let c = match &mut conn {
+                        Some(c) if !c.is_closed() => c,
+                        _ => match Conn::open(&url).await {
+                            Ok(c) => conn.insert(c),
+                            Err(e) => {
+                                s.error(measured, e.to_string());
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                                continue;
+                            }
+                        },
+                    };
+                    gaps.clear();
+                    match one_request(c, stream, &mut gaps).await {
+                        Ok(()) if measured => {
+                            s.latencies.push(started.elapsed().as_secs_f64());
+                            s.gaps.extend_from_slice(&gaps);
+                        }
+                        Ok(()) => {}
+                        Err(e) => {
+                            s.error(measured, e.to_string());
+                            conn = None;
+                        }
+                    }
+                }
+                s
+            })
+        })
+        .collect();
+    let mut all = Samples {
+        window: MEASURE.as_secs_f64(),
+        ..Samples::default()
+    };
+    for t in tasks {
+        all.merge(t.await.expect("a client task panicked"));
+    }
+    all.proxy_cpu = cpu.await.expect("the CPU sampler panicked");
+    all
+}
+
+/// One request on `conn`: the whole answer read; for streams, the gap before each chunk after the
+/// first is pushed on `gaps` (in seconds).
+async fn one_request(conn: &mut Conn, stream: bool, gaps: &mut Vec<f64>) -> Result<(), BoxError> {
+    let body = Bytes::from_static(if stream { CHAT_STREAM } else { CHAT });
+    let res = conn
+        .send(Method::POST, "/v1/chat/completions", Some(body))
+        .await?;
+    let status = res.status();
+    let mut body = res.into_body();
+    if status != StatusCode::OK {
+        let text = body.collect().await?.to_bytes();
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&text)).into());
+    }
+    if !stream {
+        body.collect().await?;
+        return Ok(());
+    }
+    let mut sse = SseSplitter::default();
+    let (mut last, mut events, mut done) = (None::<Instant>, 0u32, false);
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        let (n, end) = sse.push(&data);
+        let now = Instant::now();
+        for _ in 0..n {
+            if let Some(prev) = last {
+                gaps.push((now - prev).as_secs_f64());
+            }
+            last = Some(now);
+        }
+        events += n as u32;
+        done |= end;
+    }
+    if !done || events != CHUNKS + 1 {
+        return Err(format!("stream ended after {events} events, [DONE] seen: {done}").into());
+    }
+    Ok(())
+}
+
+/// Starts the fast upstream on an ephemeral loopback port; it serves until the bench exits.
+async fn start_upstream() -> Result<SocketAddr, BoxError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            tokio::spawn(async move {
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service_fn(answer))
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// The upstream's answers: a fixed chat completion, a paced stream, or vLLM-style metrics.
+async fn answer(req: Request<Incoming>) -> Result<Response<UpBody>, Infallible> {
+    let reply = |status: StatusCode, kind: &'static str, body: UpBody| {
+        let mut res = Response::new(body);
+        *res.status_mut() = status;
+        res.headers_mut()
+            .insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(kind));
+        Ok(res)
+    };
+    let once = |b: &'static [u8]| UpBody::Once(Some(Bytes::from_static(b)));
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => reply(StatusCode::OK, "text/plain", once(METRICS)),
+        (&Method::POST, "/v1/chat/completions") => {
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            let stream = body
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v.get("stream").and_then(serde_json::Value::as_bool))
+                .unwrap_or(false);
+            if stream {
+                let start = tokio::time::Instant::now();
+                let ticker = Ticker {
+                    next: 0,
+                    start,
+                    sleep: Box::pin(tokio::time::sleep_until(start)),
+                };
+                reply(StatusCode::OK, "text/event-stream", UpBody::Stream(ticker))
+            } else {
+                reply(StatusCode::OK, "application/json", once(ANSWER))
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", once(b"not found\n")),
+    }
+}
+
+/// An upstream answer body.
+enum UpBody {
+    /// One frame, then the end.
+    Once(Option<Bytes>),
+    /// [`CHUNKS`] SSE chunks [`CHUNK_GAP`] apart, then `data: [DONE]`.
+    Stream(Ticker),
+}
+
+/// Chunk `k` is due at `start + k × CHUNK_GAP` (a fixed schedule, so jitter does not accumulate).
+struct Ticker {
+    next: u32,
+    start: tokio::time::Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Body for UpBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            UpBody::Once(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            UpBody::Stream(t) => {
+                if t.next > CHUNKS {
+                    return Poll::Ready(None);
+                }
+                ready!(t.sleep.as_mut().poll(cx));
+                let chunk = if t.next == CHUNKS { DONE } else { CHUNK };
+                t.next += 1;
+                let due = t.start + CHUNK_GAP * t.next;
+                t.sleep.as_mut().reset(due);
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(chunk)))))
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpBody::Once(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            UpBody::Once(None) => SizeHint::with_exact(0),
+            UpBody::Stream(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// Starts `infergate gateway` with one pool whose only worker is the upstream.
+async fn start_gateway(bin: &Path, dir: &TempDir, upstream: &str) -> Result<Proc, BoxError> {
+    let config = dir.write(
+        "gateway/infergate.yaml",
+        &format!(
+            "listen: \"127.0.0.1:0\"\n\
+             admin: {{listen: \"127.0.0.1:0\"}}\n\
+             log: {{format: text, level: warn}}\n\
+             policies: policies\n\
+             models:\n  - {{name: bench, pool: bench}}\n\
+             pools:\n  - name: bench\n    dialect: vllm\n    workers:\n      - url: {upstream}\n"
+        ),
+    );
+    dir.write(
+        "gateway/policies/routing.yaml",
+        "pools:\n  bench:\n    policy: round_robin\n",
+    );
+    let args: Vec<String> = [
+        "gateway",
+        "--config",
+        &config.to_string_lossy(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let gw = Proc::start(bin, &args, Some("infergate gateway listening on ")).await?;
+    common::wait_ok(&format!("{}/readyz", gw.url), Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("{e}; gateway stderr:\n{}", gw.stderr()))?;
+    Ok(gw)
+}
+
+/// nginx on `PATH` or at Debian's `/usr/sbin/nginx`.
+fn find_nginx() -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    from_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("nginx"))
+        .find(|p| p.is_file())
+}
+
+/// Starts nginx as a plain reverse proxy in front of `upstream`, everything under the scratch dir.
+async fn start_nginx(
+    bin: &Path,
+    dir: &TempDir,
+    upstream: SocketAddr,
+) -> Result<(Proc, String), BoxError> {
+    let port = common::free_port();
+    let root = dir.0.join("nginx");
+    let config = dir.write(
+        "nginx/nginx.conf",
+        &format!(
+            "worker_processes auto;\n\
+             pid {root}/nginx.pid;\n\
+             error_log {root}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n\
+             \x20 access_log off;\n\
+             \x20 client_body_temp_path {root}/client_body;\n\
+             \x20 proxy_temp_path {root}/proxy;\n\
+             \x20 fastcgi_temp_path {root}/fastcgi;\n\
+             \x20 uwsgi_temp_path {root}/uwsgi;\n\
+             \x20 scgi_temp_path {root}/scgi;\n\
+             \x20 upstream bench {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}\n\
+             \x20 server {{\n\
+             \x20   listen 127.0.0.1:{port};\n\
+             \x20   keepalive_requests 1000000;\n\
+             \x20   location / {{\n\
+             \x20     proxy_pass http://bench;\n\
+             \x20     proxy_http_version 1.1;\n\
+             \x20     proxy_set_header Connection \"\";\n\
+             \x20     proxy_buffering off;\n\
+             \x20   }}\n\
+             \x20 }}\n\
+             }}\n",
+            root = root.display()
+        ),
+    );
+    let args: Vec<String> = [
+        "-p",
+        &root.to_string_lossy(),
+        "-e",
+        &root.join("error.log").to_string_lossy(),
+        "-c",
+        &config.to_string_lossy(),
+        "-g",
+        "daemon off;",
+    ]
+    .map(String::from)
+    .to_vec();
+    let proc = Proc::start(bin, &args, None).await?;
+    let url = format!("http://127.0.0.1:{port}");
+    common::wait_ok(&format!("{url}/metrics"), Duration::from_secs(10))
+        .await
+        .map_err(|e| {
+            let log = std::fs::read_to_string(root.join("error.log")).unwrap_or_default();
+            format!("{e}; nginx stderr:\n{}\nerror.log:\n{log}", proc.stderr())
+        })?;
+    Ok((proc, url))
+}

@@ -1,2 +1,472 @@
-//! Routing policy benchmark (being written).
-fn main() {}
+//! Routing policies compared on one seeded workload: 4 sim engine workers (H100, Llama-3-8B) behind
+//! one `infergate gateway`, once per policy (`prefix`, `round_robin`, `least_load`), workers and
+//! gateway fresh for each so every policy starts with cold caches. Groups of sessions share long
+//! system prompts; arrivals are open-loop at a fixed rate with Zipf-like group popularity. Measured:
+//! the engines' prefix-cache hit rate, client-side TTFT, requests per worker and peak running.
+//! Run with `cargo bench --bench routing`.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{
+    BoxError, Proc, Rng, SseSplitter, Table, TempDir, metric_sum, ms, percentile, sorted,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::CONTENT_TYPE;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+/// Engine workers behind the gateway.
+const WORKERS: usize = 4;
+/// Groups of sessions, each with its own system prompt.
+const GROUPS: usize = 16;
+/// Sessions per group.
+const SESSIONS: usize = 32;
+/// Size of each group's system prompt in bytes (≈1,500 cl100k tokens of common words).
+const SYSTEM_BYTES: usize = 6 * 1024;
+/// Zipf exponent of group popularity (group k has weight 1/(k+1)^s).
+const ZIPF_S: f64 = 1.0;
+/// Open-loop arrival rate, requests per second (Poisson arrivals).
+const RATE: f64 = 20.0;
+/// Arrivals per policy run.
+const DURATION: Duration = Duration::from_secs(20);
+/// Tokens generated per request (`ignore_eos`).
+const MAX_TOKENS: u32 = 16;
+/// Workload seed; every policy sees the same requests at the same offsets.
+const SEED: u64 = 0x1f3a_5eed;
+/// How often the engines' `/metrics` are polled for running requests.
+const POLL: Duration = Duration::from_millis(100);
+/// KV blocks per worker in the cache-pressure scenario: room for ~7 of the 16 system prompts.
+const PRESSURE_BLOCKS: &str = "768";
+
+/// A worker setup the three policies are compared on.
+struct Scenario {
+    name: &'static str,
+    engine_args: &'static [&'static str],
+}
+
+const SCENARIOS: [Scenario; 2] = [
+    Scenario {
+        name: "ample KV (default H100 budget)",
+        engine_args: &[],
+    },
+    Scenario {
+        name: "KV pressure (768 blocks/worker)",
+        engine_args: &["--num-gpu-blocks-override", PRESSURE_BLOCKS],
+    },
+];
+
+const POLICIES: [&str; 3] = ["prefix", "round_robin", "least_load"];
+
+/// One request of the workload, due at `at` after the start.
+struct Arrival {
+    at: Duration,
+    body: Bytes,
+}
+
+/// What the client saw of one request.
+struct Outcome {
+    ok: bool,
+    ttft: f64,
+    worker: Option<String>,
+    error: Option<String>,
+}
+
+/// One policy run, summarized.
+struct RunResult {
+    outcomes: Vec<Outcome>,
+    hits: f64,
+    queries: f64,
+    peak_running: f64,
+    decisions: String,
+    per_worker: Vec<usize>,
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let bin = common::infergate_bin();
+    let workload = Arc::new(workload());
+    eprintln!(
+        "{} requests per run ({RATE} req/s for {}s), {GROUPS} groups × {SESSIONS} sessions, \
+         {SYSTEM_BYTES}-byte system prompts, {WORKERS} workers",
+        workload.len(),
+        DURATION.as_secs()
+    );
+    let mut table = Table::new(&[
+        "workers",
+        "policy",
+        "ok / failed",
+        "prefix-cache hit rate",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "requests per worker",
+        "max / mean",
+        "peak running (one worker)",
+        "routing decisions",
+    ]);
+    let mut notes = Vec::new();
+    let mut prompt_tokens = None;
+    for scenario in &SCENARIOS {
+        for policy in POLICIES {
+            eprintln!("{}: {policy} ...", scenario.name);
+            let r = run_policy(&bin, scenario, policy, workload.clone()).await?;
+            let ok = r.outcomes.iter().filter(|o| o.ok).count();
+            let ttft = sorted(r.outcomes.iter().filter(|o| o.ok).map(|o| o.ttft).collect());
+            let mean = r.per_worker.iter().sum::<usize>() as f64 / WORKERS as f64;
+            let max = r.per_worker.iter().copied().max().unwrap_or(0);
+            table.row(vec![
+                scenario.name.to_string(),
+                format!("`{policy}`"),
+                format!("{ok} / {}", r.outcomes.len() - ok),
+                format!("{:.1}%", 100.0 * r.hits / r.queries),
+                ms(percentile(&ttft, 50.0)),
+                ms(percentile(&ttft, 99.0)),
+                r.per_worker
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                format!("{:.2}", max as f64 / mean),
+                format!("{:.0}", r.peak_running),
+                r.decisions.clone(),
+            ]);
+            if let Some(e) = r.outcomes.iter().find_map(|o| o.error.as_ref()) {
+                notes.push(format!("{} / {policy}: first failure: {e}", scenario.name));
+            }
+            if prompt_tokens.is_none() && ok > 0 {
+                prompt_tokens = Some(r.queries / r.outcomes.len() as f64);
+            }
+        }
+    }
+    println!("\n{}", table.render());
+    println!(
+        "machine: {}; client, gateway and the 4 sim engines share it",
+        common::machine_note()
+    );
+    if let Some(t) = prompt_tokens {
+        println!(
+            "note: mean prompt length (engine prefix-cache queries per request): {t:.0} tokens"
+        );
+    }
+    for n in notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}
+
+/// The seeded request list: Poisson arrivals, Zipf group, uniform session, fresh user turn.
+fn workload() -> Vec<Arrival> {
+    let mut rng = Rng::new(SEED);
+    let vocab = vocabulary();
+    let prompts: Vec<String> = (0..GROUPS)
+        .map(|g| {
+            let mut p = format!("You are the assistant of team {g}. Follow these notes.");
+            while p.len() < SYSTEM_BYTES {
+                p.push(' ');
+                p.push_str(vocab[rng.below(vocab.len())]);
+            }
+            p
+        })
+        .collect();
+    let weights: Vec<f64> = (0..GROUPS)
+        .map(|k| 1.0 / ((k + 1) as f64).powf(ZIPF_S))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut turns = vec![0u32; GROUPS * SESSIONS];
+    let mut at = Duration::ZERO;
+    let mut out = Vec::new();
+    loop {
+        at += Duration::from_secs_f64(-(1.0 - rng.unit()).ln() / RATE);
+        if at >= DURATION {
+            return out;
+        }
+        let mut pick = rng.unit() * total;
+        let group = weights
+            .iter()
+            .position(|w| {
+                pick -= w;
+                pick < 0.0
+            })
+            .unwrap_or(GROUPS - 1);
+        let session = rng.below(SESSIONS);
+        let turn = &mut turns[group * SESSIONS + session];
+        *turn += 1;
+        let question: Vec<&str> = (0..12).map(|_| vocab[rng.below(vocab.len())]).collect();
+        let body = json!({
+            "model": "llama-3-8b",
+            "messages": [
+                {"role": "system", "content": prompts[group]},
+                {"role": "user", "content": format!("Session {session}, turn {turn}: {}?", question.join(" "))},
+            ],
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": true,
+            "stream": true,
+            "user": format!("g{group}-s{session}"),
+        });
+        out.push(Arrival {
+            at,
+            body: Bytes::from(body.to_string()),
+        });
+    }
+}
+
+/// Common English words (one cl100k token each, mostly).
+fn vocabulary() -> Vec<&'static str> {
+    "time year people way day man thing woman life child world school state family student group \
+     country problem hand part place case week company system program question work government \
+     number night point home water room mother area money story fact month lot right study book \
+     eye job word business issue side kind head house service friend father power hour game line \
+     end member law car city community name president team minute idea kid body information back \
+     parent face others level office door health person art war history party result change \
+     morning reason research girl guy moment air teacher force education foot boy age policy \
+     music market sense nation plan college interest death experience effect use class control \
+     care field development role effort rate heart drug show leader light voice wife police mind \
+     price report decision son view relationship town road arm difference value building action \
+     model season society tax director position player record paper space ground form event"
+        .split_whitespace()
+        .collect()
+}
+
+/// Starts fresh workers and a fresh gateway with `policy`, replays the workload, tears down.
+async fn run_policy(
+    bin: &Path,
+    scenario: &Scenario,
+    policy: &str,
+    workload: Arc<Vec<Arrival>>,
+) -> Result<RunResult, BoxError> {
+    let mut engine_args: Vec<String> = [
+        "engine",
+        "--port",
+        "0",
+        "--gpu",
+        "h100",
+        "--model",
+        "llama-3-8b",
+    ]
+    .map(String::from)
+    .to_vec();
+    engine_args.extend(scenario.engine_args.iter().map(|s| s.to_string()));
+    let mut engines = Vec::new();
+    for _ in 0..WORKERS {
+        engines.push(Proc::start(bin, &engine_args, Some("infergate engine listening on ")).await?);
+    }
+    let urls: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
+    for e in &engines {
+        common::wait_ok(&format!("{}/health", e.url), Duration::from_secs(20))
+            .await
+            .map_err(|err| format!("{err}; engine stderr:\n{}", e.stderr()))?;
+    }
+    let client = client();
+    // The first request of an engine builds its tokenizer: keep that out of the measurement.
+    for url in &urls {
+        let warm = json!({"model": "llama-3-8b", "prompt": "warm up", "max_tokens": 1});
+        let req = post(&format!("{url}/v1/completions"), warm.to_string().into())?;
+        client.request(req).await?.into_body().collect().await?;
+    }
+    let dir = TempDir::new("routing");
+    let gateway = start_gateway(bin, &dir, &urls, policy).await?;
+
+    let before = scrape_cache(&urls).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = tokio::spawn(peak_running(urls.clone(), stop.clone()));
+    let outcomes = replay(&client, &gateway.url, workload).await;
+    stop.store(true, Ordering::Relaxed);
+    let peak = poller.await?;
+    let after = scrape_cache(&urls).await?;
+    let (_, gw_metrics) = common::get(&format!("{}/metrics", gateway.url)).await?;
+    let decisions =
+        common::metric_by_label(&gw_metrics, "infergate_routing_decisions_total", "reason")
+            .into_iter()
+            .map(|(reason, n)| format!("{reason} {n:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+
+    let mut per_worker: BTreeMap<&str, usize> = urls.iter().map(|u| (u.as_str(), 0)).collect();
+    for o in outcomes.iter().filter(|o| o.ok) {
+        if let Some(n) = o.worker.as_deref().and_then(|w| per_worker.get_mut(w)) {
+            *n += 1;
+        }
+    }
+    let per_worker = urls.iter().map(|u| per_worker[u.as_str()]).collect();
+    gateway.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+    Ok(RunResult {
+        hits: after.0 - before.0,
+        queries: after.1 - before.1,
+        peak_running: peak,
+        decisions,
+        per_worker,
+        outcomes,
+    })
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A pooled keep-alive client with `TCP_NODELAY`.
+fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+fn post(url: &str, body: Bytes) -> Result<Request<Full<Bytes>>, BoxError> {
+    Ok(Request::builder()
+        .method(Method::POST)
+        .uri(url)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(body))?)
+}
+
+/// Sends every arrival at its offset (open loop) and waits for all answers.
+async fn replay(client: &HttpClient, gateway: &str, workload: Arc<Vec<Arrival>>) -> Vec<Outcome> {
+    let start = tokio::time::Instant::now();
+    let url = format!("{gateway}/v1/chat/completions");
+    let mut tasks = Vec::with_capacity(workload.len());
+    for i in 0..workload.len() {
+        tokio::time::sleep_until(start + workload[i].at).await;
+        let (client, url, workload) = (client.clone(), url.clone(), workload.clone());
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            match one_stream(&client, &url, workload[i].body.clone(), started).await {
+                Ok((ttft, worker)) => Outcome {
+                    ok: true,
+                    ttft,
+                    worker,
+                    error: None,
+                },
+                Err(e) => Outcome {
+                    ok: false,
+                    ttft: f64::NAN,
+                    worker: None,
+                    error: Some(e.to_string()),
+                },
+            }
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.expect("a request task panicked"));
+    }
+    out
+}
+
+/// One streamed request read to `[DONE]`: TTFT (first `data:` event) and the serving worker.
+async fn one_stream(
+    client: &HttpClient,
+    url: &str,
+    body: Bytes,
+    started: Instant,
+) -> Result<(f64, Option<String>), BoxError> {
+    let res = client.request(post(url, body)?).await?;
+    let status = res.status();
+    let worker = res
+        .headers()
+        .get("x-infergate-worker")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut body = res.into_body();
+    if status != StatusCode::OK {
+        let text = body.collect().await?.to_bytes();
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&text)).into());
+    }
+    let (mut sse, mut ttft, mut done) = (SseSplitter::default(), None, false);
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        let (n, end) = sse.push(&data);
+        if n > 0 && ttft.is_none() {
+            ttft = Some(started.elapsed().as_secs_f64());
+        }
+        done |= end;
+    }
+    match ttft {
+        Some(t) if done => Ok((t, worker)),
+        _ => Err("stream ended without data: [DONE]".into()),
+    }
+}
+
+/// Summed `(hits, queries)` of the engines' prefix-cache counters.
+async fn scrape_cache(urls: &[String]) -> Result<(f64, f64), BoxError> {
+    let (mut hits, mut queries) = (0.0, 0.0);
+    for url in urls {
+        let (_, text) = common::get(&format!("{url}/metrics")).await?;
+        hits += metric_sum(&text, "vllm:prefix_cache_hits_total");
+        queries += metric_sum(&text, "vllm:prefix_cache_queries_total");
+    }
+    Ok((hits, queries))
+}
+
+/// Polls every engine's `vllm:num_requests_running` until `stop`; the highest one worker showed.
+async fn peak_running(urls: Vec<String>, stop: Arc<AtomicBool>) -> f64 {
+    let mut peak: f64 = 0.0;
+    while !stop.load(Ordering::Relaxed) {
+        for url in &urls {
+            if let Ok((_, text)) = common::get(&format!("{url}/metrics")).await {
+                peak = peak.max(metric_sum(&text, "vllm:num_requests_running"));
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    peak
+}
+
+/// Starts `infergate gateway` with one pool of `urls` routed by `policy`.
+async fn start_gateway(
+    bin: &Path,
+    dir: &TempDir,
+    urls: &[String],
+    policy: &str,
+) -> Result<Proc, BoxError> {
+    let workers: String = urls.iter().map(|u| format!("      - url: {u}\n")).collect();
+    let config = dir.write(
+        "infergate.yaml",
+        &format!(
+            "listen: \"127.0.0.1:0\"\n\
+             admin: {{listen: \"127.0.0.1:0\"}}\n\
+             log: {{format: text, level: warn}}\n\
+             policies: policies\n\
+             models:\n  - {{name: llama-3-8b, pool: fleet}}\n\
+             pools:\n  - name: fleet\n    dialect: infergate\n    workers:\n{workers}"
+        ),
+    );
+    dir.write(
+        "policies/routing.yaml",
+        &format!("pools:\n  fleet:\n    policy: {policy}\n"),
+    );
+    let args: Vec<String> = [
+        "gateway",
+        "--config",
+        &config.to_string_lossy(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let gw = Proc::start(bin, &args, Some("infergate gateway listening on ")).await?;
+    common::wait_ok(&format!("{}/readyz", gw.url), Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("{e}; gateway stderr:\n{}", gw.stderr()))?;
+    Ok(gw)
+}

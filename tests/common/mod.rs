@@ -2,6 +2,7 @@
 //! ephemeral port, talk to it over real HTTP/1.1 on loopback, read SSE incrementally, and read
 //! Prometheus metrics. Everything waits by polling against a deadline, never by sleeping blindly.
 #![allow(dead_code)]
+pub mod gateway;
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
