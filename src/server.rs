@@ -90,6 +90,9 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     tracing::info!("draining: refusing new connections, finishing in-flight requests");
     public.abort();
     admin.abort();
+    // The accept loops hold the shutdown handle: wait until they are really gone.
+    let _ = public.await;
+    let _ = admin.await;
     let grace = gw.live().snapshot.drain_grace;
     let graceful = Arc::try_unwrap(graceful).map_err(|_| "graceful shutdown still shared")?;
     if tokio::time::timeout(grace, graceful.shutdown())
@@ -137,7 +140,9 @@ async fn accept_loop(
             }
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
-                let graceful = graceful.clone();
+                // A watcher, not the handle: connection tasks must not keep shutdown waiting
+                // for them to let go of it.
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let tls_stream = match tokio::time::timeout(
                         Duration::from_secs(10),
@@ -155,7 +160,7 @@ async fn accept_loop(
                     let conn = auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls_stream), svc)
                         .into_owned();
-                    let _ = graceful.watch(conn).await;
+                    let _ = watcher.watch(conn).await;
                 });
             }
         }

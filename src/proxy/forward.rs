@@ -101,16 +101,17 @@ pub async fn forward(
                 )));
             }
             Ok(Err(e)) => {
-                note_failure(pool, &worker, settings, metrics, "connect");
+                let kind = if e.is_connect() { "connect" } else { "send" };
+                note_failure(pool, &worker, settings, metrics, kind);
                 tried.push(worker.key);
                 last_err = GatewayError::UpstreamUnavailable(format!(
                     "worker {} unreachable: {e}",
                     worker.url
                 ));
-                if e.is_connect() {
-                    continue;
-                }
-                return Err(last_err);
+                // Nothing reached the client yet: a refused connection, or a pooled keep-alive
+                // connection to a worker that just died (reset before any response), is safe to
+                // try on another worker.
+                continue;
             }
             Ok(Ok(res)) => res,
         };

@@ -1,0 +1,209 @@
+//! `infergate up` and the gateway's public API end to end: the README's streamed request, a
+//! non-streamed one, `/v1/models`, health endpoints, OpenAI-shaped client errors, the body limit,
+//! and a SIGTERM that stops the gateway and every engine it spawned.
+
+mod common;
+
+use std::time::Duration;
+
+use common::gateway::{
+    Gateway, MODEL, TempDir, child_pids, cmdline, config_yaml, eventually, is_running,
+    pool_workers, port_of, routing_yaml, send, stream_with, worker_of,
+};
+use common::{Engine, assert_error, get, post_json};
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
+    let mut gw = Gateway::launch(
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+
+    // The embedded config spawns two engine workers as children of the gateway.
+    let engines: Vec<u32> = child_pids(gw.pid)
+        .into_iter()
+        .filter(|&p| cmdline(p).contains(" engine "))
+        .collect();
+    assert_eq!(engines.len(), 2, "engine children of {}", gw.pid);
+    let status = gw.status().await;
+    assert_eq!(status["ready"], true, "{status}");
+    let workers: Vec<String> = pool_workers(&status, "local")
+        .iter()
+        .map(|w| {
+            assert_eq!(w["healthy"], true, "{w}");
+            w["url"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(workers.len(), 2, "{status}");
+
+    // A fresh demo key, shown in the ready-to-paste curl line, is required.
+    let key = gw.api_key.clone().expect("up prints a demo API key");
+    let auth = format!("Bearer {key}");
+    let auth = [("authorization", auth.as_str())];
+    let curl = gw.banner.last().expect("banner");
+    assert!(
+        curl.starts_with("curl -N http://") && curl.contains(&key),
+        "{:?}",
+        gw.banner
+    );
+
+    // The README's request, streamed.
+    let readme = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 32,
+        "stream": true,
+    });
+    let anonymous = stream_with(&gw.at("/v1/chat/completions"), &[], &readme).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    let s = stream_with(&gw.at("/v1/chat/completions"), &auth, &readme).await;
+    assert_eq!(s.status, StatusCode::OK);
+    let header = |name: &str| {
+        s.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", s.headers))
+            .to_owned()
+    };
+    assert!(header("content-type").starts_with("text/event-stream"));
+    assert!(!header("x-request-id").is_empty());
+    assert_eq!(header("x-infergate-pool"), "local");
+    assert!(workers.contains(&worker_of(&s.headers)), "{:?}", s.headers);
+    assert_eq!(s.last_data(), "[DONE]");
+    let chunks = s.chunks();
+    assert!(chunks.len() >= 3, "{chunks:?}");
+    let id = chunks[0]["id"].as_str().expect("chunk id");
+    assert!(id.starts_with("chatcmpl-"), "{id}");
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        assert_eq!(c["id"], id, "{c}");
+        assert_eq!(c["model"], MODEL, "{c}");
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let last = &chunks[chunks.len() - 1]["choices"][0];
+    assert!(
+        last["finish_reason"] == "length" || last["finish_reason"] == "stop",
+        "{last}"
+    );
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!text.trim().is_empty(), "{chunks:?}");
+
+    // Non-streamed, with the client's request id echoed.
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello again"}],
+        "max_tokens": 8,
+        "ignore_eos": true,
+    });
+    let (status, headers, text) = send(
+        Method::POST,
+        &gw.at("/v1/chat/completions"),
+        &[auth[0], ("x-request-id", "e2e-req-42")],
+        Some(body.to_string()),
+    )
+    .await
+    .expect("non-streamed request");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["x-request-id"], "e2e-req-42");
+    assert_eq!(headers["x-infergate-pool"], "local");
+    assert!(workers.contains(&worker_of(&headers)));
+    let res: Value = serde_json::from_str(&text).expect("JSON answer");
+    assert_eq!(res["object"], "chat.completion", "{res}");
+    assert_eq!(res["usage"]["completion_tokens"], 8, "{res}");
+    assert_eq!(res["choices"][0]["finish_reason"], "length", "{res}");
+    assert!(res["choices"][0]["message"]["content"].is_string(), "{res}");
+
+    let (status, models) = get(&gw.at("/v1/models")).await;
+    assert_eq!(status, StatusCode::OK);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["object"], "list");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, [MODEL], "{models}");
+    assert_eq!(get(&gw.at("/readyz")).await.0, StatusCode::OK);
+    assert_eq!(get(&gw.at("/healthz")).await.0, StatusCode::OK);
+    let served = gw
+        .metric(&format!(
+            "infergate_requests_total{{model=\"{MODEL}\",pool=\"local\",status=\"200\"}}"
+        ))
+        .await;
+    assert_eq!(served, 2.0);
+
+    // Client errors, OpenAI-shaped.
+    let unknown = json!({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]});
+    let chat_url = gw.at("/v1/chat/completions");
+    let (status, _, text) = send(Method::POST, &chat_url, &auth, Some(unknown.to_string()))
+        .await
+        .expect("unknown model request");
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_error(
+        status,
+        &serde_json::from_str(&text).unwrap(),
+        &["no-such-model"],
+    );
+    let bad = Some("{\"model\": ".to_owned());
+    let (status, _, text) = send(Method::POST, &chat_url, &auth, bad)
+        .await
+        .expect("invalid JSON request");
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let err: Value = serde_json::from_str(&text).expect("error body is JSON");
+    assert_error(status, &err, &["JSON"]);
+
+    // SIGTERM: exit 0 and no engine left behind.
+    gw.signal("TERM");
+    let exit = gw.wait_exit(Duration::from_secs(30)).await;
+    eventually("spawned engines gone", Duration::from_secs(15), || async {
+        engines.iter().all(|&p| !is_running(p)).then_some(())
+    })
+    .await;
+    for w in &workers {
+        let refused = tokio::net::TcpStream::connect(("127.0.0.1", port_of(w))).await;
+        assert!(refused.is_err(), "worker {w} still accepts connections");
+    }
+    assert!(exit.success(), "exit {exit}; stderr:\n{}", gw.stderr());
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413() {
+    let engine = Engine::start(&["--gpu", "h100"]).await;
+    let dir = TempDir::new("limits");
+    dir.write_config(&config_yaml(
+        &[&engine.url],
+        "limits: {max_body_bytes: 1024}\n",
+    ));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let url = gw.at("/v1/chat/completions");
+
+    let small = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2});
+    let (status, _, res) = post_json(&url, &small).await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+
+    let big = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(2000)}],
+                     "max_tokens": 2});
+    let (status, _, err) = post_json(&url, &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_error(status, &err, &["1024"]);
+    // Nothing of the oversize request reached the engine.
+    let engine_requests = engine
+        .metric_or_zero("vllm:request_success_total{finished_reason=\"length\"}")
+        .await;
+    assert_eq!(engine_requests, 1.0);
+}
