@@ -46,8 +46,8 @@ const MAX_TOKENS: u32 = 16;
 const SEED: u64 = 0x1f3a_5eed;
 /// How often the engines' `/metrics` are polled for running requests.
 const POLL: Duration = Duration::from_millis(100);
-/// KV blocks per worker in the cache-pressure scenario: room for ~7 of the 16 system prompts
-/// (~1,500 tokens = ~95 blocks of 16 each) plus the requests running.
+/// KV blocks per worker in the cache-pressure scenario: room for ~8 of the 16 system prompts
+/// (~1,500 tokens = ~94 blocks of 16 each), fewer while requests run.
 const PRESSURE_BLOCKS: &str = "768";
 
 /// A worker setup the three policies are compared on.
@@ -58,11 +58,11 @@ struct Scenario {
 
 const SCENARIOS: [Scenario; 2] = [
     Scenario {
-        name: "ample KV (default H100 budget)",
+        name: "default KV",
         engine_args: &[],
     },
     Scenario {
-        name: "KV pressure (768 blocks/worker)",
+        name: "KV pressure (768 blocks)",
         engine_args: &["--num-gpu-blocks-override", PRESSURE_BLOCKS],
     },
 ];

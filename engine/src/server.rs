@@ -42,7 +42,8 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
                 let mut sink = Vec::new();
                 // Blocks until the parent closes our stdin (or dies), then exits at once.
                 let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-                tracing::warn!("supervisor gone (stdin closed); exiting");
+                // Exit before anything else: with the supervisor gone, stderr may be a broken
+                // pipe, and a log write that fails there must not keep this process alive.
                 std::process::exit(0);
             })
             .map_err(|e| format!("cannot start the parent watch: {e}"))?;

@@ -173,7 +173,18 @@ impl Body for ProxyBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     let frame = match frame.into_data() {
                         Ok(data) => {
-                            let data = this.tap.feed(data);
+                            let mut data = this.tap.feed(data);
+                            if this.inner.is_end_stream() {
+                                // A body with a content-length is complete now: hyper stops
+                                // polling once it has written that many bytes, so settle here.
+                                let rest = this.tap.flush();
+                                if !rest.is_empty() {
+                                    let mut joined = data.to_vec();
+                                    joined.extend_from_slice(&rest);
+                                    data = Bytes::from(joined);
+                                }
+                                this.finish(true);
+                            }
                             if data.is_empty() {
                                 continue;
                             }

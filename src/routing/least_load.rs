@@ -1,6 +1,7 @@
 //! `least_load`: the healthy worker with the smallest load; also the fallback of other policies.
 
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use super::{Decision, RequestFeatures, RouteReason, RoutingPolicy, WorkerView};
 
@@ -13,8 +14,20 @@ pub fn by_load(a: &WorkerView, b: &WorkerView) -> Ordering {
 
 /// Index of the least loaded worker accepted by `accept` (ties: lower KV usage, then lower index).
 pub fn least_loaded(workers: &[WorkerView], accept: impl Fn(&WorkerView) -> bool) -> Option<usize> {
+    least_loaded_from(workers, 0, accept)
+}
+
+/// Like [`least_loaded`], but full ties go to the first worker at or after `start` (wrapping),
+/// so that an idle pool is not filled in list order.
+pub fn least_loaded_from(
+    workers: &[WorkerView],
+    start: usize,
+    accept: impl Fn(&WorkerView) -> bool,
+) -> Option<usize> {
+    let n = workers.len();
     let mut best: Option<usize> = None;
-    for (i, w) in workers.iter().enumerate() {
+    for i in (0..n).map(|k| (start + k) % n.max(1)) {
+        let w = &workers[i];
         if !accept(w) {
             continue;
         }
@@ -26,15 +39,20 @@ pub fn least_loaded(workers: &[WorkerView], accept: impl Fn(&WorkerView) -> bool
     best
 }
 
-/// Sends each request to the least loaded healthy worker.
+/// Sends each request to the least loaded healthy worker; equally loaded workers take turns.
 #[derive(Debug, Default)]
-pub struct LeastLoad;
+pub struct LeastLoad {
+    turn: AtomicUsize,
+}
 
 impl RoutingPolicy for LeastLoad {
     fn select(&self, _req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
-        least_loaded(workers, |w| w.healthy).map(|index| Decision {
-            index,
-            reason: RouteReason::LeastLoad,
+        let start = self.turn.fetch_add(1, AtomicOrdering::Relaxed);
+        least_loaded_from(workers, start % workers.len().max(1), |w| w.healthy).map(|index| {
+            Decision {
+                index,
+                reason: RouteReason::LeastLoad,
+            }
         })
     }
 }
@@ -55,7 +73,7 @@ mod tests {
     }
 
     fn pick(ws: &[WorkerView]) -> Option<usize> {
-        LeastLoad
+        LeastLoad::default()
             .select(&RequestFeatures::default(), ws)
             .map(|d| d.index)
     }
@@ -75,6 +93,35 @@ mod tests {
         assert_eq!(pick(&ws), Some(1));
         let ws = [worker(true, 1, 0.0, 0.2), worker(true, 1, 0.0, 0.2)];
         assert_eq!(pick(&ws), Some(0));
+        assert_eq!(least_loaded(&ws, |_| true), Some(0));
+    }
+
+    #[test]
+    fn full_ties_take_turns() {
+        let policy = LeastLoad::default();
+        let ws = [
+            worker(true, 0, 0.0, 0.0),
+            worker(true, 0, 0.0, 0.0),
+            worker(true, 0, 0.0, 0.0),
+        ];
+        let picks: Vec<usize> = (0..6)
+            .filter_map(|_| {
+                policy
+                    .select(&RequestFeatures::default(), &ws)
+                    .map(|d| d.index)
+            })
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+        // A strictly less loaded worker still wins whatever the turn.
+        let ws = [worker(true, 1, 0.0, 0.0), worker(true, 0, 0.0, 0.0)];
+        for _ in 0..4 {
+            assert_eq!(
+                policy
+                    .select(&RequestFeatures::default(), &ws)
+                    .map(|d| d.index),
+                Some(1)
+            );
+        }
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl Default for PrefixConfig {
 pub fn build(cfg: &PolicyConfig) -> Box<dyn RoutingPolicy> {
     match cfg {
         PolicyConfig::RoundRobin => Box::new(round_robin::RoundRobin::new()),
-        PolicyConfig::LeastLoad => Box::new(least_load::LeastLoad),
+        PolicyConfig::LeastLoad => Box::new(least_load::LeastLoad::default()),
         PolicyConfig::Session => Box::new(session::SessionAffinity),
         PolicyConfig::Prefix(prefix) => Box::new(prefix::CacheAware::new(prefix.clone())),
     }

@@ -376,6 +376,8 @@ pub struct Reply {
     pub text: String,
     /// From sending the request to the end of the body.
     pub elapsed: Duration,
+    /// When the end of the body arrived.
+    pub at: Instant,
 }
 
 impl Reply {
@@ -477,6 +479,7 @@ impl Conn {
             headers,
             text: String::from_utf8_lossy(&bytes).into_owned(),
             elapsed: t0.elapsed(),
+            at: Instant::now(),
         })
     }
 }
