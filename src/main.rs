@@ -25,6 +25,11 @@ enum Command {
     Gateway(RunArgs),
     /// Run one engine worker (OpenAI-compatible API, vLLM metrics).
     Engine(EngineArgs),
+    /// Calculators: KV-cache budget (`plan kv`) and speculative-decoding payoff (`plan spec`).
+    Plan {
+        #[command(subcommand)]
+        command: PlanCommand,
+    },
     /// API keys: `infergate keys create` makes a key and prints the hash line for the config.
     Keys {
         #[command(subcommand)]
@@ -35,6 +40,14 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum PlanCommand {
+    /// KV bytes per token, blocks, concurrent sequences, and what full-context requests displace.
+    Kv(infergate::plan::KvArgs),
+    /// Expected tokens per target step, speedup bound and where speculation stops paying.
+    Spec(infergate::plan::SpecArgs),
 }
 
 #[derive(Subcommand)]
@@ -111,6 +124,22 @@ fn main() -> ExitCode {
         }
         Command::Up(args) => run_gateway(args, true),
         Command::Gateway(args) => run_gateway(args, false),
+        Command::Plan { command } => {
+            let out = match command {
+                PlanCommand::Kv(a) => infergate::plan::run_kv(&a),
+                PlanCommand::Spec(a) => infergate::plan::run_spec(&a),
+            };
+            match out {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Keys {
             command: KeysCommand::Create { tenant, tier },
         } => match infergate::tenants::generate_key() {

@@ -252,7 +252,14 @@ impl Capacity {
     /// Rows for 0, 1, a quarter, half, three quarters and all of the full-context capacity.
     fn burst(&self) -> Vec<BurstRow> {
         let all = self.seqs_at_full;
-        let mut points = vec![0, 1, all.div_ceil(4), all.div_ceil(2), (3 * all).div_ceil(4), all];
+        let mut points = vec![
+            0,
+            1,
+            all.div_ceil(4),
+            all.div_ceil(2),
+            (3 * all).div_ceil(4),
+            all,
+        ];
         points.retain(|&n| n <= all);
         points.sort_unstable();
         points.dedup();
@@ -276,10 +283,16 @@ impl KvPlan {
         };
         let mut out = format!(
             "plan kv: {} on {} x {} (gpu-memory-utilization {:.2}), block size {}\n",
-            self.model, self.tensor_parallel_size, self.gpu, self.gpu_memory_utilization,
+            self.model,
+            self.tensor_parallel_size,
+            self.gpu,
+            self.gpu_memory_utilization,
             self.block_size
         );
-        let (ctx, mean) = (thousands(self.context as u64), thousands(self.mean_context as u64));
+        let (ctx, mean) = (
+            thousands(self.context as u64),
+            thousands(self.mean_context as u64),
+        );
         let rows = vec![
             (
                 "KV per token".to_string(),
@@ -289,7 +302,10 @@ impl KvPlan {
                     thousands(self.kv_bytes_per_token)
                 ),
             ),
-            ("weights per GPU".to_string(), gib(self.weight_bytes_per_gpu)),
+            (
+                "weights per GPU".to_string(),
+                gib(self.weight_bytes_per_gpu),
+            ),
             (
                 "KV cache".to_string(),
                 format!(

@@ -104,11 +104,19 @@ fn reports_every_bad_flag_at_once() {
         ..KvArgs::default()
     };
     let err = kv_plan(&a).unwrap_err();
-    for part in ["--gpu", "--model", "--gpu-memory-utilization", "--block-size"] {
+    for part in [
+        "--gpu",
+        "--model",
+        "--gpu-memory-utilization",
+        "--block-size",
+    ] {
         assert!(err.contains(part), "{part}: {err}");
     }
     let err = kv_plan(&args("llama-3-8b", "h100", 1000, 2000)).unwrap_err();
-    assert!(err.contains("--mean-context 2000 exceeds --context 1000"), "{err}");
+    assert!(
+        err.contains("--mean-context 2000 exceeds --context 1000"),
+        "{err}"
+    );
 }
 
 #[test]
