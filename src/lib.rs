@@ -20,3 +20,4 @@ pub mod tokens;
 pub mod up;
 pub mod upstream;
 pub mod workers;
+pub mod plan;
