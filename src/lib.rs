@@ -21,3 +21,4 @@ pub mod up;
 pub mod upstream;
 pub mod workers;
 pub mod plan;
+pub mod workload;

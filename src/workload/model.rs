@@ -74,18 +74,29 @@ impl Default for Slo {
 /// The joint shape of generated requests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mix {
-    /// Length of each new user turn, in tokens (excluding group prefix and session history).
-    pub prompt_tokens: LengthDist,
-    /// Answer length in tokens.
-    pub output_tokens: LengthDist,
-    /// Spearman rank correlation of the two lengths, in [-1, 1] (Gaussian copula).
-    pub correlation: f64,
+    /// Kinds of request and their shares (one, named `default`, unless the file lists `classes`).
+    pub classes: Vec<RequestClass>,
     /// Shared system prompts, if any.
     pub prefix_groups: Option<PrefixGroups>,
     /// Multi-turn sessions, if any.
     pub sessions: Option<Sessions>,
     /// Tenant mix; empty means requests carry no tenant.
     pub tenants: Vec<Tenant>,
+}
+
+/// One kind of request: its share and its joint prompt/output lengths.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestClass {
+    /// Class name (`default` for the top-level lengths).
+    pub name: String,
+    /// Relative weight (> 0).
+    pub weight: f64,
+    /// Length of each new user turn, in tokens (excluding group prefix and session history).
+    pub prompt_tokens: LengthDist,
+    /// Answer length in tokens.
+    pub output_tokens: LengthDist,
+    /// Spearman rank correlation of the two lengths, in [-1, 1] (Gaussian copula; default 0).
+    pub correlation: f64,
 }
 
 /// A distribution of token counts; samples are rounded and clamped to [min, max].
@@ -135,6 +146,8 @@ pub struct Sessions {
     pub count: usize,
     /// Turns per session.
     pub turns: LengthDist,
+    /// New-turn length of a session's first turn (e.g. a long document), instead of the class's.
+    pub first_turn: Option<LengthDist>,
 }
 
 /// One tenant of the mix.

@@ -150,5 +150,9 @@ pub fn normal_cdf(z: f64) -> f64 {
                             + t * (-1.135_203_98
                                 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
     let erfc = t * poly.exp();
-    if z >= 0.0 { 1.0 - 0.5 * erfc } else { 0.5 * erfc }
+    if z >= 0.0 {
+        1.0 - 0.5 * erfc
+    } else {
+        0.5 * erfc
+    }
 }

@@ -18,6 +18,7 @@ pub(super) struct RawWorkload {
     pub prompt_tokens: Option<Spanned<RawDist>>,
     pub output_tokens: Option<Spanned<RawDist>>,
     pub correlation: Option<Spanned<f64>>,
+    pub classes: Option<Spanned<Vec<RawClass>>>,
     pub prefix_groups: Option<Spanned<RawGroups>>,
     pub sessions: Option<Spanned<RawSessions>>,
     pub tenants: Option<Spanned<Vec<RawTenant>>>,
@@ -82,6 +83,17 @@ pub(super) struct RawDist {
     pub weight: Option<f64>,
 }
 
+/// One of `classes:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClass {
+    pub name: Option<String>,
+    pub weight: f64,
+    pub prompt_tokens: RawDist,
+    pub output_tokens: RawDist,
+    pub correlation: Option<f64>,
+}
+
 /// `prefix_groups:`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +110,7 @@ pub(super) struct RawGroups {
 pub(super) struct RawSessions {
     pub count: usize,
     pub turns: RawDist,
+    pub first_turn: Option<RawDist>,
 }
 
 /// One of `tenants:`

@@ -1,0 +1,57 @@
+//! JSONL traces: reading recorded traffic (one request per line) into sorted `TraceEntry`s, each
+//! error naming its file and line.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::model::{Trace, TraceEntry, TracePrompt};
+use super::spec::RawTraceLine;
+
+/// Reads and checks a trace file; entries come back sorted by timestamp (stable).
+pub(super) fn read(path: &Path) -> Result<Trace, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let shown = path.display();
+    let mut entries = Vec::new();
+    let mut problems = Vec::new();
+    for (i, raw_line) in text.lines().enumerate() {
+        let trimmed = raw_line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        match parse_line(trimmed) {
+            Ok(entry) => entries.push(entry),
+            Err(e) => problems.push(format!("{shown}:{}: {e}", i + 1)),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("\n"));
+    }
+    if entries.is_empty() {
+        return Err(format!("{shown}: the trace has no requests"));
+    }
+    entries.sort_by_key(|e| e.at);
+    Ok(Trace {
+        path: path.to_path_buf(),
+        entries,
+    })
+}
+
+/// One line → one entry.
+fn parse_line(line: &str) -> Result<TraceEntry, String> {
+    let raw: RawTraceLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let at = Duration::try_from_secs_f64(raw.timestamp)
+        .map_err(|_| format!("timestamp must be seconds ≥ 0, got {}", raw.timestamp))?;
+    let prompt = match (raw.prompt_tokens, raw.prompt) {
+        (Some(n), None) => TracePrompt::Tokens(n),
+        (None, Some(text)) => TracePrompt::Text(text),
+        _ => return Err("give exactly one of `prompt_tokens` and `prompt`".into()),
+    };
+    Ok(TraceEntry {
+        at,
+        tenant: raw.tenant,
+        session: raw.session,
+        prompt,
+        output_tokens: raw.output_tokens,
+    })
+}
