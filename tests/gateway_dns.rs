@@ -27,14 +27,18 @@ async fn a_dns_name_resolves_to_the_workers_behind_it() {
 
     // The name resolves (127.0.0.1, and ::1 where the resolver lists it) and the workers appear.
     let expected = format!("http://127.0.0.1:{port}");
-    let workers = eventually("the DNS name to resolve", Duration::from_secs(10), || async {
-        let status = gw.status().await;
-        let urls: Vec<String> = pool_workers(&status, POOL)
-            .iter()
-            .filter_map(|w| w["url"].as_str().map(str::to_owned))
-            .collect();
-        urls.contains(&expected).then_some(urls)
-    })
+    let workers = eventually(
+        "the DNS name to resolve",
+        Duration::from_secs(10),
+        || async {
+            let status = gw.status().await;
+            let urls: Vec<String> = pool_workers(&status, POOL)
+                .iter()
+                .filter_map(|w| w["url"].as_str().map(str::to_owned))
+                .collect();
+            urls.contains(&expected).then_some(urls)
+        },
+    )
     .await;
     assert!(
         workers.iter().all(|u| u.ends_with(&format!(":{port}"))),
