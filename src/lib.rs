@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod degrade;
 pub mod error;
 pub mod gateway;
 pub mod handler;
