@@ -37,11 +37,101 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
                 json!({"reloaded": false, "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>()}).to_string(),
             ),
         },
+        (&Method::GET, "/admin/degradation") => degradation_status(&gw),
+        (&Method::POST, "/admin/degradation/force" | "/admin/degradation/release") => {
+            let release = req.uri().path().ends_with("release");
+            degradation_override(&gw, req, release).await
+        }
         (&Method::POST, "/admin/drain") => {
             gw.start_drain();
             json_response(StatusCode::OK, json!({"draining": true}).to_string())
         }
         _ => GatewayError::NotFound("unknown admin route".into()).into_response(),
+    }
+}
+
+fn degradation_status(gw: &Gateway) -> Response<ResBody> {
+    let live = gw.live();
+    let pools: Vec<_> = live
+        .pools
+        .iter()
+        .map(|p| {
+            let st = p.degrade.status();
+            let sig = &st.signals;
+            json!({
+                "pool": p.name, "level": st.level, "name": st.name, "forced": st.forced,
+                "levels": st.levels, "transitions": st.transitions,
+                "signals": {
+                    "queue_depth": sig.queue_depth,
+                    "queue_wait_p95_s": sig.queue_wait_p95.map(|d| d.as_secs_f64()),
+                    "kv_usage": sig.kv_usage,
+                    "ttft_p95_s": sig.ttft_p95.map(|d| d.as_secs_f64()),
+                    "samples": sig.samples,
+                },
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, json!({ "pools": pools }).to_string())
+}
+
+/// `POST /admin/degradation/force {"pool", "level"}` and `.../release {"pool"}`: the admin
+/// override wins over the automation until released.
+async fn degradation_override(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    release: bool,
+) -> Response<ResBody> {
+    use http_body_util::BodyExt;
+    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return GatewayError::bad_request(format!("cannot read the body: {e}"), None)
+                .into_response();
+        }
+    };
+    let v: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return GatewayError::bad_request(format!("invalid JSON body: {e}"), None)
+                .into_response();
+        }
+    };
+    let Some(pool_name) = v.get("pool").and_then(|p| p.as_str()) else {
+        return GatewayError::bad_request("`pool` is required", Some("pool")).into_response();
+    };
+    let level = if release {
+        None
+    } else {
+        match v.get("level").and_then(|l| l.as_u64()) {
+            Some(l) => Some(l as usize),
+            None => {
+                return GatewayError::bad_request(
+                    "`level` (a whole number) is required",
+                    Some("level"),
+                )
+                .into_response();
+            }
+        }
+    };
+    let live = gw.live();
+    let Some(pool) = live.pools.iter().find(|p| p.name == pool_name) else {
+        return GatewayError::NotFound(format!("no pool `{pool_name}`")).into_response();
+    };
+    match pool.degrade.force(level) {
+        Ok(transition) => {
+            if let Some(t) = &transition {
+                gw.record_transition(&pool.name, t);
+            }
+            let st = pool.degrade.status();
+            json_response(
+                StatusCode::OK,
+                json!({"pool": pool.name, "level": st.level, "forced": st.forced}).to_string(),
+            )
+        }
+        Err(e) => GatewayError::bad_request(e, Some("level")).into_response(),
     }
 }
 

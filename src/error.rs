@@ -45,6 +45,13 @@ pub enum GatewayError {
     },
     /// Larger than the tenant's whole budget: no retry can pass (400).
     NeverFits(String),
+    /// Refused while the pool is degraded (503); a retry after the level eases can pass.
+    Degraded {
+        /// Which level and what it refuses.
+        message: String,
+        /// Whole seconds.
+        retry_after_secs: u64,
+    },
     /// No healthy worker in the pool (503).
     NoHealthyWorker(String),
     /// The gateway is draining (503).
@@ -75,6 +82,7 @@ impl GatewayError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::NeverFits(_) => StatusCode::BAD_REQUEST,
+            Self::Degraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoHealthyWorker(_) | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
@@ -104,6 +112,10 @@ impl GatewayError {
                 Some(*retry_after_secs),
             ),
             Self::NeverFits(m) => ApiError::bad_request(m, Some("max_tokens")),
+            Self::Degraded {
+                message,
+                retry_after_secs,
+            } => ApiError::unavailable(message, *retry_after_secs),
             Self::PayloadTooLarge(limit) => {
                 ApiError::payload_too_large(format!("request body exceeds {limit} bytes"))
             }
@@ -151,6 +163,7 @@ impl GatewayError {
             | Self::NeverFits(_)
             | Self::MethodNotAllowed => "validation",
             Self::Draining => "draining",
+            Self::Degraded { .. } => "degraded",
             Self::NoHealthyWorker(_) | Self::UpstreamUnavailable(_) | Self::UpstreamTimeout(_) => {
                 "upstream"
             }

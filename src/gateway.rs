@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use tokio::task::AbortHandle;
 
 use crate::config::{self, ConfigErrors, Snapshot, TenantSpec, WorkerSource};
+use crate::degrade::live::PoolDegradation;
 use crate::limits::{InProcessLimiter, Limiter};
 use crate::metrics::GatewayMetrics;
 use crate::routing;
@@ -198,6 +199,7 @@ impl Gateway {
         let mut old_workers: HashMap<String, Arc<WorkerState>> = HashMap::new();
         let mut old_policies: HashMap<String, Arc<PolicyHolder>> = HashMap::new();
         let mut old_queues = HashMap::new();
+        let mut old_degrade = HashMap::new();
         if let Some(prev) = previous {
             for p in &prev.pools {
                 for w in p.workers().iter() {
@@ -205,6 +207,7 @@ impl Gateway {
                 }
                 old_policies.insert(p.name.clone(), p.policy().clone());
                 old_queues.insert(p.name.clone(), p.admission.clone());
+                old_degrade.insert(p.name.clone(), p.degrade.clone());
             }
         }
         let worker_for = |url: &str| {
@@ -256,12 +259,22 @@ impl Gateway {
                     PoolRuntime::new_queue(&spec.admission),
                 ),
             };
+            // The degradation level survives a reload; the (possibly edited) policy is swapped in.
+            let policy_for_pool = snapshot.degradation.get(&spec.name).cloned();
+            let degrade = match old_degrade.get(&spec.name) {
+                Some(d) => {
+                    d.set_policy(policy_for_pool);
+                    d.clone()
+                }
+                None => PoolDegradation::new(policy_for_pool),
+            };
             let pool = Arc::new(PoolRuntime::new(
                 &spec.name,
                 spec.dialect,
                 workers.clone(),
                 policy,
                 admission,
+                degrade,
             ));
             if !dns.is_empty() {
                 let task = tokio::spawn(discover_dns(
@@ -280,6 +293,39 @@ impl Gateway {
             pools,
             discovery,
         }
+    }
+
+    /// Feeds a pool's degradation signals and moves its level when due; logs and counts changes.
+    fn tick_degradation(&self, pool: &PoolRuntime, now: std::time::Instant) {
+        let workers = pool.workers();
+        let kv: Vec<f64> = workers
+            .iter()
+            .filter(|w| w.is_healthy())
+            .map(|w| w.view().kv_usage)
+            .collect();
+        let kv_mean = (!kv.is_empty()).then(|| kv.iter().sum::<f64>() / kv.len() as f64);
+        let depth = pool.admission.1.depth() as u64;
+        if let Some(t) = pool.degrade.tick(depth, kv_mean, now) {
+            self.record_transition(&pool.name, &t);
+        }
+        self.metrics
+            .degradation_level
+            .with_label_values(&[&pool.name])
+            .set(pool.degrade.status().level as f64);
+    }
+
+    /// Logs a level change and counts it.
+    pub fn record_transition(&self, pool: &str, t: &crate::degrade::Transition) {
+        let direction = if t.to > t.from { "up" } else { "down" };
+        tracing::warn!(pool, from = t.from, to = t.to, reason = %t.reason, "degradation level changed");
+        self.metrics
+            .degradation_transitions
+            .with_label_values(&[pool, direction])
+            .inc();
+        self.metrics
+            .degradation_level
+            .with_label_values(&[pool])
+            .set(t.to as f64);
     }
 
     /// Polls every worker's metrics forever, on the current snapshot's interval.
@@ -312,8 +358,10 @@ impl Gateway {
             for t in tasks {
                 let _ = t.await;
             }
+            let now = std::time::Instant::now();
             for pool in &live.pools {
                 pool.update_capacity();
+                self.tick_degradation(pool, now);
                 self.metrics
                     .queue_depth
                     .with_label_values(&[&pool.name])

@@ -18,7 +18,7 @@ use crate::gateway::Live;
 use crate::ledger::Ledger;
 use crate::limits::{Rejection, TierLimits};
 use crate::proxy::forward::{ForwardSettings, Outbound, forward};
-use crate::request::{Endpoint, PromptSize, validate};
+use crate::request::{Endpoint, PromptSize, ValidRequest, validate};
 use crate::tenants::bearer;
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
@@ -170,6 +170,13 @@ async fn proxy(
             Some("messages"),
         ));
     }
+    // Degrade: the pool's current level decides what this tier gets.
+    let (valid, degraded) = degrade(gw, &live, valid, &tier.name, prompt_tokens, ctx)?;
+    let pool = live
+        .pools
+        .get(valid.pool)
+        .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
+    ctx.pool = pool.name.clone();
     let reserve = prompt_tokens + valid.max_tokens;
     let limits = TierLimits {
         requests_per_minute: tier.requests_per_minute,
@@ -215,6 +222,7 @@ async fn proxy(
         .queue_wait
         .with_label_values(&[&pool.name])
         .observe(permit.waited().as_secs_f64());
+    pool.degrade.record_queue_wait(permit.waited());
     ledger.hold(permit);
 
     let f = &snapshot.forward;
@@ -237,12 +245,111 @@ async fn proxy(
         on_end: Some(Box::new(move |end| ledger.settle(end))),
     };
     let mut res = forward(&gw.client, pool, out, settings, &gw.metrics).await?;
+    if !degraded.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&degraded.join(","))
+    {
+        res.headers_mut().insert("x-infergate-degraded", v);
+    }
     for (name, value) in reservation.headers.header_pairs() {
         if let Ok(v) = HeaderValue::from_str(&value) {
             res.headers_mut().insert(name, v);
         }
     }
     Ok(res)
+}
+
+/// Applies the pool's degradation actions for `tier`: shed (429), refuse a long prompt (503),
+/// cap `max_tokens`, or send to the fallback model. Returns the request as altered and the labels
+/// of what changed it (for `x-infergate-degraded`).
+fn degrade(
+    gw: &Gateway,
+    live: &Live,
+    mut valid: ValidRequest,
+    tier: &str,
+    prompt_tokens: u64,
+    ctx: &mut RequestCtx,
+) -> Result<(ValidRequest, Vec<&'static str>), GatewayError> {
+    let Some(pool) = live.pools.get(valid.pool) else {
+        return Ok((valid, Vec::new()));
+    };
+    let (actions, state) = pool.degrade.for_tier(tier);
+    let Some((level, name, retry)) = state else {
+        return Ok((valid, Vec::new()));
+    };
+    let count = |action: &str| {
+        gw.metrics
+            .degraded
+            .with_label_values(&[&pool.name, action])
+            .inc();
+    };
+    let retry_after_secs = crate::limits::retry_after_secs(retry);
+    if actions.shed {
+        count("shed");
+        ctx.reject_reason = Some("degraded");
+        return Err(GatewayError::TooManyRequests {
+            message: format!(
+                "pool `{}` is degraded (level {level} `{name}`): requests of tier `{tier}` are shed; retry later",
+                pool.name
+            ),
+            retry_after_secs,
+            headers: vec![("x-infergate-degraded", "shed".to_string())],
+        });
+    }
+    if let Some(max) = actions.max_prompt_tokens
+        && prompt_tokens > max
+    {
+        count("refuse_long_prompts");
+        ctx.reject_reason = Some("degraded");
+        return Err(GatewayError::Degraded {
+            message: format!(
+                "pool `{}` is degraded (level {level} `{name}`): prompts of tier `{tier}` are limited to {max} tokens and this one is about {prompt_tokens}",
+                pool.name
+            ),
+            retry_after_secs,
+        });
+    }
+    let mut labels = Vec::new();
+    let mut body: Option<serde_json::Value> = None;
+    if let Some(cap) = actions.cap_max_tokens
+        && valid.max_tokens > u64::from(cap)
+    {
+        let json = body.get_or_insert(parse_body(&valid.body)?);
+        // The client's own field keeps its name; both are capped.
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if json.get(key).is_some_and(|v| !v.is_null()) {
+                json[key] = serde_json::Value::from(cap);
+            }
+        }
+        if json.get("max_tokens").is_none() && json.get("max_completion_tokens").is_none() {
+            json["max_tokens"] = serde_json::Value::from(cap);
+        }
+        valid.max_tokens = u64::from(cap);
+        labels.push("cap_max_tokens");
+        count("cap_max_tokens");
+    }
+    if let Some(model) = &actions.fallback_model
+        && model != &valid.model
+        && let Some(route) = live.snapshot.model(model)
+    {
+        let json = body.get_or_insert(parse_body(&valid.body)?);
+        json["model"] = serde_json::Value::from(route.upstream_name());
+        valid.pool = route.pool;
+        valid.model = model.clone();
+        ctx.model = model.clone();
+        labels.push("fallback");
+        count("fallback");
+    }
+    if let Some(json) = body {
+        valid.body = serde_json::to_vec(&json)
+            .map_err(|e| GatewayError::Internal(e.to_string()))?
+            .into();
+    }
+    Ok((valid, labels))
+}
+
+fn parse_body(body: &[u8]) -> Result<serde_json::Value, GatewayError> {
+    serde_json::from_slice(body)
+        .map_err(|e| GatewayError::Internal(format!("re-reading a validated body: {e}")))
 }
 
 /// The caller's tenant: the owner of the bearer key, or the anonymous tenant (default tier)

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod bench;
 pub mod config;
 pub mod degrade;
 pub mod error;
@@ -13,6 +14,7 @@ pub mod limits;
 pub mod metrics;
 pub mod plan;
 pub mod proxy;
+pub mod report;
 pub mod request;
 pub mod routing;
 pub mod server;

@@ -25,6 +25,8 @@ enum Command {
     Gateway(RunArgs),
     /// Run one engine worker (OpenAI-compatible API, vLLM metrics).
     Engine(EngineArgs),
+    /// Replay a workload against a gateway or engine; `bench diff A.json B.json` compares two reports.
+    Bench(infergate::bench::BenchCli),
     /// Calculators: KV-cache budget (`plan kv`) and speculative-decoding payoff (`plan spec`).
     Plan {
         #[command(subcommand)]
@@ -124,6 +126,26 @@ fn main() -> ExitCode {
         }
         Command::Up(args) => run_gateway(args, true),
         Command::Gateway(args) => run_gateway(args, false),
+        Command::Bench(cli) => {
+            init_logs(LogFormat::Text, "warn");
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(infergate::bench::main(cli)) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Plan { command } => {
             let out = match command {
                 PlanCommand::Kv(a) => infergate::plan::run_kv(&a),

@@ -48,6 +48,12 @@ pub struct GatewayMetrics {
     pub queue_depth: GaugeVec,
     /// `infergate_queue_wait_seconds{pool}`: time admitted requests waited.
     pub queue_wait: HistogramVec,
+    /// `infergate_degradation_level{pool}`: 0 = normal service.
+    pub degradation_level: GaugeVec,
+    /// `infergate_degradation_transitions_total{pool,direction}`.
+    pub degradation_transitions: IntCounterVec,
+    /// `infergate_degraded_requests_total{pool,action}`: requests altered or refused by degradation.
+    pub degraded: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -176,6 +182,27 @@ impl GatewayMetrics {
                 "infergate_queue_wait_seconds",
                 "Time admitted requests waited in the admission queue.",
                 LATENCY_BUCKETS,
+            )?,
+            degradation_level: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_degradation_level",
+                        "Degradation level of the pool; 0 is normal service.",
+                    ),
+                    &["pool"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            degradation_transitions: counter(
+                "infergate_degradation_transitions_total",
+                "Degradation level changes by direction.",
+                &["pool", "direction"],
+            )?,
+            degraded: counter(
+                "infergate_degraded_requests_total",
+                "Requests altered or refused by degradation, by action.",
+                &["pool", "action"],
             )?,
             registry,
         })

@@ -33,7 +33,7 @@ pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), 
         Some(path) => config::load(path)
             .map(|s| (s, ConfigSource::File(path.to_path_buf())))
             .map_err(|e| format!("invalid configuration:\n{e}")),
-        None => config::load_str_with(
+        None => config::load_str_full(
             config::DEFAULT_CONFIG,
             Path::new("<embedded>/config/infergate.yaml"),
             Some((
@@ -43,6 +43,10 @@ pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), 
             Some((
                 config::DEFAULT_TENANTS,
                 Path::new("<embedded>/policies/tenants.yaml"),
+            )),
+            Some((
+                config::DEFAULT_DEGRADATION,
+                Path::new("<embedded>/policies/degradation.yaml"),
             )),
         )
         .map(|s| (s, ConfigSource::Embedded))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::error::{ConfigError, ConfigErrors, Sink};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
-use super::{pools, routing_file, sections, tenant_section, tiers_file};
+use super::{degradation_file, pools, routing_file, sections, tenant_section, tiers_file};
 
 /// Where a policy file (routing.yaml, tenants.yaml) comes from.
 #[derive(Clone, Copy)]
@@ -26,6 +26,7 @@ pub(super) fn compile(
     path: &Path,
     routing: PolicySource<'_>,
     tenants: PolicySource<'_>,
+    degradation: PolicySource<'_>,
 ) -> Result<Snapshot, ConfigErrors> {
     let mut sink = Sink::new(path);
     let raw: RawConfig = match serde_saphyr::from_str(text) {
@@ -38,6 +39,7 @@ pub(super) fn compile(
     let base = path.parent().unwrap_or(Path::new("."));
     let routing = policy_text(routing, &raw, base, "routing.yaml", &mut sink);
     let tenants = policy_text(tenants, &raw, base, "tenants.yaml", &mut sink);
+    let degradation = policy_text(degradation, &raw, base, "degradation.yaml", &mut sink);
 
     let mut pool_specs = pools::pools(&raw.pools, &mut sink);
     let models = pools::models(&raw.models, &pool_specs, &mut sink);
@@ -72,6 +74,10 @@ pub(super) fn compile(
     let raw_tenants = raw.tenants.as_deref().unwrap_or_default();
     let tenant_list = tenant_section::tenants(raw_tenants, tier_list, base, &mut sink);
     let (tiers, default_tier) = tiers.map_or((Vec::new(), None), |t| (t.tiers, t.default_tier));
+    let (degradation_policies, degradation_errors) = match &degradation {
+        Some((text, file)) => degradation_file::compile(text, file, &pool_specs, &tiers, &models),
+        None => (Default::default(), Vec::new()),
+    };
 
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
     let snapshot = Snapshot {
@@ -91,9 +97,11 @@ pub(super) fn compile(
         tenants: tenant_list.tenants,
         tiers,
         default_tier,
+        degradation: degradation_policies,
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
             .chain(tenants.map(|(_, p)| p))
+            .chain(degradation.map(|(_, p)| p))
             .chain(tenant_list.key_files)
             .map(|p| std::path::absolute(&p).unwrap_or(p))
             .collect(),
@@ -102,6 +110,7 @@ pub(super) fn compile(
     let mut errors = sink.into_sorted();
     errors.extend(routing_errors);
     errors.extend(tier_errors);
+    errors.extend(degradation_errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {
@@ -144,7 +153,7 @@ fn read_policy(
             let message = format!("cannot read {}: {err}", path.display());
             let missing = err.kind() == std::io::ErrorKind::NotFound;
             match &raw.policies {
-                _ if missing && file == "tenants.yaml" => {}
+                _ if missing && file != "routing.yaml" => {}
                 Some(policies) => sink.at(&policies.referenced, message),
                 None if missing => {}
                 None => sink.whole(message),

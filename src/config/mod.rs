@@ -3,6 +3,7 @@
 //! into one immutable [`Snapshot`] for the gateway to swap in atomically.
 
 mod compile;
+mod degradation_file;
 mod error;
 mod pools;
 mod raw;
@@ -51,6 +52,7 @@ pub fn load(config_path: &Path) -> Result<Snapshot, ConfigErrors> {
         config_path,
         PolicySource::Policies,
         PolicySource::Policies,
+        PolicySource::Policies,
     )
 }
 
@@ -75,7 +77,24 @@ pub fn load_str_with(
     routing: Option<(&str, &Path)>,
     tenants: Option<(&str, &Path)>,
 ) -> Result<Snapshot, ConfigErrors> {
-    compile::compile(config_text, config_path, given(routing), given(tenants))
+    load_str_full(config_text, config_path, routing, tenants, None)
+}
+
+/// Like [`load_str_with`], plus degradation policy text (`policies/degradation.yaml`).
+pub fn load_str_full(
+    config_text: &str,
+    config_path: &Path,
+    routing: Option<(&str, &Path)>,
+    tenants: Option<(&str, &Path)>,
+    degradation: Option<(&str, &Path)>,
+) -> Result<Snapshot, ConfigErrors> {
+    compile::compile(
+        config_text,
+        config_path,
+        given(routing),
+        given(tenants),
+        given(degradation),
+    )
 }
 
 /// A policy file given as text, or absent.
@@ -89,10 +108,14 @@ fn given<'a>(file: Option<(&'a str, &'a Path)>) -> PolicySource<'a> {
 /// Compiles the embedded defaults ([`DEFAULT_CONFIG`], [`DEFAULT_ROUTING`],
 /// [`DEFAULT_TENANTS`]), named as the shipped files under `config/` and `policies/`.
 pub fn load_default() -> Result<Snapshot, ConfigErrors> {
-    load_str_with(
+    load_str_full(
         DEFAULT_CONFIG,
         Path::new("config/infergate.yaml"),
         Some((DEFAULT_ROUTING, Path::new("policies/routing.yaml"))),
         Some((DEFAULT_TENANTS, Path::new("policies/tenants.yaml"))),
+        Some((DEFAULT_DEGRADATION, Path::new("policies/degradation.yaml"))),
     )
 }
+
+/// The shipped `policies/degradation.yaml`, embedded for `infergate up`.
+pub const DEFAULT_DEGRADATION: &str = include_str!("../../policies/degradation.yaml");

@@ -21,6 +21,7 @@ mod machine_tests;
 #[cfg(test)]
 mod testkit;
 
+pub mod live;
 pub use actions::{Actions, TierActions};
 pub use machine::{Degrader, Transition};
 pub use policy::{Action, DegradationPolicy, Level, Thresholds};

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use hyper::body::{Body, Bytes, Frame, Incoming};
 use tokio::time::{Sleep, sleep, sleep_until};
 
+use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::usage::{TokenUsage, UsageTap};
@@ -49,6 +50,8 @@ pub struct BodyReport {
     pub started: Instant,
     /// True when the first byte was already observed (headers count for non-streams).
     pub is_stream: bool,
+    /// The pool's degradation signals, fed with the time to first token.
+    pub degrade: Arc<PoolDegradation>,
 }
 
 /// Streams an upstream body to the client.
@@ -113,11 +116,14 @@ impl ProxyBody {
         let now = Instant::now();
         let r = &self.report;
         match self.last_chunk {
-            None if r.is_stream => r
-                .metrics
-                .ttft
-                .with_label_values(&[&r.pool])
-                .observe(now.duration_since(r.started).as_secs_f64()),
+            None if r.is_stream => {
+                let ttft = now.duration_since(r.started);
+                r.metrics
+                    .ttft
+                    .with_label_values(&[&r.pool])
+                    .observe(ttft.as_secs_f64());
+                r.degrade.record_ttft(ttft);
+            }
             None => {}
             Some(prev) => r
                 .metrics

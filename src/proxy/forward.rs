@@ -142,6 +142,7 @@ pub async fn forward(
                 pool: pool.name.clone(),
                 started: out.started,
                 is_stream,
+                degrade: pool.degrade.clone(),
             },
             UsageTap::new(is_stream, out.hide_usage_chunk),
             out.on_end.take(),
@@ -151,6 +152,7 @@ pub async fn forward(
                 .ttft
                 .with_label_values(&[&pool.name])
                 .observe(out.started.elapsed().as_secs_f64());
+            pool.degrade.record_ttft(out.started.elapsed());
         }
         let mut response = Response::new(body.boxed());
         *response.status_mut() = parts.status;

@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 
 use crate::admission::{AdmissionQueue, QueueConfig};
 use crate::config::AdmissionSpec;
+use crate::degrade::live::PoolDegradation;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
 use crate::workers::state::WorkerState;
@@ -29,6 +30,8 @@ pub struct PoolRuntime {
     policy: Arc<PolicyHolder>,
     /// Bounded priority queue in front of the workers, and the settings it was built from.
     pub admission: (AdmissionSpec, AdmissionQueue),
+    /// Degradation level, signals and policy of the pool.
+    pub degrade: Arc<PoolDegradation>,
 }
 
 impl PoolRuntime {
@@ -39,6 +42,7 @@ impl PoolRuntime {
         workers: Vec<Arc<WorkerState>>,
         policy: Arc<PolicyHolder>,
         admission: (AdmissionSpec, AdmissionQueue),
+        degrade: Arc<PoolDegradation>,
     ) -> Self {
         let pool = Self {
             name: name.to_string(),
@@ -46,6 +50,7 @@ impl PoolRuntime {
             workers: ArcSwap::from_pointee(workers),
             policy,
             admission,
+            degrade,
         };
         pool.update_capacity();
         pool

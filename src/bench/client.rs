@@ -1,0 +1,203 @@
+//! One pooled HTTP client and the exchange of a single planned request: build the streaming
+//! body, send it, read the answer frame by frame and turn what was seen into a [`RequestRecord`].
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use hyper::{Request, Response, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+use super::args::Endpoint;
+use super::sse::{SseReader, parse_exec_path, path_class};
+use crate::report::RequestRecord;
+use crate::workload::{PlannedRequest, prompt_text};
+
+/// What a [`Target`] is built from.
+#[derive(Debug, Clone)]
+pub struct TargetSpec {
+    /// Base URL (`http://host:port`, optionally ending in `/v1`).
+    pub url: String,
+    /// API to call.
+    pub endpoint: Endpoint,
+    /// Model name sent in every request.
+    pub model: String,
+    /// Default API key.
+    pub api_key: Option<String>,
+    /// Keys of named tenants.
+    pub tenant_keys: Vec<(String, String)>,
+    /// Idle connections kept per host (the most requests in flight).
+    pub max_connections: usize,
+    /// Longest wait for the response head or the next body frame.
+    pub idle_timeout: Duration,
+}
+
+/// Where and how requests are sent; shared by every request task.
+pub struct Target {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    endpoint: Endpoint,
+    model: String,
+    api_key: Option<HeaderValue>,
+    tenant_keys: HashMap<String, HeaderValue>,
+    idle_timeout: Duration,
+}
+
+/// `Bearer KEY` as a sensitive header value; the error never repeats the key.
+fn bearer(key: &str, whose: &str) -> Result<HeaderValue, String> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {key}"))
+        .map_err(|_| format!("the API key of {whose} is not a valid header value"))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+impl Target {
+    /// Checks the URL and keys and builds the client.
+    pub fn new(spec: &TargetSpec) -> Result<Target, String> {
+        let base = spec.url.trim_end_matches('/');
+        if base.starts_with("https://") {
+            return Err("bench speaks plain HTTP only; put it beside the gateway".into());
+        }
+        let path = match base.strip_suffix("/v1") {
+            Some(_) => spec.endpoint.path().trim_start_matches("/v1"),
+            None => spec.endpoint.path(),
+        };
+        let uri: Uri = format!("{base}{path}")
+            .parse()
+            .map_err(|e| format!("--url `{}`: {e}", spec.url))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(format!(
+                "--url `{}` must look like http://host:port",
+                spec.url
+            ));
+        }
+        let api_key = match &spec.api_key {
+            Some(k) => Some(bearer(k, "--api-key")?),
+            None => None,
+        };
+        let mut tenant_keys = HashMap::new();
+        for (tenant, key) in &spec.tenant_keys {
+            tenant_keys.insert(tenant.clone(), bearer(key, &format!("tenant `{tenant}`"))?);
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(spec.idle_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(spec.max_connections)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Ok(Target {
+            client,
+            uri,
+            endpoint: spec.endpoint,
+            model: spec.model.clone(),
+            api_key,
+            tenant_keys,
+            idle_timeout: spec.idle_timeout,
+        })
+    }
+
+    /// The URL requests go to.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// The streaming request for `req`.
+    fn request(&self, req: &PlannedRequest) -> Result<Request<Full<Bytes>>, String> {
+        let text = prompt_text(req);
+        let mut body = json!({
+            "model": self.model,
+            "max_tokens": req.output_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "ignore_eos": true,
+        });
+        match self.endpoint {
+            Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": text}]),
+            Endpoint::Completions => body["prompt"] = json!(text),
+        }
+        let mut b = Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/json");
+        let key = req.tenant.as_ref().and_then(|t| self.tenant_keys.get(t));
+        if let Some(key) = key.or(self.api_key.as_ref()) {
+            b = b.header(AUTHORIZATION, key.clone());
+        }
+        if let Some(session) = &req.session {
+            b = b.header("x-session-id", session.as_str());
+        }
+        b.body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sends `req` and reads its answer to the end. Latencies count from `t0` (the planned send
+    /// time, so a late client start is not hidden); `start` is `t0` from the start of the run.
+    pub async fn exchange(&self, req: &PlannedRequest, t0: Instant, start: f64) -> RequestRecord {
+        let mut record = RequestRecord {
+            id: req.id,
+            tenant: req.tenant.clone(),
+            worker: None,
+            path: None,
+            status: 0,
+            start,
+            ttft: None,
+            itl: Vec::new(),
+            e2e: 0.0,
+            prompt_tokens: req.prompt.len() as u64,
+            output_tokens: 0,
+        };
+        let sent = match self.request(req) {
+            Ok(r) => tokio::time::timeout(self.idle_timeout, self.client.request(r)).await,
+            Err(_) => return record,
+        };
+        if let Ok(Ok(res)) = sent {
+            self.read(res, t0, &mut record).await;
+        }
+        record.e2e = t0.elapsed().as_secs_f64();
+        record
+    }
+
+    /// Reads a response into `record`; a stream cut short or silent too long is a transport
+    /// error (status 0).
+    async fn read(&self, res: Response<Incoming>, t0: Instant, record: &mut RequestRecord) {
+        let (parts, mut body) = res.into_parts();
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        record.worker = header("x-infergate-worker").map(str::to_owned);
+        let mut reader = SseReader::default();
+        reader.stats.paths = header("x-infergate-exec-path").and_then(parse_exec_path);
+        let mut complete = false;
+        loop {
+            match tokio::time::timeout(self.idle_timeout, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        reader.feed(data, Instant::now());
+                    }
+                }
+                Ok(None) => {
+                    complete = true;
+                    break;
+                }
+                Ok(Some(Err(_))) | Err(_) => break,
+            }
+        }
+        let s = reader.stats;
+        let streamed_ok = parts.status.is_success() && complete && s.done;
+        record.status = match (s.error, parts.status.is_success()) {
+            (Some(code), _) => code,
+            (None, true) if !streamed_ok => 0,
+            _ => parts.status.as_u16(),
+        };
+        record.path = s.paths.map(|(g, e)| path_class(g, e).to_owned());
+        record.ttft = s.first.map(|f| f.duration_since(t0).as_secs_f64());
+        record.itl = s.gaps;
+        if let Some((prompt, output)) = s.usage {
+            record.prompt_tokens = prompt;
+            record.output_tokens = output;
+        } else {
+            record.output_tokens = s.chunks;
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The report as text: an overview, the latency table (TTFT, ITL and e2e by percentile, with the
+//! ITL tail beside TPOT mean), and one table per breakdown.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::{Breakdown, Percentiles, Report};
+
+/// Milliseconds with one decimal.
+pub(super) fn ms(seconds: f64) -> String {
+    format!("{:.1}", seconds * 1000.0)
+}
+
+/// A percentage with one decimal.
+pub(super) fn pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// Lays out rows under a header: the first column left-aligned, the others right-aligned, each
+/// as wide as its widest cell, two spaces apart.
+pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let head: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&head).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            if i == 0 {
+                let _ = write!(line, "{cell:<w$}");
+            } else {
+                let _ = write!(line, "  {cell:>w$}");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn latency_row(name: &str, p: &Percentiles) -> Vec<String> {
+    let cells = [p.p50, p.p90, p.p95, p.p99, p.max, p.mean];
+    std::iter::once(name.to_owned())
+        .chain(cells.iter().map(|&v| ms(v)))
+        .collect()
+}
+
+fn breakdown_table(title: &str, slices: &BTreeMap<String, Breakdown>) -> String {
+    let header = [
+        title, "requests", "ok", "TTFT p50", "TTFT p99", "ITL p99", "E2E p99", "goodput",
+    ];
+    let rows: Vec<Vec<String>> = slices
+        .iter()
+        .map(|(name, b)| {
+            vec![
+                name.clone(),
+                b.requests.to_string(),
+                b.ok.to_string(),
+                ms(b.ttft_p50),
+                ms(b.ttft_p99),
+                ms(b.itl_p99),
+                ms(b.e2e_p99),
+                pct(b.goodput),
+            ]
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+impl Report {
+    /// The report as text tables (latencies in milliseconds).
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let rate = if self.duration_s > 0.0 {
+            self.requests as f64 / self.duration_s
+        } else {
+            0.0
+        };
+        let _ = writeln!(out, "{}", self.title);
+        let _ = writeln!(
+            out,
+            "duration {:.1} s · requests {} ({rate:.1}/s) · ok {} · 429 {} · other 4xx {} · 5xx/transport {}",
+            self.duration_s,
+            self.requests,
+            self.ok,
+            self.rate_limited,
+            self.client_errors,
+            self.server_errors
+        );
+        let _ = writeln!(
+            out,
+            "tokens/s in {:.1} · out {:.1} · goodput {} (TTFT ≤ {} ms and every gap ≤ {} ms)\n",
+            self.tokens_in_per_s,
+            self.tokens_out_per_s,
+            pct(self.goodput),
+            ms(self.slo_ttft_s),
+            ms(self.slo_itl_s)
+        );
+        let header = ["latency (ms)", "p50", "p90", "p95", "p99", "max", "mean"];
+        let rows = vec![
+            latency_row("TTFT", &self.ttft),
+            latency_row("ITL", &self.itl),
+            latency_row("E2E", &self.e2e),
+        ];
+        out.push_str(&table(&header, &rows));
+        let _ = writeln!(
+            out,
+            "TPOT mean {} ms · ITL p99 {} ms · ITL max {} ms (a freeze mid-answer hides in the mean)",
+            ms(self.tpot_mean),
+            ms(self.itl.p99),
+            ms(self.itl.max)
+        );
+        let sections = [
+            ("tenant", &self.by_tenant),
+            ("worker", &self.by_worker),
+            ("path", &self.by_path),
+        ];
+        for (title, slices) in sections {
+            if !slices.is_empty() {
+                out.push('\n');
+                out.push_str(&breakdown_table(title, slices));
+            }
+        }
+        if !self.extra.is_empty() {
+            out.push('\n');
+            let rows: Vec<Vec<String>> = self
+                .extra
+                .iter()
+                .map(|(k, v)| vec![k.clone(), format!("{v:.4}")])
+                .collect();
+            out.push_str(&table(&["extra", "value"], &rows));
+        }
+        out
+    }
+}
