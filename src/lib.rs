@@ -18,6 +18,7 @@ pub mod report;
 pub mod request;
 pub mod routing;
 pub mod server;
+pub mod sim;
 pub mod supervisor;
 pub mod tenants;
 pub mod tokens;

@@ -27,6 +27,8 @@ enum Command {
     Engine(EngineArgs),
     /// Replay a workload against a gateway or engine; `bench diff A.json B.json` compares two reports.
     Bench(infergate::bench::BenchCli),
+    /// Offline what-if: the real engine schedulers and routing policy on a virtual clock.
+    Sim(infergate::sim::SimArgs),
     /// Calculators: KV-cache budget (`plan kv`) and speculative-decoding payoff (`plan spec`).
     Plan {
         #[command(subcommand)]
@@ -146,6 +148,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Sim(args) => match infergate::sim::run(&args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Plan { command } => {
             let out = match command {
                 PlanCommand::Kv(a) => infergate::plan::run_kv(&a),

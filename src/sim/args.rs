@@ -1,0 +1,176 @@
+//! Flags of `infergate sim`, the policy names it accepts, and `run`: one simulation rendered as
+//! the bench report, or several policies on the same seeded workload side by side.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::compare::compare_table;
+use super::{SimConfig, SimResult, simulate};
+use crate::bench::parse_duration;
+use crate::routing::{PolicyConfig, PrefixConfig};
+use crate::workload::{self, Overrides};
+
+/// Flags of `infergate sim`: a fleet on a virtual clock, the real router and engine schedulers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Workload name (`config/workloads/NAME.yaml` or shipped) or path to a YAML file.
+    #[arg(long, default_value = "chat")]
+    pub workload: String,
+    /// Engine workers in the fleet.
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// GPU preset of every worker.
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// Model preset.
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    /// Routing policy: prefix, round_robin, least_load or session.
+    #[arg(long, default_value = "prefix")]
+    pub policy: String,
+    /// Comma-separated policies to run on the same seeded workload and show side by side.
+    #[arg(long, value_delimiter = ',')]
+    pub compare_policies: Vec<String>,
+    /// Simulated run length instead of the workload's, e.g. 3600s, 1h.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Mean arrival rate instead of the workload's, requests/s (open-loop workloads).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Seed instead of the workload's.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Most sequences per batch on each worker.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+    /// Prefill whole prompts in one step instead of chunking them.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
+    /// Disable the engines' prefix cache.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// KV blocks per worker instead of the GPU memory budget's.
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
+    /// Most requests queued over the fleet before new ones get 429; 0 = unbounded.
+    #[arg(long, default_value_t = 0)]
+    pub max_queue: usize,
+    /// Write the JSON report (an object keyed by policy with --compare-policies) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl SimArgs {
+    /// The fleet these flags describe.
+    pub fn config(&self) -> SimConfig {
+        SimConfig {
+            workers: self.workers,
+            gpu: self.gpu.clone(),
+            model: self.model.clone(),
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            chunked_prefill: !self.no_chunked_prefill,
+            prefix_caching: !self.no_prefix_caching,
+            num_gpu_blocks_override: self.num_gpu_blocks_override,
+            max_queue: self.max_queue,
+            ..SimConfig::default()
+        }
+    }
+}
+
+/// The policy a name stands for (prefix with its default settings).
+pub fn policy_config(name: &str) -> Result<PolicyConfig, String> {
+    match name.trim() {
+        "prefix" => Ok(PolicyConfig::Prefix(PrefixConfig::default())),
+        "round_robin" => Ok(PolicyConfig::RoundRobin),
+        "least_load" => Ok(PolicyConfig::LeastLoad),
+        "session" => Ok(PolicyConfig::Session),
+        other => Err(format!(
+            "unknown policy `{other}`; known: prefix, round_robin, least_load, session"
+        )),
+    }
+}
+
+/// The name of a policy, as `policy_config` reads it.
+pub fn policy_name(policy: &PolicyConfig) -> &'static str {
+    match policy {
+        PolicyConfig::Prefix(_) => "prefix",
+        PolicyConfig::RoundRobin => "round_robin",
+        PolicyConfig::LeastLoad => "least_load",
+        PolicyConfig::Session => "session",
+    }
+}
+
+/// Runs the simulation(s) the flags ask for; returns the text to print and writes `--out`.
+pub fn run(args: &SimArgs) -> Result<String, String> {
+    let workload = workload::load(&args.workload)?;
+    let overrides = Overrides {
+        duration: args.duration,
+        rate: args.rate,
+        seed: args.seed,
+    };
+    let cfg = args.config();
+    if args.compare_policies.is_empty() {
+        let policy = policy_config(&args.policy)?;
+        let result = simulate(&cfg, &workload, &overrides, &policy)?;
+        let mut text = result.report.render_text();
+        let _ = writeln!(text, "\n{}", speed_line(&result));
+        if let Some(path) = &args.out {
+            write(path, &result.report.to_json())?;
+            let _ = writeln!(text, "report: {}", path.display());
+        }
+        return Ok(text);
+    }
+    let policies = args
+        .compare_policies
+        .iter()
+        .map(|name| policy_config(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Each policy runs on its own thread: the runs share nothing but the workload.
+    let results: Vec<Result<SimResult, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = policies
+            .iter()
+            .map(|p| scope.spawn(|| simulate(&cfg, &workload, &overrides, p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a simulation panicked".into()))
+            })
+            .collect()
+    });
+    let mut named = Vec::new();
+    for (policy, result) in policies.iter().zip(results) {
+        named.push((policy_name(policy), result?));
+    }
+    let mut text = compare_table(&named);
+    if let Some(path) = &args.out {
+        let reports: serde_json::Map<String, serde_json::Value> = named
+            .iter()
+            .map(|(name, r)| Ok(((*name).to_owned(), serde_json::to_value(&r.report)?)))
+            .collect::<Result<_, serde_json::Error>>()
+            .map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
+        write(path, &json)?;
+        let _ = writeln!(text, "report: {}", path.display());
+    }
+    Ok(text)
+}
+
+/// How long the simulation took against how much it simulated.
+fn speed_line(r: &SimResult) -> String {
+    format!(
+        "simulated {:.1} s in {:.2} s of wall time ({} engine steps)",
+        r.report.duration_s, r.wall_seconds, r.steps
+    )
+}
+
+/// Writes `text` to `path`, naming the path in the error.
+fn write(path: &std::path::Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}

@@ -1,0 +1,104 @@
+//! What the simulator measures of one request while it runs, as a client would: its planned send
+//! time, the time of every token chunk, and at the end the report's [`RequestRecord`].
+
+use infergate_engine::sequence::FinishInfo;
+
+use crate::bench::path_class;
+use crate::report::RequestRecord;
+
+/// A request routed to a worker and not yet finished.
+#[derive(Debug, Clone)]
+pub(super) struct Live {
+    /// Planned send time (the latency origin, whatever the worker was doing then).
+    pub arrival: f64,
+    /// Index of the worker it was routed to.
+    pub worker: usize,
+    tenant: Option<String>,
+    prompt_tokens: u64,
+    first: Option<f64>,
+    last: f64,
+    itl: Vec<f64>,
+    output_tokens: u64,
+}
+
+impl Live {
+    /// A request sent at `arrival` to `worker`.
+    pub(super) fn new(
+        arrival: f64,
+        worker: usize,
+        tenant: Option<String>,
+        prompt_tokens: u64,
+        output_tokens: u32,
+    ) -> Self {
+        Self {
+            arrival,
+            worker,
+            tenant,
+            prompt_tokens,
+            first: None,
+            last: arrival,
+            itl: Vec::with_capacity(output_tokens as usize),
+            output_tokens: 0,
+        }
+    }
+
+    /// A chunk of `n` tokens arrived at `now`; each chunk is one gap, as a streaming client sees it.
+    pub(super) fn tokens(&mut self, now: f64, n: usize) {
+        if self.first.is_none() {
+            self.first = Some(now);
+        } else {
+            self.itl.push(now - self.last);
+        }
+        self.last = now;
+        self.output_tokens += n as u64;
+    }
+
+    /// The record of a request that ended at `now` with `status`; `info` when the engine finished it.
+    pub(super) fn into_record(
+        self,
+        id: u64,
+        now: f64,
+        status: u16,
+        worker: &str,
+        info: Option<&FinishInfo>,
+    ) -> RequestRecord {
+        let path =
+            info.map(|i| path_class(u64::from(i.graph_steps), u64::from(i.eager_steps)).to_owned());
+        RequestRecord {
+            id,
+            tenant: self.tenant,
+            worker: Some(worker.to_owned()),
+            path,
+            status,
+            start: self.arrival,
+            ttft: self.first.map(|f| f - self.arrival),
+            itl: self.itl,
+            e2e: now - self.arrival,
+            prompt_tokens: info.map_or(self.prompt_tokens, |i| i.prompt_tokens as u64),
+            output_tokens: info.map_or(self.output_tokens, |i| i.completion_tokens as u64),
+        }
+    }
+}
+
+/// The record of a request refused before it reached a worker (a full admission queue: 429).
+pub(super) fn refused(
+    id: u64,
+    at: f64,
+    status: u16,
+    tenant: Option<String>,
+    prompt_tokens: u64,
+) -> RequestRecord {
+    RequestRecord {
+        id,
+        tenant,
+        worker: None,
+        path: None,
+        status,
+        start: at,
+        ttft: None,
+        itl: Vec::new(),
+        e2e: 0.0,
+        prompt_tokens,
+        output_tokens: 0,
+    }
+}

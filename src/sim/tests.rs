@@ -1,0 +1,225 @@
+//! Tests of the simulator on small fleets and short runs (debug builds: seconds, not minutes).
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use infergate_engine::presets;
+
+use super::*;
+use crate::routing::PolicyConfig;
+use crate::workload::{self, Workload};
+
+/// Four workers; everything else as `infergate sim` defaults.
+fn small_fleet() -> SimConfig {
+    SimConfig {
+        workers: 4,
+        ..SimConfig::default()
+    }
+}
+
+/// The chat workload for 20 s at 5 requests/s.
+fn chat() -> (Workload, Overrides) {
+    let w = workload::load("chat").expect("chat ships");
+    let o = Overrides {
+        duration: Some(Duration::from_secs(20)),
+        rate: Some(5.0),
+        seed: None,
+    };
+    (w, o)
+}
+
+fn policy(name: &str) -> PolicyConfig {
+    policy_config(name).expect("known policy")
+}
+
+#[test]
+fn same_seed_gives_the_same_report() {
+    let (w, o) = chat();
+    let a = simulate(&small_fleet(), &w, &o, &policy("prefix")).expect("runs");
+    let b = simulate(&small_fleet(), &w, &o, &policy("prefix")).expect("runs");
+    assert_eq!(a.report.to_json(), b.report.to_json());
+    assert_eq!(a.steps, b.steps);
+    let other = Overrides { seed: Some(7), ..o };
+    let c = simulate(&small_fleet(), &w, &other, &policy("prefix")).expect("runs");
+    assert_ne!(a.report.to_json(), c.report.to_json(), "the seed matters");
+}
+
+#[test]
+fn every_planned_request_is_recorded_and_served() {
+    let (w, o) = chat();
+    let planned = w.plan(&o).expect("plan").len() as u64;
+    let r = simulate(&small_fleet(), &w, &o, &policy("least_load"))
+        .expect("runs")
+        .report;
+    assert!(planned > 50, "{planned}");
+    assert_eq!(r.requests, planned);
+    assert_eq!(r.ok, planned, "an unloaded fleet serves everything");
+    assert!(r.duration_s >= 19.0, "{}", r.duration_s);
+    assert_eq!(r.by_worker.len(), 4);
+    let served: u64 = r.by_worker.values().map(|b| b.requests).sum();
+    assert_eq!(served, planned);
+    // Answers are exactly the planned lengths (ignore_eos), first token included in TTFT.
+    let planned_out: u64 = w
+        .plan(&o)
+        .expect("plan")
+        .iter()
+        .map(|p| p.output_tokens as u64)
+        .sum();
+    let out = r.tokens_out_per_s * r.duration_s;
+    assert!(
+        (out - planned_out as f64).abs() < 1.0,
+        "{out} vs {planned_out}"
+    );
+    for key in [
+        "prefix_cache_hit_rate",
+        "kv_usage_mean",
+        "preemptions",
+        "steps_graph_share",
+    ] {
+        assert!(r.extra.contains_key(key), "{key}");
+    }
+    let graph = r.extra["steps_graph_share"];
+    assert!(graph > 0.5 && graph < 1.0, "mostly decode steps: {graph}");
+}
+
+#[test]
+fn prefix_routing_hits_the_cache_more_than_round_robin() {
+    let (w, o) = chat();
+    let hit = |name| {
+        let r = simulate(&small_fleet(), &w, &o, &policy(name)).expect("runs");
+        r.report.extra["prefix_cache_hit_rate"]
+    };
+    let (prefix, rr) = (hit("prefix"), hit("round_robin"));
+    assert!(prefix > rr, "prefix {prefix} vs round_robin {rr}");
+    assert!(
+        prefix > 0.8,
+        "chat prompts are ~94% shared system prompt: {prefix}"
+    );
+}
+
+/// A single client sending 2,000-token prompts of fresh words one after another: every request
+/// finds an idle fleet and a cold cache, so its TTFT is one prefill step.
+const IDLE: &str = "name: idle\nseed: 1\nduration: 5s\narrival: {closed: {concurrency: 1}}\n\
+                    prompt_tokens: {dist: fixed, value: 2000}\noutput_tokens: {dist: fixed, value: 4}\n";
+
+#[test]
+fn ttft_on_an_idle_fleet_is_the_roofline_prefill_time() {
+    let w = workload::parse(IDLE, Path::new("idle.yaml"), "idle", None).expect("valid");
+    let r = simulate(
+        &small_fleet(),
+        &w,
+        &Overrides::default(),
+        &policy("round_robin"),
+    )
+    .expect("runs")
+    .report;
+    assert_eq!(r.requests, 5, "closed loop: concurrency × seconds");
+    assert_eq!(r.ok, 5);
+    // By hand: compute-bound prefill of n tokens on the decoder body (embedding and LM head
+    // excluded), causal attention over n²/2 pairs, at 60% of peak BF16; plus eager launches
+    // (12 kernels × 32 layers × 5 µs) and 1 ms of prefill preparation.
+    let (gpu, m) = (
+        presets::gpu("h100").expect("h100"),
+        presets::model("llama-3-8b").expect("8b"),
+    );
+    let n = 2000.0;
+    let body = m.num_params as f64 - 2.0 * (m.vocab_size * m.hidden_size) as f64;
+    let attn = 4.0 * (m.num_layers * m.num_heads * m.head_dim) as f64 * n * n / 2.0;
+    let compute = (2.0 * body * n + attn) / (0.6 * gpu.bf16_flops_per_s);
+    let expect = compute + 12.0 * 32.0 * 5e-6 + 1e-3;
+    println!(
+        "TTFT p50 {:.2} ms, max {:.2} ms, by hand {:.2} ms",
+        r.ttft.p50 * 1e3,
+        r.ttft.max * 1e3,
+        expect * 1e3
+    );
+    for ttft in [r.ttft.p50, r.ttft.max] {
+        assert!(
+            (ttft / expect - 1.0).abs() < 0.10,
+            "TTFT {ttft} vs {expect}"
+        );
+    }
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+fn args(extra: &[&str]) -> SimArgs {
+    let base = ["sim", "--workers", "4", "--duration", "10s", "--rate", "5"];
+    let all = base.iter().chain(extra);
+    Cli::try_parse_from(all).expect("valid flags").sim
+}
+
+#[test]
+fn compare_policies_shows_every_policy() {
+    let a = args(&[
+        "--compare-policies",
+        "prefix,round_robin,least_load,session",
+    ]);
+    assert_eq!(a.compare_policies.len(), 4);
+    let text = run(&a).expect("runs");
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("policy"))
+        .expect("table");
+    for name in ["prefix", "round_robin", "least_load", "session"] {
+        assert!(header.contains(name), "{name} in {header}");
+    }
+    assert!(text.contains("prefix cache hit rate"), "{text}");
+    assert!(run(&args(&["--policy", "random"])).is_err());
+}
+
+#[test]
+fn a_bounded_queue_refuses_overload_with_429() {
+    let (w, _) = chat();
+    let o = Overrides {
+        duration: Some(Duration::from_secs(5)),
+        rate: Some(100.0),
+        seed: None,
+    };
+    let cfg = SimConfig {
+        workers: 2,
+        max_num_seqs: 4,
+        max_queue: 8,
+        ..SimConfig::default()
+    };
+    let r = simulate(&cfg, &w, &o, &policy("least_load"))
+        .expect("runs")
+        .report;
+    assert_eq!(r.requests, w.plan(&o).expect("plan").len() as u64);
+    assert!(
+        r.rate_limited > r.requests / 2,
+        "{} of {}",
+        r.rate_limited,
+        r.requests
+    );
+    assert_eq!(r.ok + r.rate_limited, r.requests);
+    let unbounded = SimConfig {
+        max_queue: 0,
+        ..cfg
+    };
+    let r = simulate(&unbounded, &w, &o, &policy("least_load"))
+        .expect("runs")
+        .report;
+    assert_eq!((r.rate_limited, r.ok), (0, r.requests));
+}
+
+/// The speed target: an hour of 16 workers at 50 requests/s of chat. Run it in release:
+/// `cargo test --release --lib sim::tests::one_hour -- --ignored --nocapture`.
+#[test]
+#[ignore = "minutes in a debug build; a measurement, not a check"]
+fn one_hour_of_sixteen_workers_at_fifty_per_second() {
+    let w = workload::load("chat").expect("chat ships");
+    let o = Overrides {
+        duration: Some(Duration::from_secs(3600)),
+        rate: Some(50.0),
+        seed: None,
+    };
+    let r = simulate(&SimConfig::default(), &w, &o, &policy("prefix")).expect("runs");
+    println!("{}", r.report.render_text());
+    println!("wall {:.1} s, {} steps", r.wall_seconds, r.steps);
+}

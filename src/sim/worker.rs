@@ -1,0 +1,259 @@
+//! One simulated engine worker: the real engine core (scheduler, KV block manager, sim backend)
+//! on its own virtual clock, assembled as `infergate engine` assembles it, plus an inbox for the
+//! requests routed to it while it is mid-step.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use infergate_engine::backend::sim::SimBackend;
+use infergate_engine::block_manager::BlockManager;
+use infergate_engine::clock::{Clock, VirtualClock};
+use infergate_engine::core::EngineCore;
+use infergate_engine::metrics::EngineMetrics;
+use infergate_engine::presets;
+use infergate_engine::request::SamplingParams;
+use infergate_engine::roofline::{RooflineConfig, RooflineModel, kv_block_budget};
+use infergate_engine::scheduler::{Scheduler, SchedulerConfig};
+use infergate_engine::sequence::NewRequest;
+use infergate_engine::tokenizer::SimTokenizer;
+
+use super::SimConfig;
+use super::sink::{Note, NoteLog, RecordingSink, take_notes};
+use crate::routing::WorkerView;
+use crate::routing::features::session_hash;
+
+/// Mean answer length of the backend's EOS draw; unused, since every request sets `ignore_eos`.
+const MEAN_OUTPUT_TOKENS: f64 = 256.0;
+
+/// What every worker of a fleet is built from, checked once.
+pub(super) struct WorkerSpec {
+    roofline: RooflineModel,
+    vocab: Vec<u32>,
+    eos: u32,
+    sched: SchedulerConfig,
+    num_blocks: usize,
+    block_size: usize,
+    prefix_caching: bool,
+    model: String,
+}
+
+impl WorkerSpec {
+    /// Presets → KV budget → scheduler settings, with the same rules as the engine's launcher.
+    pub(super) fn new(cfg: &SimConfig) -> Result<Self, String> {
+        let gpu = presets::gpu(&cfg.gpu).ok_or_else(|| {
+            let known = presets::gpu_names().join(", ");
+            format!("unknown --gpu {:?}; known: {known}", cfg.gpu)
+        })?;
+        let model = presets::model(&cfg.model).ok_or_else(|| {
+            let known = presets::model_names().join(", ");
+            format!("unknown --model {:?}; known: {known}", cfg.model)
+        })?;
+        if cfg.workers == 0 || cfg.max_num_seqs == 0 || cfg.block_size == 0 {
+            return Err("--workers, --max-num-seqs and the block size must be at least 1".into());
+        }
+        let budget = kv_block_budget(gpu, model, 1, cfg.gpu_memory_utilization, cfg.block_size)
+            .map_err(|e| e.to_string())?;
+        let num_blocks = cfg.num_gpu_blocks_override.unwrap_or(budget.num_blocks);
+        if num_blocks == 0 {
+            return Err("the KV cache would have no blocks".into());
+        }
+        let mut batched = cfg.max_num_batched_tokens;
+        if !cfg.chunked_prefill {
+            // Whole prompts only: the budget must hold the longest one (as the engine requires).
+            batched = batched.max(model.max_model_len);
+        }
+        if batched == 0 {
+            return Err("--max-num-batched-tokens must be at least 1".into());
+        }
+        let roofline = RooflineModel::new(
+            gpu,
+            model,
+            RooflineConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                ..RooflineConfig::default()
+            },
+        );
+        let tokenizer = SimTokenizer::shared()?;
+        Ok(Self {
+            roofline,
+            vocab: tokenizer.word_tokens().to_vec(),
+            eos: tokenizer.eos(),
+            sched: SchedulerConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                max_num_batched_tokens: batched,
+                chunked_prefill: cfg.chunked_prefill,
+            },
+            num_blocks,
+            block_size: cfg.block_size,
+            prefix_caching: cfg.prefix_caching,
+            model: cfg.model.clone(),
+        })
+    }
+}
+
+/// Counters of one worker at the end of a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct WorkerStats {
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries: f64,
+    /// Of which were found.
+    pub prefix_hits: f64,
+    /// Sequences preempted.
+    pub preemptions: f64,
+    /// Steps on the CUDA-graph path.
+    pub graph_steps: u64,
+    /// Steps on the eager path.
+    pub eager_steps: u64,
+    /// KV usage integrated over simulated time (usage × seconds).
+    pub kv_area: f64,
+}
+
+/// One engine worker of the simulated fleet.
+pub(super) struct SimWorker {
+    /// Label in the report (`w00`, `w01`, …).
+    pub name: String,
+    /// Routing identity (hash of a made-up URL).
+    pub key: u64,
+    /// Requests routed here and not finished.
+    pub in_flight: u32,
+    /// True while a step is under way (its end is in the event queue).
+    pub busy: bool,
+    core: EngineCore,
+    clock: Arc<VirtualClock>,
+    metrics: Arc<EngineMetrics>,
+    pending: Arc<AtomicUsize>,
+    log: NoteLog,
+    inbox: Vec<NewRequest>,
+    kv_area: f64,
+    kv_last: f64,
+    kv_since: f64,
+}
+
+impl SimWorker {
+    /// Worker number `i`, idle at time zero.
+    pub(super) fn new(i: usize, spec: &WorkerSpec) -> Result<Self, String> {
+        let backend = SimBackend::new(
+            spec.roofline.clone(),
+            spec.vocab.clone(),
+            spec.eos,
+            MEAN_OUTPUT_TOKENS,
+            spec.block_size,
+        );
+        let kv = BlockManager::new(spec.num_blocks, spec.block_size, spec.prefix_caching);
+        let sched = Scheduler::new(spec.sched, kv);
+        let clock = Arc::new(VirtualClock::new());
+        let metrics = Arc::new(EngineMetrics::new(&spec.model).map_err(|e| e.to_string())?);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let core = EngineCore::new(
+            sched,
+            Box::new(backend),
+            clock.clone(),
+            metrics.clone(),
+            pending.clone(),
+        );
+        Ok(Self {
+            name: format!("w{i:02}"),
+            key: session_hash(&format!("sim://worker-{i}")),
+            in_flight: 0,
+            busy: false,
+            core,
+            clock,
+            metrics,
+            pending,
+            log: NoteLog::default(),
+            inbox: Vec::new(),
+            kv_area: 0.0,
+            kv_last: 0.0,
+            kv_since: 0.0,
+        })
+    }
+
+    /// The worker as routing sees it; the simulator's view is always fresh (no polling lag).
+    pub(super) fn view(&self) -> WorkerView {
+        let sched = self.core.scheduler();
+        WorkerView {
+            key: self.key,
+            healthy: true,
+            in_flight: self.in_flight,
+            waiting: (self.inbox.len() + sched.waiting.len()) as f64,
+            running: sched.running.len() as f64,
+            kv_usage: sched.kv.usage(),
+        }
+    }
+
+    /// Requests submitted and not yet scheduled for the first time (inbox and engine queue).
+    pub(super) fn queued(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Hands a request to the worker; it reaches the engine at the next step start.
+    pub(super) fn submit(&mut self, id: u64, prompt: Vec<u32>, output_tokens: u32) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.in_flight += 1;
+        self.inbox.push(NewRequest {
+            id,
+            prompt,
+            params: SamplingParams {
+                max_tokens: output_tokens.max(1) as usize,
+                ignore_eos: true,
+                seed: Some(id),
+                ..SamplingParams::default()
+            },
+            sink: Box::new(RecordingSink::new(id, self.log.clone())),
+        });
+    }
+
+    /// True while requests wait in the inbox or the engine has anything to do.
+    pub(super) fn has_work(&self) -> bool {
+        !self.inbox.is_empty() || self.core.has_work()
+    }
+
+    /// Moves the clock to `t` and hands the inbox to the engine (which may refuse some at once).
+    pub(super) fn admit(&mut self, t: f64) {
+        self.clock.advance_to(t);
+        for req in self.inbox.drain(..) {
+            self.core.add_request(req);
+        }
+    }
+
+    /// Runs one engine step from the clock's time; returns its end, or `None` if nothing ran.
+    pub(super) fn step(&mut self) -> Option<f64> {
+        let report = self.core.step();
+        report.cost?;
+        self.note_kv(report.end);
+        Some(report.end)
+    }
+
+    /// The worker clock's time.
+    pub(super) fn now(&self) -> f64 {
+        self.clock.now()
+    }
+
+    /// Moves the notes written since the last call into `into`.
+    pub(super) fn take_notes(&self, into: &mut Vec<(u64, Note)>) {
+        take_notes(&self.log, into);
+    }
+
+    /// Integrates KV usage up to `t`, then samples it afresh.
+    fn note_kv(&mut self, t: f64) {
+        if t > self.kv_since {
+            self.kv_area += self.kv_last * (t - self.kv_since);
+            self.kv_since = t;
+        }
+        self.kv_last = self.core.scheduler().kv.usage();
+    }
+
+    /// The worker's counters, with KV usage integrated up to `end`.
+    pub(super) fn stats(&mut self, end: f64) -> WorkerStats {
+        self.note_kv(end);
+        let m = &self.metrics;
+        WorkerStats {
+            prefix_queries: m.prefix_queries.get(),
+            prefix_hits: m.prefix_hits.get(),
+            preemptions: m.preemptions.get(),
+            graph_steps: m.steps.with_label_values(&["graph"]).get(),
+            eager_steps: m.steps.with_label_values(&["eager"]).get(),
+            kv_area: self.kv_area,
+        }
+    }
+}
