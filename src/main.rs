@@ -52,6 +52,8 @@ enum PlanCommand {
     Kv(infergate::plan::KvArgs),
     /// Expected tokens per target step, speedup bound and where speculation stops paying.
     Spec(infergate::plan::SpecArgs),
+    /// Replicas needed for a workload's SLOs (found by simulation), with one replica of headroom.
+    Capacity(infergate::plan::CapacityArgs),
 }
 
 #[derive(Subcommand)]
@@ -162,6 +164,7 @@ fn main() -> ExitCode {
             let out = match command {
                 PlanCommand::Kv(a) => infergate::plan::run_kv(&a),
                 PlanCommand::Spec(a) => infergate::plan::run_spec(&a),
+                PlanCommand::Capacity(a) => infergate::plan::run_capacity(&a),
             };
             match out {
                 Ok(text) => {

@@ -1,10 +1,12 @@
 //! `infergate plan`: back-of-the-envelope calculators over the engine's presets and roofline:
-//! KV cache capacity (`plan kv`) and speculative decoding (`plan spec`).
+//! KV cache capacity (`plan kv`), speculative decoding (`plan spec`) and, by simulation, the
+//! replicas a workload needs (`plan capacity`).
 //!
 //! Each calculator is a pure function from its flags to a report struct that renders as an
 //! aligned table or as JSON; `run_kv` and `run_spec` pick the format from `--json`.
 
-pub mod kv;
+pub mod capacity;
+mod kv;
 pub mod spec;
 mod spec_cost;
 mod table;
@@ -127,3 +129,5 @@ mod tests {
         );
     }
 }
+
+pub use capacity::{CapacityArgs, CapacityPlan, Trial, capacity_plan, run_capacity};
