@@ -11,6 +11,7 @@ pub mod spec;
 mod spec_cost;
 mod table;
 
+pub use capacity::{CapacityArgs, CapacityPlan, Trial, capacity_plan, run_capacity};
 pub use kv::{BurstRow, KvArgs, KvPlan, kv_plan};
 pub use spec::{BatchRow, DEFAULT_DRAFT_COST, KRow, SpecArgs, SpecPlan, spec_plan};
 pub use spec_cost::{expected_tokens, speedup_bound};
@@ -129,5 +130,3 @@ mod tests {
         );
     }
 }
-
-pub use capacity::{CapacityArgs, CapacityPlan, Trial, capacity_plan, run_capacity};
