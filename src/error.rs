@@ -140,6 +140,12 @@ impl GatewayError {
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
+        if let Self::Degraded { .. } = self {
+            res.headers_mut().insert(
+                "x-infergate-degraded",
+                HeaderValue::from_static("refuse_long_prompts"),
+            );
+        }
         if let Self::TooManyRequests { headers, .. } = self {
             for (name, value) in headers {
                 if let Ok(v) = HeaderValue::from_str(value) {

@@ -106,7 +106,15 @@ impl PoolDegradation {
     ) -> Option<Transition> {
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let policy = inner.policy.as_ref()?;
+        let Some(policy) = inner.policy.as_ref() else {
+            // The policy was removed by a reload: back to normal service, logged as a change.
+            if inner.degrader.level() > 0 || inner.degrader.forced().is_some() {
+                let change = inner.degrader.force(Some(0), now);
+                inner.degrader.force(None, now);
+                return change;
+            }
+            return None;
+        };
         inner.window.record_queue(queue_depth, now);
         if let Some(kv) = kv_usage_mean {
             inner.window.record_kv(kv, now);
