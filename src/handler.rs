@@ -148,9 +148,15 @@ async fn proxy(
         .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
 
-    // Meter: estimate the prompt with a real tokenizer (off the reactor when long).
+    // Meter: estimate the prompt with a real tokenizer (off the reactor when long). When no
+    // token budget, context check or degradation limit can use the number, four bytes a token
+    // is enough for the accounting fallback and saves the tokenizer's cost.
+    let exact_needed = tier.tokens_per_minute.is_some()
+        || valid.max_context.is_some()
+        || snapshot.degradation.contains_key(&ctx.pool);
     let prompt_tokens = match &valid.prompt {
         PromptSize::Tokens(n) => *n,
+        PromptSize::Text(t) if !exact_needed => (t.len() as u64).div_ceil(4),
         PromptSize::Text(t) if t.len() < 4096 => valid.estimator.count(t),
         PromptSize::Text(t) => {
             let (est, text) = (valid.estimator, t.clone());
