@@ -88,9 +88,11 @@ fn the_shipped_files_load_from_disk() {
             })
             .expect("default")
     );
-    assert_eq!(snap.files.len(), 3);
+    assert_eq!(snap.files.len(), 4);
     assert!(snap.files[1].ends_with("policies/routing.yaml"));
     assert!(snap.files[2].ends_with("policies/tenants.yaml"));
+    assert!(snap.files[3].ends_with("policies/degradation.yaml"));
+    assert!(snap.degradation.contains_key("local"));
     assert!(snap.files.iter().all(|f| f.is_absolute() && f.is_file()));
 }
 
