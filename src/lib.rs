@@ -6,6 +6,7 @@ pub mod admission;
 pub mod bench;
 pub mod config;
 pub mod degrade;
+pub mod duration;
 pub mod error;
 pub mod gateway;
 pub mod handler;

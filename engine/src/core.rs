@@ -15,6 +15,9 @@ use crate::roofline::StepCost;
 use crate::scheduler::{ScheduledSeq, Scheduler};
 use crate::sequence::{FinishInfo, FinishReason, NewRequest, SendError, SeqEvent, Sequence};
 
+/// A step that begins within this long of the previous one's end counts as back to back.
+const BACK_TO_BACK_SECS: f64 = 0.005;
+
 /// What one call to [`EngineCore::step`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepReport {
@@ -40,6 +43,7 @@ pub struct EngineCore {
     draining: Vec<(Sequence, FinishInfo)>,
     entries: Vec<ScheduledSeq>,
     last_stats: CacheStats,
+    last_end: Option<f64>,
 }
 
 impl EngineCore {
@@ -61,6 +65,7 @@ impl EngineCore {
             draining: Vec::new(),
             entries: Vec::new(),
             last_stats: CacheStats::default(),
+            last_end: None,
         }
     }
 
@@ -112,7 +117,13 @@ impl EngineCore {
                 .inc();
         }
 
-        let start = self.clock.now();
+        // Back to back with the previous step, a GPU overlaps the host work between steps: the
+        // next step starts when the previous one ended, not after this thread's bookkeeping.
+        let now = self.clock.now();
+        let start = match self.last_end {
+            Some(end) if now - end < BACK_TO_BACK_SECS => end,
+            _ => now,
+        };
         let stopped = self.sched.remove_where(|s| s.sink.stop_requested());
         for mut seq in stopped {
             if seq.first_scheduled.is_none() {
@@ -126,6 +137,7 @@ impl EngineCore {
         self.entries.clear();
         self.entries.extend_from_slice(&batch.seqs);
         if self.entries.is_empty() {
+            self.last_end = None;
             self.flush_outputs();
             self.update_gauges();
             return StepReport {
@@ -138,6 +150,7 @@ impl EngineCore {
             .execute(self.sched.batch(), &self.sched.running);
         let end = start + cost.seconds;
         self.clock.sleep_until(end);
+        self.last_end = Some(end);
         self.sched.commit_step();
         self.metrics
             .steps
@@ -152,7 +165,9 @@ impl EngineCore {
             seq.record_path(cost.path);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);
-                self.metrics.queue_time.observe(start - seq.arrival);
+                self.metrics
+                    .queue_time
+                    .observe((start - seq.arrival).max(0.0));
                 self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
             }
             if seq.remaining() != 0 {

@@ -103,24 +103,13 @@ impl Endpoint {
     }
 }
 
-/// A duration as a number and a unit (`ms`, `s`, `m`, `h`); a bare number is seconds.
+/// A command-line duration: a bare number is seconds, anything else as in
+/// [`crate::duration::parse`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (write e.g. 500ms, 30s, 2m, 1h)"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => return Err(format!("unknown unit `{other}` in `{text}` (ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}"))
+    match text.trim().parse::<f64>() {
+        Ok(seconds) => Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}")),
+        Err(_) => crate::duration::parse(text),
+    }
 }
 
 /// Splits `TENANT=KEY` flags into pairs; every malformed one is reported.

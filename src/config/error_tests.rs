@@ -45,7 +45,7 @@ fn value_errors_report_their_line() {
     one_error(
         &format!("forward: {{total_timeout: 5x}}\n{MINIMAL}"),
         1,
-        "unknown duration unit",
+        "has an unknown unit",
     );
     one_error(
         &format!("limits: {{max_body_bytes: 0}}\n{MINIMAL}"),

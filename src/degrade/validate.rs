@@ -242,27 +242,9 @@ fn duration(
     }
 }
 
-/// Parses a whole number followed by `ms`, `s`, `m` or `h` (the main config's duration syntax).
+/// Durations in degradation.yaml (see [`crate::duration::parse`]).
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let hint = "write a whole number and a unit: ms, s, m or h (e.g. 250ms, 2s, 10m)";
-    let trimmed = text.trim();
-    let digits_end = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(digits_end);
-    let millis: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("`{text}` is not a duration: {hint}")),
-    };
-    digits
-        .parse::<u64>()
-        .map_err(|_| format!("`{text}` is not a duration: {hint}"))?
-        .checked_mul(millis)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("duration `{text}` is too large"))
+    crate::duration::parse(text)
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ fn every_error_is_reported_at_once() {
         "level 1 `a` action 1 (shed): tiers is empty",
         "level 1 `a` action 2 (cap_max_tokens): max_tokens must be ≥ 1",
         "level 2 `a`: enter.kv_usage 1.5 is outside 0..=1",
-        "level 2 `a`: enter.ttft_p95: `3` is not a duration",
+        "level 2 `a`: enter.ttft_p95: duration `3` has no unit",
         "level 2 `a`: exit gives no ttft_p95 threshold",
         "level 2: name `a` is used twice",
         "pool `other`: levels is empty",
@@ -126,7 +126,7 @@ fn durations_in_every_unit() {
     assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
     assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
     assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-    for bad in ["", "s", "10", "1.5s", "-1s", "3d", "99999999999999999999h"] {
+    for bad in ["", "s", "10", "-1s", "3d", "1e400h"] {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
 }

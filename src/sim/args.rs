@@ -53,6 +53,10 @@ pub struct SimArgs {
     /// Disable the engines' prefix cache.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Endpoint the simulated clients call: `chat` wraps prompts in the chat template as the
+    /// engine does (like `infergate bench`'s default); `completions` sends them as they are.
+    #[arg(long, default_value = "chat", value_parser = ["chat", "completions"])]
+    pub endpoint: String,
     /// KV blocks per worker instead of the GPU memory budget's.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
@@ -75,6 +79,7 @@ impl SimArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             chunked_prefill: !self.no_chunked_prefill,
             prefix_caching: !self.no_prefix_caching,
+            chat_template: self.endpoint == "chat",
             num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_queue: self.max_queue,
             ..SimConfig::default()

@@ -81,6 +81,8 @@ pub(super) struct Fleet {
     notes: Vec<(u64, Note)>,
     now: f64,
     steps: u64,
+    /// Chat template tokens around each prompt (before, after), when clients use chat.
+    chat_wrap: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Fleet {
@@ -107,7 +109,21 @@ impl Fleet {
             notes: Vec::new(),
             now: 0.0,
             steps: 0,
+            chat_wrap: None,
         }
+    }
+
+    /// Wraps every prompt in the engine's default chat template (ChatML, one user message),
+    /// tokenized as the engine tokenizes it, so the simulated prefill matches a live chat call.
+    pub(super) fn with_chat_template(mut self, on: bool) -> Result<Self, String> {
+        if on {
+            let tok = infergate_engine::tokenizer::SimTokenizer::shared()?;
+            self.chat_wrap = Some((
+                tok.encode("<|im_start|>user\n"),
+                tok.encode("<|im_end|>\n<|im_start|>assistant\n"),
+            ));
+        }
+        Ok(self)
     }
 
     /// Runs until every planned request has ended.
@@ -172,7 +188,11 @@ impl Fleet {
         if matches!(self.clients, Clients::Open) {
             self.send_next(t);
         }
-        let prompt_tokens = req.prompt.len() as u64;
+        let template = self
+            .chat_wrap
+            .as_ref()
+            .map_or(0, |(before, after)| before.len() + after.len());
+        let prompt_tokens = (req.prompt.len() + template) as u64;
         let queued: usize = self.workers.iter().map(SimWorker::queued).sum();
         if self.max_queue > 0 && queued >= self.max_queue {
             self.records
@@ -193,7 +213,17 @@ impl Fleet {
         self.policy.observe(&features, self.workers[w].key);
         let live = Live::new(t, w, req.tenant, prompt_tokens, req.output_tokens);
         self.live.insert(req.id, live);
-        self.workers[w].submit(req.id, req.prompt, req.output_tokens);
+        let prompt = match &self.chat_wrap {
+            Some((before, after)) => {
+                let mut p = Vec::with_capacity(before.len() + req.prompt.len() + after.len());
+                p.extend_from_slice(before);
+                p.extend_from_slice(&req.prompt);
+                p.extend_from_slice(after);
+                p
+            }
+            None => req.prompt,
+        };
+        self.workers[w].submit(req.id, prompt, req.output_tokens);
         if !self.workers[w].busy {
             self.start_step(w, t);
         }

@@ -50,6 +50,9 @@ pub struct SimConfig {
     pub block_size: usize,
     /// Share of GPU memory the engine may use (default 0.9).
     pub gpu_memory_utilization: f64,
+    /// Wrap each prompt in the engine's default chat template (ChatML), as the engine does for
+    /// `/v1/chat/completions` (what `infergate bench` sends by default). Default true.
+    pub chat_template: bool,
 }
 
 impl Default for SimConfig {
@@ -66,6 +69,7 @@ impl Default for SimConfig {
             max_queue: 0,
             block_size: 16,
             gpu_memory_utilization: 0.9,
+            chat_template: true,
         }
     }
 }
@@ -108,7 +112,8 @@ pub fn simulate(
         plan,
         clients,
         cfg.max_queue,
-    );
+    )
+    .with_chat_template(cfg.chat_template)?;
     let outcome = fleet.run();
 
     let title = format!(

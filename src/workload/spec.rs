@@ -141,25 +141,7 @@ pub(super) struct RawTraceLine {
     pub output_tokens: u32,
 }
 
-/// Parses a number (decimals allowed) followed by a unit: `ms`, `s`, `m` or `h`.
+/// Durations in workload files (see [`crate::duration::parse`]).
 pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let hint = "write a number and a unit: ms, s, m or h (e.g. 500ms, 1.5s, 10m, 1h)";
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let Ok(number) = digits.parse::<f64>() else {
-        return Err(format!("`{text}` is not a duration: {hint}"));
-    };
-    let seconds_per_unit = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "" => return Err(format!("duration `{text}` has no unit: {hint}")),
-        _ => return Err(format!("`{text}` has an unknown unit `{unit}`: {hint}")),
-    };
-    Duration::try_from_secs_f64(number * seconds_per_unit)
-        .map_err(|_| format!("duration `{text}` is out of range"))
+    crate::duration::parse(text)
 }
