@@ -199,6 +199,10 @@ impl EngineCore {
         }
         self.flush_outputs();
         self.update_gauges();
+        if self.sched.is_idle() {
+            // Nothing left to run: the next step waits for a request, it is not back to back.
+            self.last_end = None;
+        }
         StepReport {
             cost: Some(cost),
             scheduled: self.entries.len(),
