@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod admission;
 pub mod bench;
+pub mod canary;
 pub mod config;
 pub mod degrade;
 pub mod duration;
