@@ -37,6 +37,11 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
                 json!({"reloaded": false, "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>()}).to_string(),
             ),
         },
+        (&Method::GET, "/admin/canary") => canary_status(&gw),
+        (&Method::POST, path) if path.starts_with("/admin/canary/") => {
+            let op = path.trim_start_matches("/admin/canary/").to_string();
+            canary_op(&gw, req, &op).await
+        }
         (&Method::GET, "/admin/degradation") => degradation_status(&gw),
         (&Method::POST, "/admin/degradation/force" | "/admin/degradation/release") => {
             let release = req.uri().path().ends_with("release");
@@ -48,6 +53,96 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
         }
         _ => GatewayError::NotFound("unknown admin route".into()).into_response(),
     }
+}
+
+fn canary_status(gw: &Gateway) -> Response<ResBody> {
+    let live = gw.live();
+    let models: serde_json::Map<String, serde_json::Value> = live
+        .canaries
+        .iter()
+        .filter_map(|(model, c)| {
+            let status = c.lock().ok()?.status();
+            Some((model.clone(), serde_json::to_value(status).ok()?))
+        })
+        .collect();
+    json_response(StatusCode::OK, json!({ "models": models }).to_string())
+}
+
+/// `POST /admin/canary/{weights|pause|resume|promote|rollback}` with `{"model", ...}`; the
+/// kill switch (`rollback`) wins over the automated analysis until `resume` or `weights`.
+async fn canary_op(gw: &Gateway, req: Request<Incoming>, op: &str) -> Response<ResBody> {
+    let v = match read_json(req).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let Some(model) = v.get("model").and_then(|m| m.as_str()) else {
+        return GatewayError::bad_request("`model` is required", Some("model")).into_response();
+    };
+    let live = gw.live();
+    let Some(canary) = live.canaries.get(model) else {
+        return GatewayError::NotFound(format!("model `{model}` has no versions")).into_response();
+    };
+    let decision = {
+        let Ok(mut c) = canary.lock() else {
+            return GatewayError::Internal("canary state poisoned".into()).into_response();
+        };
+        match op {
+            "pause" => {
+                c.pause();
+                Ok(None)
+            }
+            "resume" => {
+                c.resume();
+                Ok(None)
+            }
+            "promote" => c.promote().map(Some),
+            "rollback" => {
+                let reason = v
+                    .get("reason")
+                    .and_then(|r| r.as_str())
+                    .unwrap_or("admin kill switch");
+                Ok(Some(c.rollback(reason)))
+            }
+            "weights" => {
+                let weights: Vec<(String, u32)> = v
+                    .get("weights")
+                    .and_then(|w| w.as_object())
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|(k, w)| {
+                                Some((k.clone(), u32::try_from(w.as_u64()?).ok()?))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                c.set_weights(&weights).map(|()| None)
+            }
+            _ => {
+                return GatewayError::NotFound(format!("unknown canary operation `{op}`"))
+                    .into_response();
+            }
+        }
+    };
+    match decision {
+        Ok(d) => {
+            if let Some(d) = &d {
+                gw.record_decision(model, canary, d);
+            }
+            canary_status(gw)
+        }
+        Err(e) => GatewayError::bad_request(e, None).into_response(),
+    }
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, GatewayError> {
+    use http_body_util::BodyExt;
+    let body = http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+        .map_err(|e| GatewayError::bad_request(format!("cannot read the body: {e}"), None))?
+        .to_bytes();
+    serde_json::from_slice(&body)
+        .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))
 }
 
 fn degradation_status(gw: &Gateway) -> Response<ResBody> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::task::AbortHandle;
 
+use crate::canary::{Canary, Decision};
 use crate::config::{self, ConfigErrors, Snapshot, TenantSpec, WorkerSource};
 use crate::degrade::live::PoolDegradation;
 use crate::limits::{InProcessLimiter, Limiter};
@@ -29,6 +30,8 @@ pub struct Live {
     pub pools: Vec<Arc<PoolRuntime>>,
     /// API key digests → index into `snapshot.tenants`.
     pub keys: KeyTable,
+    /// Canary state per model (clients' name), kept across reloads that keep its spec.
+    pub canaries: HashMap<String, Arc<Mutex<Canary>>>,
     discovery: Vec<AbortHandle>,
 }
 
@@ -94,6 +97,7 @@ impl Gateway {
                 snapshot: Arc::new(snapshot.clone()),
                 pools: Vec::new(),
                 keys: KeyTable::new(&[]),
+                canaries: HashMap::new(),
                 discovery: Vec::new(),
             }),
             metrics,
@@ -287,8 +291,20 @@ impl Gateway {
             }
             pools.push(pool);
         }
+        let mut canaries = HashMap::new();
+        for (model, spec) in &snapshot.canaries {
+            let kept = previous.and_then(|prev| {
+                let same = prev.snapshot.canaries.get(model) == Some(spec);
+                same.then(|| prev.canaries.get(model).cloned()).flatten()
+            });
+            let state = kept.unwrap_or_else(|| {
+                Arc::new(Mutex::new(Canary::new(spec, std::time::Instant::now())))
+            });
+            canaries.insert(model.clone(), state);
+        }
         Live {
             keys: KeyTable::new(&snapshot.tenants),
+            canaries,
             snapshot: Arc::new(snapshot),
             pools,
             discovery,
@@ -312,6 +328,27 @@ impl Gateway {
             .degradation_level
             .with_label_values(&[&pool.name])
             .set(pool.degrade.status().level as f64);
+    }
+
+    /// Logs a canary decision, counts it and publishes the weights.
+    pub fn record_decision(&self, model: &str, canary: &Mutex<Canary>, d: &Decision) {
+        match d {
+            Decision::Hold { .. } => tracing::debug!(model, decision = ?d, "canary"),
+            Decision::Rollback { .. } => tracing::warn!(model, decision = ?d, "canary rolled back"),
+            _ => tracing::info!(model, decision = ?d, "canary"),
+        }
+        self.metrics
+            .canary_decisions
+            .with_label_values(&[model, d.label()])
+            .inc();
+        if let Ok(c) = canary.lock() {
+            for (version, weight) in c.weights() {
+                self.metrics
+                    .canary_weight
+                    .with_label_values(&[model, &version])
+                    .set(f64::from(weight));
+            }
+        }
     }
 
     /// Logs a level change and counts it.
@@ -359,6 +396,12 @@ impl Gateway {
                 let _ = t.await;
             }
             let now = std::time::Instant::now();
+            for (model, canary) in &live.canaries {
+                let decision = canary.lock().map(|mut c| c.tick(now)).unwrap_or(None);
+                if let Some(d) = decision {
+                    self.record_decision(model, canary, &d);
+                }
+            }
             for pool in &live.pools {
                 pool.update_capacity();
                 self.tick_degradation(pool, now);

@@ -183,6 +183,13 @@ async fn proxy(
         .get(valid.pool)
         .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
+    // Split: the model version, sticky per session (stable or canary).
+    let (valid, version) = split(&live, valid, &tenant.name)?;
+    let pool = live
+        .pools
+        .get(valid.pool)
+        .ok_or_else(|| GatewayError::Internal("model version routes to a missing pool".into()))?;
+    ctx.pool = pool.name.clone();
     let reserve = prompt_tokens + valid.max_tokens;
     let limits = TierLimits {
         requests_per_minute: tier.requests_per_minute,
@@ -248,9 +255,29 @@ async fn proxy(
         traceparent: parts.headers.get("traceparent"),
         started: ctx.started,
         hide_usage_chunk: valid.stream && !valid.client_wants_usage,
-        on_end: Some(Box::new(move |end| ledger.settle(end))),
+        on_end: Some(Box::new({
+            let version = version.clone();
+            let metrics = gw.metrics.clone();
+            move |end| {
+                if let Some(v) = &version {
+                    let ok = end.completed && (200..300).contains(&end.status);
+                    v.record(&metrics, ok, end.ttft, end.max_gap);
+                }
+                ledger.settle(end);
+            }
+        })),
     };
-    let mut res = forward(&gw.client, pool, out, settings, &gw.metrics).await?;
+    let forwarded = forward(&gw.client, pool, out, settings, &gw.metrics).await;
+    if let (Err(_), Some(v)) = (&forwarded, &version) {
+        // No answer at all counts against the version too.
+        v.record(&gw.metrics, false, None, None);
+    }
+    let mut res = forwarded?;
+    if let Some(v) = &version
+        && let Ok(h) = HeaderValue::from_str(&v.name)
+    {
+        res.headers_mut().insert("x-infergate-version", h);
+    }
     if !degraded.is_empty()
         && let Ok(v) = HeaderValue::from_str(&degraded.join(","))
     {
@@ -356,6 +383,84 @@ fn degrade(
 fn parse_body(body: &[u8]) -> Result<serde_json::Value, GatewayError> {
     serde_json::from_slice(body)
         .map_err(|e| GatewayError::Internal(format!("re-reading a validated body: {e}")))
+}
+
+/// The version a request was split to, and where to report how it went.
+#[derive(Clone)]
+struct VersionChoice {
+    model: String,
+    index: usize,
+    name: String,
+    canary: Arc<std::sync::Mutex<crate::canary::Canary>>,
+}
+
+impl VersionChoice {
+    fn record(
+        &self,
+        metrics: &crate::metrics::GatewayMetrics,
+        ok: bool,
+        ttft: Option<std::time::Duration>,
+        max_itl: Option<std::time::Duration>,
+    ) {
+        let outcome = if ok { "ok" } else { "error" };
+        metrics
+            .version_requests
+            .with_label_values(&[&self.model, &self.name, outcome])
+            .inc();
+        if let Ok(mut c) = self.canary.lock() {
+            c.record(self.index, ok, ttft, max_itl, Instant::now());
+        }
+    }
+}
+
+/// Split: when the model has versions, picks one by the sticky key (session, else user, else
+/// tenant; or as the spec says) and points the request at that version's model and pool.
+fn split(
+    live: &Live,
+    mut valid: ValidRequest,
+    tenant: &str,
+) -> Result<(ValidRequest, Option<VersionChoice>), GatewayError> {
+    let (Some(spec), Some(canary)) = (
+        live.snapshot.canaries.get(&valid.model),
+        live.canaries.get(&valid.model),
+    ) else {
+        return Ok((valid, None));
+    };
+    let tenant_key = crate::canary::key_of(tenant);
+    let key = match spec.sticky {
+        crate::canary::StickyKey::Tenant => tenant_key,
+        _ => valid.features.session_key.unwrap_or(tenant_key),
+    };
+    let (index, name, model) = {
+        let c = canary
+            .lock()
+            .map_err(|_| GatewayError::Internal("canary state poisoned".into()))?;
+        let index = c.choose(key);
+        (
+            index,
+            c.name(index).unwrap_or_default().to_string(),
+            c.model(index).unwrap_or_default().to_string(),
+        )
+    };
+    let route = live
+        .snapshot
+        .model(&model)
+        .ok_or_else(|| GatewayError::Internal(format!("version model `{model}` missing")))?;
+    if route.upstream_name() != valid.model || route.pool != valid.pool {
+        let mut json = parse_body(&valid.body)?;
+        json["model"] = serde_json::Value::from(route.upstream_name());
+        valid.body = serde_json::to_vec(&json)
+            .map_err(|e| GatewayError::Internal(e.to_string()))?
+            .into();
+        valid.pool = route.pool;
+    }
+    let choice = VersionChoice {
+        model: valid.model.clone(),
+        index,
+        name,
+        canary: canary.clone(),
+    };
+    Ok((valid, Some(choice)))
 }
 
 /// The caller's tenant: the owner of the bearer key, or the anonymous tenant (default tier)

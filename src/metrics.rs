@@ -54,6 +54,12 @@ pub struct GatewayMetrics {
     pub degradation_transitions: IntCounterVec,
     /// `infergate_degraded_requests_total{pool,action}`: requests altered or refused by degradation.
     pub degraded: IntCounterVec,
+    /// `infergate_version_requests_total{model,version,outcome}` (outcome ok / error).
+    pub version_requests: IntCounterVec,
+    /// `infergate_canary_weight{model,version}`: share of sessions in percent.
+    pub canary_weight: GaugeVec,
+    /// `infergate_canary_decisions_total{model,decision}` (hold, promote, rollback, done).
+    pub canary_decisions: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -203,6 +209,27 @@ impl GatewayMetrics {
                 "infergate_degraded_requests_total",
                 "Requests altered or refused by degradation, by action.",
                 &["pool", "action"],
+            )?,
+            version_requests: counter(
+                "infergate_version_requests_total",
+                "Requests per model version by outcome.",
+                &["model", "version", "outcome"],
+            )?,
+            canary_weight: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_canary_weight",
+                        "Share of sessions sent to each version, percent.",
+                    ),
+                    &["model", "version"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            canary_decisions: counter(
+                "infergate_canary_decisions_total",
+                "Canary analysis decisions.",
+                &["model", "decision"],
             )?,
             registry,
         })

@@ -74,6 +74,11 @@ pub(super) fn compile(
     let raw_tenants = raw.tenants.as_deref().unwrap_or_default();
     let tenant_list = tenant_section::tenants(raw_tenants, tier_list, base, &mut sink);
     let (tiers, default_tier) = tiers.map_or((Vec::new(), None), |t| (t.tiers, t.default_tier));
+    // A routing.yaml that does not parse is reported once, above.
+    let (canaries, canary_errors) = match &routing {
+        Some((text, file)) if routing_errors.is_empty() => canaries(text, file, &models),
+        _ => (Default::default(), Vec::new()),
+    };
     let (degradation_policies, degradation_errors) = match &degradation {
         Some((text, file)) => degradation_file::compile(text, file, &pool_specs, &tiers, &models),
         None => (Default::default(), Vec::new()),
@@ -98,6 +103,7 @@ pub(super) fn compile(
         tiers,
         default_tier,
         degradation: degradation_policies,
+        canaries,
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
             .chain(tenants.map(|(_, p)| p))
@@ -111,10 +117,54 @@ pub(super) fn compile(
     errors.extend(routing_errors);
     errors.extend(tier_errors);
     errors.extend(degradation_errors);
+    errors.extend(canary_errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {
         Err(ConfigErrors(errors))
+    }
+}
+
+/// The canary splits of routing.yaml's `models:`, each version's model checked against the config.
+fn canaries(
+    text: &str,
+    file: &Path,
+    models: &[super::snapshot::ModelRoute],
+) -> (
+    std::collections::BTreeMap<String, crate::canary::CanarySpec>,
+    Vec<ConfigError>,
+) {
+    match crate::canary::parse_models(text) {
+        Ok(specs) => {
+            let mut errors = Vec::new();
+            for (model, spec) in &specs {
+                if !models.iter().any(|m| &m.name == model) {
+                    errors.push(ConfigError::file(
+                        file,
+                        format!("models: `{model}` is not a model of the config"),
+                    ));
+                }
+                for v in &spec.versions {
+                    if !models.iter().any(|m| m.name == v.model) {
+                        errors.push(ConfigError::file(
+                            file,
+                            format!(
+                                "model `{model}` version `{}`: `{}` is not a model of the config",
+                                v.name, v.model
+                            ),
+                        ));
+                    }
+                }
+            }
+            (specs, errors)
+        }
+        Err(messages) => (
+            Default::default(),
+            messages
+                .into_iter()
+                .map(|m| ConfigError::file(file, m))
+                .collect(),
+        ),
     }
 }
 

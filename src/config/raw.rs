@@ -184,6 +184,9 @@ pub(super) struct RawTier {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRouting {
     pub pools: Option<HashMap<Text, PolicyConfig>>,
+    /// Canary splits per model: accepted here, parsed by `crate::canary::parse_models`.
+    #[serde(rename = "models")]
+    pub _models: Option<serde::de::IgnoredAny>,
 }
 
 /// `policies/routing.yaml` read a second time for the place of every key under each pool, so a

@@ -42,6 +42,8 @@ pub struct Snapshot {
     /// Tier of a generated demo tenant: tenants.yaml's `default_tier`, `default` without that
     /// file, `None` when the file names none.
     pub default_tier: Option<String>,
+    /// Canary split per model name (clients' model), from `policies/routing.yaml` `models:`.
+    pub canaries: std::collections::BTreeMap<String, crate::canary::CanarySpec>,
     /// Degradation policy per pool name, from `policies/degradation.yaml` (absent: none).
     pub degradation: std::collections::BTreeMap<String, crate::degrade::DegradationPolicy>,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when

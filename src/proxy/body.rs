@@ -26,6 +26,12 @@ pub struct EndReport {
     pub content_events: u64,
     /// True when the body ended normally (not an upstream failure or a client that left).
     pub completed: bool,
+    /// HTTP status the worker answered.
+    pub status: u16,
+    /// Time from the request's arrival to the first body bytes.
+    pub ttft: Option<std::time::Duration>,
+    /// Longest gap between two body chunks.
+    pub max_gap: Option<std::time::Duration>,
 }
 
 /// Called exactly once when the body ends, fails or is dropped.
@@ -52,6 +58,8 @@ pub struct BodyReport {
     pub is_stream: bool,
     /// The pool's degradation signals, fed with the time to first token.
     pub degrade: Arc<PoolDegradation>,
+    /// HTTP status of the upstream response.
+    pub status: u16,
 }
 
 /// Streams an upstream body to the client.
@@ -63,6 +71,8 @@ pub struct ProxyBody {
     deadline: Pin<Box<Sleep>>,
     report: BodyReport,
     last_chunk: Option<Instant>,
+    first_chunk: Option<Instant>,
+    max_gap: Option<std::time::Duration>,
     done: bool,
     tap: UsageTap,
     on_end: Option<OnEnd>,
@@ -88,6 +98,8 @@ impl ProxyBody {
             deadline: Box::pin(sleep_until(limits.deadline)),
             report,
             last_chunk: None,
+            first_chunk: None,
+            max_gap: None,
             done: false,
         }
     }
@@ -100,6 +112,11 @@ impl ProxyBody {
                     usage: self.tap.usage,
                     content_events: self.tap.content_events,
                     completed,
+                    status: self.report.status,
+                    ttft: self
+                        .first_chunk
+                        .map(|t| t.duration_since(self.report.started)),
+                    max_gap: self.max_gap,
                 });
             }
             let r = &self.report;
@@ -125,11 +142,17 @@ impl ProxyBody {
                 r.degrade.record_ttft(ttft);
             }
             None => {}
-            Some(prev) => r
-                .metrics
-                .itl
-                .with_label_values(&[&r.pool])
-                .observe(now.duration_since(prev).as_secs_f64()),
+            Some(prev) => {
+                let gap = now.duration_since(prev);
+                r.metrics
+                    .itl
+                    .with_label_values(&[&r.pool])
+                    .observe(gap.as_secs_f64());
+                self.max_gap = Some(self.max_gap.map_or(gap, |m| m.max(gap)));
+            }
+        }
+        if self.first_chunk.is_none() {
+            self.first_chunk = Some(now);
         }
         self.last_chunk = Some(now);
         let idle = self.idle;

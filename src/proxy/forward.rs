@@ -143,6 +143,7 @@ pub async fn forward(
                 started: out.started,
                 is_stream,
                 degrade: pool.degrade.clone(),
+                status: status.as_u16(),
             },
             UsageTap::new(is_stream, out.hide_usage_chunk),
             out.on_end.take(),
