@@ -32,6 +32,8 @@ pub struct Live {
     pub keys: KeyTable,
     /// Canary state per model (clients' name), kept across reloads that keep its spec.
     pub canaries: HashMap<String, Arc<Mutex<Canary>>>,
+    /// Shadow traffic per model (clients' name).
+    pub shadows: HashMap<String, crate::shadow::Shadow>,
     discovery: Vec<AbortHandle>,
 }
 
@@ -98,6 +100,7 @@ impl Gateway {
                 pools: Vec::new(),
                 keys: KeyTable::new(&[]),
                 canaries: HashMap::new(),
+                shadows: HashMap::new(),
                 discovery: Vec::new(),
             }),
             metrics,
@@ -302,9 +305,15 @@ impl Gateway {
             });
             canaries.insert(model.clone(), state);
         }
+        let shadows = snapshot
+            .shadows
+            .iter()
+            .map(|(m, spec)| (m.clone(), crate::shadow::Shadow::new(spec.clone())))
+            .collect();
         Live {
             keys: KeyTable::new(&snapshot.tenants),
             canaries,
+            shadows,
             snapshot: Arc::new(snapshot),
             pools,
             discovery,

@@ -246,6 +246,9 @@ async fn proxy(
         retries: f.retries,
         eject_after: snapshot.health.eject_after,
     };
+    // Shadow: mirror a sampled share to the shadow model's pool; the client never waits for it.
+    let shadow_tx = mirror(gw, &live, &valid, endpoint, &ctx.request_id);
+    let started = ctx.started;
     let out = Outbound {
         path: endpoint.path(),
         body: valid.body.clone(),
@@ -259,6 +262,13 @@ async fn proxy(
             let version = version.clone();
             let metrics = gw.metrics.clone();
             move |end| {
+                if let Some(tx) = shadow_tx {
+                    let _ = tx.send(crate::shadow::PrimaryOutcome {
+                        status: end.status,
+                        output_tokens: end.usage.map_or(end.content_events, |u| u.completion),
+                        latency: started.elapsed(),
+                    });
+                }
                 if let Some(v) = &version {
                     let ok = end.completed && (200..300).contains(&end.status);
                     v.record(&metrics, ok, end.ttft, end.max_gap);
@@ -383,6 +393,38 @@ fn degrade(
 fn parse_body(body: &[u8]) -> Result<serde_json::Value, GatewayError> {
     serde_json::from_slice(body)
         .map_err(|e| GatewayError::Internal(format!("re-reading a validated body: {e}")))
+}
+
+/// Starts the shadow copy of a request when its model has a shadow and the request is sampled;
+/// returns where to report the client's own outcome. Any failure here only skips the shadow.
+fn mirror(
+    gw: &Arc<Gateway>,
+    live: &Live,
+    valid: &ValidRequest,
+    endpoint: Endpoint,
+    request_id: &str,
+) -> Option<tokio::sync::oneshot::Sender<crate::shadow::PrimaryOutcome>> {
+    let shadow = live.shadows.get(&valid.model)?;
+    if !shadow.sampled(request_id) {
+        return None;
+    }
+    let route = live.snapshot.model(&shadow.spec.model)?;
+    let pool = live.pools.get(route.pool)?.clone();
+    let mut json: serde_json::Value = serde_json::from_slice(&valid.body).ok()?;
+    let obj = json.as_object_mut()?;
+    obj.insert("model".into(), route.upstream_name().into());
+    // Read whole: the comparison needs the usage, not the stream.
+    obj.insert("stream".into(), false.into());
+    obj.remove("stream_options");
+    let body = serde_json::to_vec(&json).ok()?;
+    shadow.mirror(
+        gw.client.clone(),
+        pool,
+        body.into(),
+        endpoint.path(),
+        gw.metrics.clone(),
+        valid.model.clone(),
+    )
 }
 
 /// The version a request was split to, and where to report how it went.

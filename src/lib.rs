@@ -20,6 +20,7 @@ pub mod report;
 pub mod request;
 pub mod routing;
 pub mod server;
+pub mod shadow;
 pub mod sim;
 pub mod supervisor;
 pub mod tenants;

@@ -60,6 +60,14 @@ pub struct GatewayMetrics {
     pub canary_weight: GaugeVec,
     /// `infergate_canary_decisions_total{model,decision}` (hold, promote, rollback, done).
     pub canary_decisions: IntCounterVec,
+    /// `infergate_shadow_requests_total{model,outcome}` (ok, error, dropped).
+    pub shadow_requests: IntCounterVec,
+    /// `infergate_shadow_status_match_total{model,match}`: shadow status equal to the client's.
+    pub shadow_status_match: IntCounterVec,
+    /// `infergate_shadow_latency_ratio{model}`: shadow latency / client's latency.
+    pub shadow_latency_ratio: HistogramVec,
+    /// `infergate_shadow_output_ratio{model}`: shadow output tokens / client's.
+    pub shadow_output_ratio: HistogramVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -70,6 +78,21 @@ const GAP_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
     1.0, 2.5,
 ];
+
+const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0];
+
+fn ratio_hist(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+) -> Result<HistogramVec, prometheus::Error> {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(RATIO_BUCKETS.to_vec()),
+        &["model"],
+    )?;
+    registry.register(Box::new(h.clone()))?;
+    Ok(h)
+}
 
 impl GatewayMetrics {
     /// Registers every metric in a fresh registry.
@@ -230,6 +253,26 @@ impl GatewayMetrics {
                 "infergate_canary_decisions_total",
                 "Canary analysis decisions.",
                 &["model", "decision"],
+            )?,
+            shadow_requests: counter(
+                "infergate_shadow_requests_total",
+                "Shadow copies by outcome.",
+                &["model", "outcome"],
+            )?,
+            shadow_status_match: counter(
+                "infergate_shadow_status_match_total",
+                "Shadow answers whose status matched the client's.",
+                &["model", "match"],
+            )?,
+            shadow_latency_ratio: ratio_hist(
+                &registry,
+                "infergate_shadow_latency_ratio",
+                "Shadow latency over the client's latency.",
+            )?,
+            shadow_output_ratio: ratio_hist(
+                &registry,
+                "infergate_shadow_output_ratio",
+                "Shadow output tokens over the client's.",
             )?,
             registry,
         })

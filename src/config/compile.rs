@@ -79,6 +79,10 @@ pub(super) fn compile(
         Some((text, file)) if routing_errors.is_empty() => canaries(text, file, &models),
         _ => (Default::default(), Vec::new()),
     };
+    let (shadows, shadow_errors) = match &routing {
+        Some((text, file)) if routing_errors.is_empty() => shadows(text, file, &models),
+        _ => (Default::default(), Vec::new()),
+    };
     let (degradation_policies, degradation_errors) = match &degradation {
         Some((text, file)) => degradation_file::compile(text, file, &pool_specs, &tiers, &models),
         None => (Default::default(), Vec::new()),
@@ -104,6 +108,7 @@ pub(super) fn compile(
         default_tier,
         degradation: degradation_policies,
         canaries,
+        shadows,
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
             .chain(tenants.map(|(_, p)| p))
@@ -118,6 +123,7 @@ pub(super) fn compile(
     errors.extend(tier_errors);
     errors.extend(degradation_errors);
     errors.extend(canary_errors);
+    errors.extend(shadow_errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {
@@ -156,6 +162,48 @@ fn canaries(
                     }
                 }
             }
+            (specs, errors)
+        }
+        Err(messages) => (
+            Default::default(),
+            messages
+                .into_iter()
+                .map(|m| ConfigError::file(file, m))
+                .collect(),
+        ),
+    }
+}
+
+/// The shadows of routing.yaml's `shadows:`, each model checked against the config.
+fn shadows(
+    text: &str,
+    file: &Path,
+    models: &[super::snapshot::ModelRoute],
+) -> (
+    std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
+    Vec<ConfigError>,
+) {
+    match crate::shadow::parse_shadows(text) {
+        Ok(specs) => {
+            let known = |m: &str| models.iter().any(|r| r.name == m);
+            let errors = specs
+                .iter()
+                .flat_map(|(model, s)| {
+                    [
+                        (model.as_str(), "model"),
+                        (s.model.as_str(), "shadow model"),
+                    ]
+                    .into_iter()
+                    .filter(|(m, _)| !known(m))
+                    .map(|(m, what)| {
+                        ConfigError::file(
+                            file,
+                            format!("shadows: {what} `{m}` is not a model of the config"),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                })
+                .collect();
             (specs, errors)
         }
         Err(messages) => (

@@ -187,6 +187,9 @@ pub(super) struct RawRouting {
     /// Canary splits per model: accepted here, parsed by `crate::canary::parse_models`.
     #[serde(rename = "models")]
     pub _models: Option<serde::de::IgnoredAny>,
+    /// Shadow traffic per model: accepted here, parsed by `crate::shadow::parse_shadows`.
+    #[serde(rename = "shadows")]
+    pub _shadows: Option<serde::de::IgnoredAny>,
 }
 
 /// `policies/routing.yaml` read a second time for the place of every key under each pool, so a

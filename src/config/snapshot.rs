@@ -44,6 +44,8 @@ pub struct Snapshot {
     pub default_tier: Option<String>,
     /// Canary split per model name (clients' model), from `policies/routing.yaml` `models:`.
     pub canaries: std::collections::BTreeMap<String, crate::canary::CanarySpec>,
+    /// Shadow traffic per model name, from `policies/routing.yaml` `shadows:`.
+    pub shadows: std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
     /// Degradation policy per pool name, from `policies/degradation.yaml` (absent: none).
     pub degradation: std::collections::BTreeMap<String, crate::degrade::DegradationPolicy>,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
