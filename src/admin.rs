@@ -125,8 +125,9 @@ async fn canary_op(gw: &Gateway, req: Request<Incoming>, op: &str) -> Response<R
     };
     match decision {
         Ok(d) => {
-            if let Some(d) = &d {
-                gw.record_decision(model, canary, d);
+            match &d {
+                Some(d) => gw.record_decision(model, canary, d),
+                None => gw.publish_weights(model, canary),
             }
             canary_status(gw)
         }

@@ -350,6 +350,11 @@ impl Gateway {
             .canary_decisions
             .with_label_values(&[model, d.label()])
             .inc();
+        self.publish_weights(model, canary);
+    }
+
+    /// Sets the weight gauges of a model's versions to what they are now.
+    pub fn publish_weights(&self, model: &str, canary: &Mutex<Canary>) {
         if let Ok(c) = canary.lock() {
             for (version, weight) in c.weights() {
                 self.metrics
@@ -407,8 +412,9 @@ impl Gateway {
             let now = std::time::Instant::now();
             for (model, canary) in &live.canaries {
                 let decision = canary.lock().map(|mut c| c.tick(now)).unwrap_or(None);
-                if let Some(d) = decision {
-                    self.record_decision(model, canary, &d);
+                match decision {
+                    Some(d) => self.record_decision(model, canary, &d),
+                    None => self.publish_weights(model, canary),
                 }
             }
             for pool in &live.pools {

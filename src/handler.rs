@@ -269,9 +269,15 @@ async fn proxy(
                         latency: started.elapsed(),
                     });
                 }
+                // A client that hangs up says nothing about the version that served it: counted
+                // as cancelled, kept out of the canary analysis.
                 if let Some(v) = &version {
-                    let ok = end.completed && (200..300).contains(&end.status);
-                    v.record(&metrics, ok, end.ttft, end.max_gap);
+                    if end.client_gone {
+                        v.count(&metrics, "cancelled");
+                    } else {
+                        let ok = end.completed && (200..300).contains(&end.status);
+                        v.record(&metrics, ok, end.ttft, end.max_gap);
+                    }
                 }
                 ledger.settle(end);
             }
@@ -437,6 +443,13 @@ struct VersionChoice {
 }
 
 impl VersionChoice {
+    fn count(&self, metrics: &crate::metrics::GatewayMetrics, outcome: &str) {
+        metrics
+            .version_requests
+            .with_label_values(&[&self.model, &self.name, outcome])
+            .inc();
+    }
+
     fn record(
         &self,
         metrics: &crate::metrics::GatewayMetrics,
@@ -444,11 +457,7 @@ impl VersionChoice {
         ttft: Option<std::time::Duration>,
         max_itl: Option<std::time::Duration>,
     ) {
-        let outcome = if ok { "ok" } else { "error" };
-        metrics
-            .version_requests
-            .with_label_values(&[&self.model, &self.name, outcome])
-            .inc();
+        self.count(metrics, if ok { "ok" } else { "error" });
         if let Ok(mut c) = self.canary.lock() {
             c.record(self.index, ok, ttft, max_itl, Instant::now());
         }
@@ -468,11 +477,12 @@ fn split(
     ) else {
         return Ok((valid, None));
     };
-    let tenant_key = crate::canary::key_of(tenant);
-    let key = match spec.sticky {
-        crate::canary::StickyKey::Tenant => tenant_key,
-        _ => valid.features.session_key.unwrap_or(tenant_key),
-    };
+    let sticky = spec.sticky.pick(
+        valid.session_id.as_deref(),
+        valid.user.as_deref(),
+        Some(tenant),
+    );
+    let key = crate::canary::key_of(sticky.unwrap_or(tenant));
     let (index, name, model) = {
         let c = canary
             .lock()

@@ -54,7 +54,7 @@ pub struct GatewayMetrics {
     pub degradation_transitions: IntCounterVec,
     /// `infergate_degraded_requests_total{pool,action}`: requests altered or refused by degradation.
     pub degraded: IntCounterVec,
-    /// `infergate_version_requests_total{model,version,outcome}` (outcome ok / error).
+    /// `infergate_version_requests_total{model,version,outcome}` (ok, error, cancelled by the client).
     pub version_requests: IntCounterVec,
     /// `infergate_canary_weight{model,version}`: share of sessions in percent.
     pub canary_weight: GaugeVec,

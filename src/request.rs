@@ -60,6 +60,10 @@ pub struct ValidRequest {
     pub estimator: Estimator,
     /// The model's context length, when configured.
     pub max_context: Option<usize>,
+    /// The `x-session-id` header.
+    pub session_id: Option<String>,
+    /// The body's `user`.
+    pub user: Option<String>,
     /// The client asked for the usage chunk (`stream_options.include_usage`); when it did not,
     /// the gateway asks upstream anyway and hides the chunk.
     pub client_wants_usage: bool,
@@ -230,11 +234,12 @@ pub fn validate(
             }
         },
     };
-    let session = headers
+    let session_id = headers
         .get("x-session-id")
         .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| obj.get("user").and_then(Value::as_str).map(str::to_owned));
+        .map(str::to_owned);
+    let user = obj.get("user").and_then(Value::as_str).map(str::to_owned);
+    let session = session_id.clone().or_else(|| user.clone());
     let features = RequestFeatures {
         prefix_hashes: prefix_hashes(&canonical, DEFAULT_BLOCK_BYTES, MAX_PREFIX_BLOCKS),
         session_key: session.as_deref().map(session_hash),
@@ -277,6 +282,8 @@ pub fn validate(
         estimator: route.tokenizer,
         max_context: route.max_context,
         client_wants_usage,
+        session_id,
+        user,
     })
 }
 

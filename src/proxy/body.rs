@@ -32,6 +32,8 @@ pub struct EndReport {
     pub ttft: Option<std::time::Duration>,
     /// Longest gap between two body chunks.
     pub max_gap: Option<std::time::Duration>,
+    /// The client went away before the end (not the worker's fault).
+    pub client_gone: bool,
 }
 
 /// Called exactly once when the body ends, fails or is dropped.
@@ -105,6 +107,10 @@ impl ProxyBody {
     }
 
     fn finish(&mut self, completed: bool) {
+        self.finish_with(completed, false);
+    }
+
+    fn finish_with(&mut self, completed: bool, client_gone: bool) {
         if !self.done {
             self.done = true;
             if let Some(on_end) = self.on_end.take() {
@@ -117,6 +123,7 @@ impl ProxyBody {
                         .first_chunk
                         .map(|t| t.duration_since(self.report.started)),
                     max_gap: self.max_gap,
+                    client_gone,
                 });
             }
             let r = &self.report;
@@ -272,6 +279,6 @@ impl Body for ProxyBody {
 impl Drop for ProxyBody {
     fn drop(&mut self) {
         // The client went away (or the response was discarded): account what happened.
-        self.finish(false);
+        self.finish_with(false, true);
     }
 }
