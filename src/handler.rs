@@ -587,10 +587,22 @@ fn models(gw: &Gateway) -> Response<ResBody> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    // A model that only serves as another model's non-stable version is reached through the
+    // split, not asked for directly: it is not listed.
+    let version_only = |name: &str| {
+        !live.snapshot.canaries.contains_key(name)
+            && live.snapshot.canaries.values().any(|spec| {
+                spec.versions
+                    .iter()
+                    .enumerate()
+                    .any(|(i, v)| i != spec.stable && v.model == name)
+            })
+    };
     let data: Vec<serde_json::Value> = live
         .snapshot
         .models
         .iter()
+        .filter(|m| !version_only(&m.name))
         .map(|m| {
             serde_json::json!({
                 "id": m.name, "object": "model", "created": created, "owned_by": "infergate",

@@ -28,12 +28,13 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     )
     .await;
 
-    // The embedded config spawns two engine workers as children of the gateway.
+    // The embedded config spawns three engine workers as children of the gateway: two for the
+    // stable pool, one for the canary pool.
     let engines: Vec<u32> = child_pids(gw.pid)
         .into_iter()
         .filter(|&p| cmdline(p).contains(" engine "))
         .collect();
-    assert_eq!(engines.len(), 2, "engine children of {}", gw.pid);
+    assert_eq!(engines.len(), 3, "engine children of {}", gw.pid);
     let status = gw.status().await;
     assert_eq!(status["ready"], true, "{status}");
     let workers: Vec<String> = pool_workers(&status, "local")
@@ -76,8 +77,17 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     };
     assert!(header("content-type").starts_with("text/event-stream"));
     assert!(!header("x-request-id").is_empty());
-    assert_eq!(header("x-infergate-pool"), "local");
-    assert!(workers.contains(&worker_of(&s.headers)), "{:?}", s.headers);
+    // The shipped config splits llama-3-8b into a stable and a canary version, each on its own
+    // pool; the response names both, and they agree.
+    let (version, pool) = (header("x-infergate-version"), header("x-infergate-pool"));
+    match version.as_str() {
+        "stable" => {
+            assert_eq!(pool, "local");
+            assert!(workers.contains(&worker_of(&s.headers)), "{:?}", s.headers);
+        }
+        "canary" => assert_eq!(pool, "canary"),
+        other => panic!("unexpected version {other}"),
+    }
     assert_eq!(s.last_data(), "[DONE]");
     let chunks = s.chunks();
     assert!(chunks.len() >= 3, "{chunks:?}");
@@ -117,8 +127,12 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     .expect("non-streamed request");
     assert_eq!(status, StatusCode::OK, "{text}");
     assert_eq!(headers["x-request-id"], "e2e-req-42");
-    assert_eq!(headers["x-infergate-pool"], "local");
-    assert!(workers.contains(&worker_of(&headers)));
+    // Same tenant, no session: the same version as the streamed request (sticky).
+    assert_eq!(headers["x-infergate-version"], version.as_str());
+    if version == "stable" {
+        assert_eq!(headers["x-infergate-pool"], "local");
+        assert!(workers.contains(&worker_of(&headers)));
+    }
     let res: Value = serde_json::from_str(&text).expect("JSON answer");
     assert_eq!(res["object"], "chat.completion", "{res}");
     assert_eq!(res["usage"]["completion_tokens"], 8, "{res}");
@@ -140,7 +154,12 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     assert_eq!(get(&gw.at("/healthz")).await.0, StatusCode::OK);
     let served = gw
         .metric(&format!(
-            "infergate_requests_total{{model=\"{MODEL}\",pool=\"local\",status=\"200\"}}"
+            "infergate_requests_total{{model=\"{MODEL}\",pool=\"{}\",status=\"200\"}}",
+            if version == "stable" {
+                "local"
+            } else {
+                "canary"
+            }
         ))
         .await;
     assert_eq!(served, 2.0);
