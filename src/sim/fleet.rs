@@ -1,11 +1,15 @@
 //! The discrete-event loop: a min-heap of (time, event) holding the next planned arrival (the plan
-//! is streamed, never materialized) and each busy worker's step end. Arrivals pass the fleet's
-//! admission bound, are routed by the real policy and wait in the chosen worker's inbox until its
+//! is streamed, never materialized) and each busy worker's step end. Arrivals pass degradation
+//! (when a policy is given), the fleet's admission (a bound on engine queues, or slots and a
+//! priority queue), are routed by the real policy and wait in the chosen worker's inbox until its
 //! next step starts; token events are stamped with the worker's clock when the step ends.
+//! Degradation ticks and queue expiries are events too, but never extend the run's end.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 
+use super::admit::{Admission, QueueKey, Waiting};
+use super::degradation::SimDegradation;
 use super::record::{Live, refused};
 use super::sink::Note;
 use super::worker::{SimWorker, WorkerStats};
@@ -41,6 +45,10 @@ enum Event {
     Arrive(u64),
     /// A worker's step ends.
     StepEnd(usize),
+    /// A queued request's longest wait is over (a no-op if it has left the queue).
+    Expire(QueueKey),
+    /// Degradation signals are sampled and the level reconsidered.
+    Tick,
 }
 
 /// How the plan's requests are sent.
@@ -62,6 +70,8 @@ pub(super) struct Outcome {
     pub steps: u64,
     /// Per-worker counters.
     pub stats: Vec<WorkerStats>,
+    /// Numbers of the admission stage and degradation for the report's `extra` (none when off).
+    pub extra: Vec<(&'static str, f64)>,
 }
 
 /// The fleet and the state of the run.
@@ -71,7 +81,13 @@ pub(super) struct Fleet {
     plan: Requests,
     clients: Clients,
     /// Most requests queued (submitted, never yet scheduled) over the fleet; 0 = unbounded.
+    /// Unused when the admission stage is on (its own queue is bounded instead).
     max_queue: usize,
+    admission: Admission,
+    degradation: Option<SimDegradation>,
+    /// Admission refusals: queue full (or evicted), waited too long.
+    queue_full: u64,
+    queue_timeouts: u64,
     heap: BinaryHeap<Reverse<(At, u64, Event)>>,
     next_seq: u64,
     arrivals: HashMap<u64, PlannedRequest>,
@@ -80,6 +96,8 @@ pub(super) struct Fleet {
     views: Vec<WorkerView>,
     notes: Vec<(u64, Note)>,
     now: f64,
+    /// Time of the last arrival, step end or expiry that refused a request: the run's end.
+    end: f64,
     steps: u64,
     /// Chat template tokens around each prompt (before, after), when clients use chat.
     chat_wrap: Option<(Vec<u32>, Vec<u32>)>,
@@ -101,6 +119,10 @@ impl Fleet {
             plan,
             clients,
             max_queue,
+            admission: Admission::off(),
+            degradation: None,
+            queue_full: 0,
+            queue_timeouts: 0,
             heap: BinaryHeap::new(),
             next_seq: 0,
             arrivals: HashMap::new(),
@@ -108,6 +130,7 @@ impl Fleet {
             records: Vec::new(),
             notes: Vec::new(),
             now: 0.0,
+            end: 0.0,
             steps: 0,
             chat_wrap: None,
         }
@@ -126,21 +149,46 @@ impl Fleet {
         Ok(self)
     }
 
+    /// Puts requests through `admission` (slots and a priority queue) before routing.
+    pub(super) fn with_admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// Degrades requests by tier under `degradation`, ticking on virtual time.
+    pub(super) fn with_degradation(mut self, degradation: Option<SimDegradation>) -> Self {
+        self.degradation = degradation;
+        self
+    }
+
     /// Runs until every planned request has ended.
     pub(super) fn run(mut self) -> Outcome {
         match self.clients {
             Clients::Open => self.send_next(0.0),
             Clients::Closed(n, _) => (0..n).for_each(|_| self.send_next(0.0)),
         }
+        if let Some(d) = &self.degradation {
+            let first = d.tick_interval();
+            self.push(first, Event::Tick);
+        }
         while let Some(Reverse((At(t), _, event))) = self.heap.pop() {
             self.now = t;
             match event {
-                Event::Arrive(key) => self.arrive(key, t),
-                Event::StepEnd(w) => self.step_end(w, t),
+                Event::Arrive(key) => {
+                    self.end = t;
+                    self.arrive(key, t);
+                }
+                Event::StepEnd(w) => {
+                    self.end = t;
+                    self.step_end(w, t);
+                }
+                Event::Expire(key) => self.expire(key, t),
+                Event::Tick => self.tick(t),
             }
+            self.fill_slots(t);
         }
         // Whatever the engines never finished (it cannot happen unless a request is stuck).
-        let end = self.now;
+        let end = self.end;
         let mut stuck: Vec<(u64, Live)> = self.live.drain().collect();
         stuck.sort_by_key(|(id, _)| *id);
         for (id, live) in stuck {
@@ -150,11 +198,20 @@ impl Fleet {
         }
         self.records.sort_by_key(|r| r.id);
         let stats = self.workers.iter_mut().map(|w| w.stats(end)).collect();
+        let mut extra = Vec::new();
+        if self.admission.is_on() {
+            extra.push(("admission_queue_full", self.queue_full as f64));
+            extra.push(("admission_queue_timeouts", self.queue_timeouts as f64));
+        }
+        if let Some(d) = &self.degradation {
+            extra.extend(d.extra());
+        }
         Outcome {
             records: self.records,
             end,
             steps: self.steps,
             stats,
+            extra,
         }
     }
 
@@ -181,8 +238,9 @@ impl Fleet {
         self.push(at, Event::Arrive(key));
     }
 
+    /// A planned request is sent at `t`: degrade → admit (or queue) → route.
     fn arrive(&mut self, key: u64, t: f64) {
-        let Some(req) = self.arrivals.remove(&key) else {
+        let Some(mut req) = self.arrivals.remove(&key) else {
             return;
         };
         if matches!(self.clients, Clients::Open) {
@@ -193,25 +251,74 @@ impl Fleet {
             .as_ref()
             .map_or(0, |(before, after)| before.len() + after.len());
         let prompt_tokens = (req.prompt.len() + template) as u64;
-        let queued: usize = self.workers.iter().map(SimWorker::queued).sum();
-        if self.max_queue > 0 && queued >= self.max_queue {
-            self.records
-                .push(refused(req.id, t, 429, req.tenant, prompt_tokens));
-            self.client_done(t);
+        if !self.admission.is_on() && self.max_queue > 0 {
+            let queued: usize = self.workers.iter().map(SimWorker::queued).sum();
+            if queued >= self.max_queue {
+                self.refuse(req, t, 429, prompt_tokens, t);
+                return;
+            }
+        }
+        if let Some(d) = &mut self.degradation
+            && let Some(status) = d.apply(req.tenant.as_deref(), prompt_tokens, &mut req.output_tokens)
+        {
+            self.refuse(req, t, status, prompt_tokens, t);
             return;
         }
+        let waiting = Waiting {
+            req,
+            prompt_tokens,
+            arrival: t,
+        };
+        if self.admission.has_slot(self.live.len()) {
+            if self.admission.is_on()
+                && let Some(d) = &mut self.degradation
+            {
+                d.record_queue_wait(0.0, t);
+            }
+            if let Some(w) = self.route(waiting, t)
+                && !self.workers[w].busy
+            {
+                self.start_step(w, t);
+            }
+            return;
+        }
+        let queued = self.admission.enqueue(waiting);
+        if let Some(key) = queued.queued {
+            let deadline = t + self.admission.max_wait();
+            self.push(deadline, Event::Expire(key));
+        }
+        if let Some(out) = queued.refused {
+            self.queue_full += 1;
+            self.refuse(out.req, out.arrival, 429, out.prompt_tokens, t);
+        }
+    }
+
+    /// Records `req`, sent at `arrival`, as refused with `status` at `now` before reaching a worker.
+    fn refuse(&mut self, req: PlannedRequest, arrival: f64, status: u16, prompt: u64, now: f64) {
+        let mut record = refused(req.id, arrival, status, req.tenant, prompt);
+        record.e2e = now - arrival;
+        self.records.push(record);
+        self.client_done(now);
+    }
+
+    /// Routes a request by the policy and hands it to the chosen worker (whose step is not
+    /// started here); `None` when no worker can take it (recorded as a 503).
+    fn route(&mut self, waiting: Waiting, t: f64) -> Option<usize> {
+        let Waiting {
+            req,
+            prompt_tokens,
+            arrival,
+        } = waiting;
         let features = features(&req);
         self.views.clear();
         self.views.extend(self.workers.iter().map(SimWorker::view));
         let Some(decision) = self.policy.select(&features, &self.views) else {
-            self.records
-                .push(refused(req.id, t, 503, req.tenant, prompt_tokens));
-            self.client_done(t);
-            return;
+            self.refuse(req, arrival, 503, prompt_tokens, t);
+            return None;
         };
         let w = decision.index;
         self.policy.observe(&features, self.workers[w].key);
-        let live = Live::new(t, w, req.tenant, prompt_tokens, req.output_tokens);
+        let live = Live::new(arrival, w, req.tenant, prompt_tokens, req.output_tokens);
         self.live.insert(req.id, live);
         let prompt = match &self.chat_wrap {
             Some((before, after)) => {
@@ -224,15 +331,61 @@ impl Fleet {
             None => req.prompt,
         };
         self.workers[w].submit(req.id, prompt, req.output_tokens);
-        if !self.workers[w].busy {
-            self.start_step(w, t);
+        Some(w)
+    }
+
+    /// Hands free slots to the best waiters, then starts the idle workers that got work. Runs
+    /// after every event, never inside a worker's step start, so a worker never steps twice.
+    fn fill_slots(&mut self, t: f64) {
+        if !self.admission.is_on() {
+            return;
+        }
+        while self.admission.has_slot(self.live.len()) && self.admission.len() > 0 {
+            while self.admission.has_slot(self.live.len())
+                && let Some(waiting) = self.admission.pop_best()
+            {
+                if let Some(d) = &mut self.degradation {
+                    d.record_queue_wait(t - waiting.arrival, t);
+                }
+                self.route(waiting, t);
+            }
+            for w in 0..self.workers.len() {
+                if !self.workers[w].busy && self.workers[w].has_work() {
+                    self.start_step(w, t);
+                }
+            }
+        }
+    }
+
+    /// A queued request's wait is over: if it still waits, it gets a 429.
+    fn expire(&mut self, key: QueueKey, t: f64) {
+        if let Some(out) = self.admission.remove(key) {
+            self.end = t;
+            self.queue_timeouts += 1;
+            self.refuse(out.req, out.arrival, 429, out.prompt_tokens, t);
+        }
+    }
+
+    /// Feeds degradation the queue depth and the workers' mean KV usage, reconsiders the level,
+    /// and schedules the next tick while anything else is still to happen.
+    fn tick(&mut self, t: f64) {
+        let depth = self.admission.len();
+        let kv = self.workers.iter().map(|w| w.view().kv_usage).sum::<f64>()
+            / self.workers.len().max(1) as f64;
+        let Some(d) = &mut self.degradation else {
+            return;
+        };
+        d.tick(t, depth, kv);
+        let next = t + d.tick_interval();
+        if !self.heap.is_empty() {
+            self.push(next, Event::Tick);
         }
     }
 
     fn step_end(&mut self, w: usize, t: f64) {
         self.workers[w].busy = false;
         self.handle_notes(w);
-        if self.workers[w].has_work() {
+        if !self.workers[w].busy && self.workers[w].has_work() {
             self.start_step(w, t);
         }
     }
@@ -259,8 +412,9 @@ impl Fleet {
         for &(id, note) in &notes {
             let ended = match note {
                 Note::Tokens(n) => {
-                    if let Some(live) = self.live.get_mut(&id) {
-                        live.tokens(now, n);
+                    let ttft = self.live.get_mut(&id).and_then(|l| l.tokens(now, n));
+                    if let (Some(ttft), Some(d)) = (ttft, &mut self.degradation) {
+                        d.record_ttft(ttft, now);
                     }
                     continue;
                 }

@@ -43,14 +43,17 @@ impl Live {
     }
 
     /// A chunk of `n` tokens arrived at `now`; each chunk is one gap, as a streaming client sees it.
-    pub(super) fn tokens(&mut self, now: f64, n: usize) {
-        if self.first.is_none() {
+    /// Returns the time to first token when this chunk is the first.
+    pub(super) fn tokens(&mut self, now: f64, n: usize) -> Option<f64> {
+        let first = self.first.is_none();
+        if first {
             self.first = Some(now);
         } else {
             self.itl.push(now - self.last);
         }
         self.last = now;
         self.output_tokens += n as u64;
+        first.then(|| now - self.arrival)
     }
 
     /// The record of a request that ended at `now` with `status`; `info` when the engine finished it.
@@ -80,7 +83,8 @@ impl Live {
     }
 }
 
-/// The record of a request refused before it reached a worker (a full admission queue: 429).
+/// The record of a request refused before it reached a worker (a full or timed-out admission
+/// queue or shed by degradation: 429; a prompt too long for the degradation level: 503).
 pub(super) fn refused(
     id: u64,
     at: f64,
