@@ -24,7 +24,7 @@ use degradation_support::{
     BANDS, DWELL, Degraded, FREE, FREE_CAP, Flood, Observer, PAID, SETTLE, WINDOW,
     assert_single_steps, completion_tokens, long_prompt, policy,
 };
-use tenant_support::Reply;
+use tenant_support::{POOL, Reply};
 
 /// A prompt far below level 2's limit.
 const SHORT: &str = "Say hello.";
@@ -332,5 +332,47 @@ async fn a_reload_that_removes_the_pools_policy_returns_it_to_normal() {
         "a pool without a policy still reads as degraded: admin {} and level gauge {}",
         last.0,
         last.1
+    );
+}
+
+#[tokio::test]
+async fn the_fallback_action_sends_a_tier_to_the_other_model() {
+    let engine = Engine::start(&["--gpu", "h100"]).await;
+    // One level, entered only by the admin here: free requests go to the small model.
+    let policy = format!(
+        "pools:\n  {POOL}:\n    window: 1s\n    tick: 100ms\n    levels:\n      - name: fallback_free\n        \
+         enter: {{queue_depth: 1000}}\n        exit: {{queue_depth: 500}}\n        min_dwell: 0s\n        \
+         actions:\n          - fallback: {{tiers: [free], model: small-model}}\n"
+    );
+    let d = Degraded::start_with(&engine.url, &policy, &["small-model"]).await;
+    let (status, state) = d.force(1).await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+
+    let free = d.ask(FREE, "Hello there", 4).await;
+    assert_eq!(free.status, StatusCode::OK, "{}", free.text);
+    assert_eq!(
+        free.headers
+            .get("x-infergate-degraded")
+            .map(|v| v.to_str().unwrap()),
+        Some("fallback"),
+        "{:?}",
+        free.headers
+    );
+    let paid = d.ask(PAID, "Hello there", 4).await;
+    assert_eq!(paid.status, StatusCode::OK, "{}", paid.text);
+    assert!(
+        paid.headers.get("x-infergate-degraded").is_none(),
+        "{:?}",
+        paid.headers
+    );
+    assert_eq!(d.degraded("fallback").await, 1.0);
+    let served =
+        d.gw.metric(&format!(
+            "infergate_requests_total{{model=\"small-model\",pool=\"{POOL}\",status=\"200\"}}"
+        ))
+        .await;
+    assert_eq!(
+        served, 1.0,
+        "the free request is accounted under the fallback model"
     );
 }

@@ -79,13 +79,18 @@ pub struct Degraded {
 impl Degraded {
     /// Writes the config, tiers and `degradation` into a fresh directory and starts the gateway.
     pub async fn start(engine_url: &str, degradation: &str) -> Degraded {
+        Self::start_with(engine_url, degradation, &[]).await
+    }
+
+    /// Like [`Degraded::start`], with more model names (`aliases`) served by the same pool.
+    pub async fn start_with(engine_url: &str, degradation: &str, aliases: &[&str]) -> Degraded {
         let dir = TempDir::new("degrade");
         let workers = [engine_url];
         let setup = Setup {
             workers: &workers,
             admission: Some("{max_in_flight_per_worker: 1}"),
             max_context: None,
-            aliases: &[],
+            aliases,
             extra: "",
             tenants: &[(FREE, "free"), (PAID, "paid")],
             tiers: TIERS,
