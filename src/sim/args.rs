@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::compare::compare_table;
-use super::{SimConfig, SimResult, simulate};
+use super::{SimConfig, SimResult, load_policy, simulate};
 use crate::bench::parse_duration;
 use crate::routing::{PolicyConfig, PrefixConfig};
 use crate::workload::{self, Overrides};
@@ -60,16 +60,32 @@ pub struct SimArgs {
     /// KV blocks per worker instead of the GPU memory budget's.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
-    /// Most requests queued over the fleet before new ones get 429; 0 = unbounded.
+    /// Most requests queued over the fleet before new ones get 429; 0 = unbounded. With
+    /// --admission-per-worker, the bound of the admission queue (engine queues are then unbounded).
     #[arg(long, default_value_t = 0)]
     pub max_queue: usize,
+    /// Admission stage as in the gateway: requests in flight per worker before arrivals wait in a
+    /// fleet-wide priority queue (priority, then arrival); 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub admission_per_worker: usize,
+    /// Longest wait in the admission queue before a 429, e.g. 30s (with --admission-per-worker).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub max_wait: Duration,
+    /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
+    /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
+    #[arg(long = "tier", value_parser = parse_tier)]
+    pub tiers: Vec<(String, u32)>,
+    /// A degradation.yaml: the policy of pool `local` (or of the only pool) degrades requests by
+    /// tier (the tenant's name) on virtual time. Fallback actions are not simulated.
+    #[arg(long)]
+    pub degradation: Option<PathBuf>,
     /// Write the JSON report (an object keyed by policy with --compare-policies) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 impl SimArgs {
-    /// The fleet these flags describe.
+    /// The fleet these flags describe (without the degradation policy: see `run`).
     pub fn config(&self) -> SimConfig {
         SimConfig {
             workers: self.workers,
@@ -82,9 +98,28 @@ impl SimArgs {
             chat_template: self.endpoint == "chat",
             num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_queue: self.max_queue,
+            admission_per_worker: self.admission_per_worker,
+            max_wait: self.max_wait,
+            priorities: self.tiers.iter().cloned().collect(),
             ..SimConfig::default()
         }
     }
+}
+
+/// `TENANT=PRIORITY` of `--tier`.
+fn parse_tier(text: &str) -> Result<(String, u32), String> {
+    let (tenant, priority) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected TENANT=PRIORITY, e.g. paid=10"))?;
+    let tenant = tenant.trim();
+    if tenant.is_empty() {
+        return Err(format!("`{text}`: the tenant name is empty"));
+    }
+    let priority = priority
+        .trim()
+        .parse()
+        .map_err(|e| format!("`{text}`: priority must be a whole number ≥ 0: {e}"))?;
+    Ok((tenant.to_owned(), priority))
 }
 
 /// The policy a name stands for (prefix with its default settings).
@@ -118,7 +153,10 @@ pub fn run(args: &SimArgs) -> Result<String, String> {
         rate: args.rate,
         seed: args.seed,
     };
-    let cfg = args.config();
+    let mut cfg = args.config();
+    if let Some(path) = &args.degradation {
+        cfg.degradation = Some(load_policy(path)?);
+    }
     if args.compare_policies.is_empty() {
         let policy = policy_config(&args.policy)?;
         let result = simulate(&cfg, &workload, &overrides, &policy)?;

@@ -259,7 +259,8 @@ impl Fleet {
             }
         }
         if let Some(d) = &mut self.degradation
-            && let Some(status) = d.apply(req.tenant.as_deref(), prompt_tokens, &mut req.output_tokens)
+            && let Some(status) =
+                d.apply(req.tenant.as_deref(), prompt_tokens, &mut req.output_tokens)
         {
             self.refuse(req, t, status, prompt_tokens, t);
             return;
@@ -385,6 +386,8 @@ impl Fleet {
     fn step_end(&mut self, w: usize, t: f64) {
         self.workers[w].busy = false;
         self.handle_notes(w);
+        // Slots freed by this step go to waiters first, so they join the worker's next step.
+        self.fill_slots(t);
         if !self.workers[w].busy && self.workers[w].has_work() {
             self.start_step(w, t);
         }

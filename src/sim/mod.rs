@@ -1,12 +1,16 @@
 //! `infergate sim`: a discrete-event simulation of a fleet on a virtual clock. Each worker runs
 //! the real engine core (scheduler, paged KV block manager with prefix cache, sim backend's
 //! roofline step times) on its own [`VirtualClock`](infergate_engine::clock::VirtualClock);
-//! requests from a seeded workload pass a fleet admission bound and the real routing policy. The
-//! output is the same report as `infergate bench`, plus prefix-cache hit rate, KV usage,
-//! preemptions and the execution-path mix in `extra`.
+//! requests from a seeded workload pass optional graded degradation by tenant tier, a fleet
+//! admission stage (a bound on engine queues, or the gateway's slots and priority queue) and the
+//! real routing policy. The output is the same report as `infergate bench`, plus prefix-cache hit
+//! rate, KV usage, preemptions and the execution-path mix (and admission and degradation counts
+//! when those are on) in `extra`.
 
+mod admit;
 mod args;
 mod compare;
+mod degradation;
 mod fleet;
 mod record;
 mod sink;
@@ -14,14 +18,21 @@ mod worker;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
+use admit::Admission;
 pub use args::{SimArgs, policy_config, policy_name, run};
+pub use degradation::load_policy;
 
+use crate::degrade::DegradationPolicy;
 use crate::report::{self, Report};
 use crate::routing::{self, PolicyConfig};
 use crate::workload::{Overrides, Workload};
+use degradation::SimDegradation;
 use fleet::{Clients, Fleet};
 use worker::{SimWorker, WorkerSpec};
 
@@ -45,7 +56,17 @@ pub struct SimConfig {
     /// KV blocks per worker instead of the memory budget's.
     pub num_gpu_blocks_override: Option<usize>,
     /// Most requests queued over the fleet (routed, never yet scheduled); beyond, 429. 0 = unbounded.
+    /// With the admission stage on, it bounds the admission queue instead.
     pub max_queue: usize,
+    /// Requests in flight per worker (the gateway's `max_in_flight_per_worker`) before arrivals
+    /// wait in the fleet's priority queue; 0 = no admission stage (default).
+    pub admission_per_worker: usize,
+    /// Longest wait in the admission queue before a 429 (default 30 s, as the gateway's).
+    pub max_wait: Duration,
+    /// Admission priority per tenant, higher first; tenants not listed get 0.
+    pub priorities: BTreeMap<String, u32>,
+    /// Graded degradation by tier (tier = tenant name) on virtual time; `None` = off (default).
+    pub degradation: Option<DegradationPolicy>,
     /// Tokens per KV block (default 16).
     pub block_size: usize,
     /// Share of GPU memory the engine may use (default 0.9).
@@ -67,6 +88,10 @@ impl Default for SimConfig {
             prefix_caching: true,
             num_gpu_blocks_override: None,
             max_queue: 0,
+            admission_per_worker: 0,
+            max_wait: Duration::from_secs(30),
+            priorities: BTreeMap::new(),
+            degradation: None,
             block_size: 16,
             gpu_memory_utilization: 0.9,
             chat_template: true,
@@ -106,6 +131,15 @@ pub fn simulate(
         Some(n) => Clients::Closed(n, duration),
         None => Clients::Open,
     };
+    let admission = match cfg.admission_per_worker {
+        0 => Admission::off(),
+        per_worker => Admission::new(
+            per_worker * cfg.workers,
+            cfg.max_queue,
+            cfg.max_wait.as_secs_f64(),
+            cfg.priorities.clone(),
+        ),
+    };
     let fleet = Fleet::new(
         workers,
         routing::build(policy),
@@ -113,7 +147,9 @@ pub fn simulate(
         clients,
         cfg.max_queue,
     )
-    .with_chat_template(cfg.chat_template)?;
+    .with_chat_template(cfg.chat_template)?
+    .with_admission(admission)
+    .with_degradation(cfg.degradation.clone().map(SimDegradation::new));
     let outcome = fleet.run();
 
     let title = format!(
@@ -141,9 +177,12 @@ pub fn simulate(
         ("steps_graph_share", ratio(graph, steps)),
         ("steps", steps),
     ];
-    report
-        .extra
-        .extend(extra.into_iter().map(|(k, v)| (k.to_owned(), v)));
+    report.extra.extend(
+        extra
+            .into_iter()
+            .chain(outcome.extra)
+            .map(|(k, v)| (k.to_owned(), v)),
+    );
     Ok(SimResult {
         report,
         wall_seconds: started.elapsed().as_secs_f64(),

@@ -53,7 +53,7 @@ impl Live {
         }
         self.last = now;
         self.output_tokens += n as u64;
-        first.then(|| now - self.arrival)
+        first.then_some(now - self.arrival)
     }
 
     /// The record of a request that ended at `now` with `status`; `info` when the engine finished it.

@@ -21,6 +21,7 @@ const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../config/workloads/mixed-long.yaml"),
     ),
     ("burst", include_str!("../../config/workloads/burst.yaml")),
+    ("tiers", include_str!("../../config/workloads/tiers.yaml")),
 ];
 
 /// Names of the workloads shipped with infergate.
