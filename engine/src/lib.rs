@@ -8,6 +8,7 @@ pub mod block_manager;
 pub mod clock;
 pub mod core;
 pub mod generation;
+pub mod gguf;
 pub mod launch;
 pub mod metrics;
 pub mod openai;
