@@ -388,8 +388,9 @@ fn rel(a: f64, b: f64) -> f64 {
 async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (Report, Report) {
     let path = shape.write(&dir.path, "faithful");
     let path_s = path.to_string_lossy().into_owned();
-    let e1 = Engine::start(&["--gpu", "l4"]).await;
-    let e2 = Engine::start(&["--gpu", "l4"]).await;
+    let slow = ["--gpu", "l4", "--fault-latency-multiplier", SLOWDOWN];
+    let e1 = Engine::start(&slow).await;
+    let e2 = Engine::start(&slow).await;
     dir.write_routing(&routing_yaml("round_robin", &[]));
     dir.write_config(&config_yaml(&[&e1.url, &e2.url], ""));
     let gateway = Gateway::start(&dir.config(), &[("RUST_LOG", "warn")]).await;
@@ -425,6 +426,8 @@ async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (R
         "l4",
         "--policy",
         "round_robin",
+        "--fault-latency-multiplier",
+        SLOWDOWN,
         "--endpoint",
         endpoint,
         "--out",
@@ -434,15 +437,19 @@ async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (R
     (read_report(&live_out), read_report(&sim_out))
 }
 
-/// ~60 requests of ~500 prompt tokens and 40 output tokens over 15 s on two L4s: per-token times
-/// (~75 ms) dwarf the HTTP and CPU overheads of a small machine.
+/// ~60 requests of ~500 prompt tokens and 16 output tokens over 15 s on two L4s slowed 4x (both
+/// sides): step times (~300 ms) dwarf the ~30 ms of fixed HTTP, tokenizer and debug-build CPU cost
+/// per request that a loaded 2-core CI machine adds to every live TTFT.
 const FAITHFUL: ShortWorkload = ShortWorkload {
     rate: 4.0,
     seconds: 15,
     prompt: (400, 600),
-    output: 40,
+    output: 16,
     seed: 5,
 };
+
+/// Step-time multiplier of both the live engines and the simulated ones.
+const SLOWDOWN: &str = "4";
 
 /// The simulator agrees with the live gateway within 15% on throughput and TTFT p50. The
 /// completions endpoint sends the planned prompt as is, so both sides prefill the same tokens.

@@ -57,6 +57,9 @@ pub struct SimArgs {
     /// engine does (like `infergate bench`'s default); `completions` sends them as they are.
     #[arg(long, default_value = "chat", value_parser = ["chat", "completions"])]
     pub endpoint: String,
+    /// Multiply every step time (to mirror engines run with `--fault-latency-multiplier`).
+    #[arg(long, default_value_t = 1.0)]
+    pub fault_latency_multiplier: f64,
     /// KV blocks per worker instead of the GPU memory budget's.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
@@ -96,6 +99,7 @@ impl SimArgs {
             chunked_prefill: !self.no_chunked_prefill,
             prefix_caching: !self.no_prefix_caching,
             chat_template: self.endpoint == "chat",
+            latency_multiplier: self.fault_latency_multiplier,
             num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_queue: self.max_queue,
             admission_per_worker: self.admission_per_worker,

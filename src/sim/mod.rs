@@ -74,6 +74,8 @@ pub struct SimConfig {
     /// Wrap each prompt in the engine's default chat template (ChatML), as the engine does for
     /// `/v1/chat/completions` (what `infergate bench` sends by default). Default true.
     pub chat_template: bool,
+    /// Multiplies every step time, as the engine's `--fault-latency-multiplier` does. Default 1.
+    pub latency_multiplier: f64,
 }
 
 impl Default for SimConfig {
@@ -95,6 +97,7 @@ impl Default for SimConfig {
             block_size: 16,
             gpu_memory_utilization: 0.9,
             chat_template: true,
+            latency_multiplier: 1.0,
         }
     }
 }

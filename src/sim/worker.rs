@@ -70,6 +70,7 @@ impl WorkerSpec {
             model,
             RooflineConfig {
                 max_num_seqs: cfg.max_num_seqs,
+                latency_multiplier: cfg.latency_multiplier,
                 ..RooflineConfig::default()
             },
         );
