@@ -17,7 +17,7 @@ use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -137,27 +137,10 @@ pub fn line_of(text: &str, needle: &str) -> usize {
         + 1
 }
 
-/// Drains a child's output into a bounded buffer so the child never blocks on a full pipe.
-fn drain(mut out: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
+/// Drains a child's output into a bounded buffer (see [`super::drain_into`]).
+fn drain(out: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
     let kept = Arc::new(Mutex::new(String::new()));
-    let sink = kept.clone();
-    tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let mut s = sink.lock().unwrap();
-            s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            if s.len() > KEEP {
-                let mut cut = s.len() - KEEP;
-                while !s.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                s.drain(..cut);
-            }
-        }
-    });
+    super::drain_into(out, kept.clone(), KEEP);
     kept
 }
 

@@ -56,20 +56,23 @@ fn engine_command(args: &[&str]) -> Command {
     cmd
 }
 
-/// Drains `stderr` into a bounded buffer so the child never blocks on a full pipe.
-fn drain_stderr(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<String>> {
-    let kept = Arc::new(Mutex::new(String::new()));
-    let sink = kept.clone();
+/// Drains a child's output into `kept`, keeping its last `keep` bytes, so the child never blocks
+/// on a full pipe. Shared by every test helper that starts a process.
+pub fn drain_into(
+    mut out: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    kept: Arc<Mutex<String>>,
+    keep: usize,
+) {
     tokio::spawn(async move {
         let mut buf = [0u8; 4096];
-        while let Ok(n) = stderr.read(&mut buf).await {
+        while let Ok(n) = out.read(&mut buf).await {
             if n == 0 {
                 break;
             }
-            let mut s = sink.lock().unwrap();
+            let mut s = kept.lock().unwrap();
             s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            if s.len() > STDERR_KEEP {
-                let mut cut = s.len() - STDERR_KEEP;
+            if s.len() > keep {
+                let mut cut = s.len() - keep;
                 while !s.is_char_boundary(cut) {
                     cut += 1;
                 }
@@ -77,6 +80,12 @@ fn drain_stderr(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<String>> {
             }
         }
     });
+}
+
+/// Drains `stderr` into a bounded buffer (see [`drain_into`]).
+fn drain_stderr(stderr: tokio::process::ChildStderr) -> Arc<Mutex<String>> {
+    let kept = Arc::new(Mutex::new(String::new()));
+    drain_into(stderr, kept.clone(), STDERR_KEEP);
     kept
 }
 

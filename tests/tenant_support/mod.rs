@@ -17,7 +17,7 @@ use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{HeaderMap, Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
@@ -134,25 +134,9 @@ impl Setup<'_> {
     }
 }
 
-/// Drains a child's output into a bounded buffer so the child never blocks on a full pipe.
-fn drain(mut out: impl AsyncRead + Unpin + Send + 'static, kept: Arc<Mutex<String>>) {
-    tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let mut s = kept.lock().unwrap();
-            s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            if s.len() > KEEP {
-                let mut cut = s.len() - KEEP;
-                while !s.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                s.drain(..cut);
-            }
-        }
-    });
+/// Drains a child's output into `kept` (see [`crate::common::drain_into`]).
+fn drain(out: impl AsyncRead + Unpin + Send + 'static, kept: Arc<Mutex<String>>) {
+    crate::common::drain_into(out, kept, KEEP);
 }
 
 /// A running gateway; the process is killed on drop, after the workers `up` spawned (their
