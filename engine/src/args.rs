@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub enum BackendKind {
     /// Roofline time model of a GPU preset; everything else real.
     Sim,
+    /// A real forward pass on this machine's CPU cores.
+    Cpu,
 }
 
 /// Flags of one engine worker.
@@ -18,9 +20,15 @@ pub struct EngineArgs {
     /// GPU preset the sim backend models (h100, h200, a100, l4, mi300x).
     #[arg(long, default_value = "h100")]
     pub gpu: String,
-    /// Model preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-0.5b) or its Hugging Face id.
-    #[arg(long, default_value = "llama-3-8b")]
-    pub model: String,
+    /// sim: a model preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-0.5b) or its Hugging
+    /// Face id, default llama-3-8b. cpu: a Hugging Face model directory or a `.gguf` file;
+    /// without it a small default model is generated in the cache directory.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// cpu: GiB of memory for the KV cache (sizes the block count, like vLLM's
+    /// VLLM_CPU_KVCACHE_SPACE).
+    #[arg(long, default_value_t = 1.0)]
+    pub cpu_kv_cache_space: f64,
     /// Names the model is served under (default: `--model`).
     #[arg(long, num_args = 1..)]
     pub served_model_name: Vec<String>,

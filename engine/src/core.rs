@@ -158,7 +158,6 @@ impl EngineCore {
             .inc();
         self.metrics.preemptions.inc_by(preempted as f64);
 
-        let eos = self.backend.eos_token();
         let mut generated = 0u64;
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
@@ -175,7 +174,7 @@ impl EngineCore {
             }
             let token = self.backend.sample(seq);
             let stop_ok = !seq.params.ignore_eos && seq.num_output() >= seq.params.min_tokens;
-            if token == eos && stop_ok {
+            if self.backend.is_eos(token) && stop_ok {
                 seq.finish = Some(FinishReason::Stop);
                 continue;
             }

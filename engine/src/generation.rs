@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::openai::{self, ApiError, FinishReason, ResponseMeta, Usage};
 use crate::output_text::OutputText;
 use crate::sequence::{self, EventSink, SendError, SeqEvent};
-use crate::tokenizer::SimTokenizer;
+use crate::tokenizer::{EngineTokenizer, IncrementalDecoder};
 
 /// Events buffered per request between the engine thread and the HTTP response.
 pub const EVENT_BUFFER: usize = 64;
@@ -71,7 +71,8 @@ pub struct Generation {
     meta: ResponseMeta,
     rx: mpsc::Receiver<SeqEvent>,
     out: OutputText,
-    tokenizer: &'static SimTokenizer,
+    tokenizer: EngineTokenizer,
+    decoder: IncrementalDecoder,
     usage: Usage,
     include_usage: bool,
     first_sent: bool,
@@ -101,13 +102,14 @@ impl Generation {
         params: &crate::request::SamplingParams,
         prompt_tokens: usize,
         include_usage: bool,
-        tokenizer: &'static SimTokenizer,
+        tokenizer: EngineTokenizer,
     ) -> Self {
         Self {
             meta,
             rx,
             out: OutputText::new(params.stop.clone(), params.min_tokens),
             tokenizer,
+            decoder: IncrementalDecoder::new(),
             usage: Usage {
                 prompt_tokens,
                 ..Usage::default()
@@ -129,7 +131,8 @@ impl Generation {
                         // Tokens the engine made before it saw the stop flag: not shown.
                         break;
                     }
-                    text += &self.out.push(&self.tokenizer.decode(&[t]));
+                    let piece = self.decoder.push(&self.tokenizer, t);
+                    text += &self.out.push(&piece);
                     if self.out.stopped() {
                         // The engine ends the sequence at its next step and reports its
                         // accounting; the answer completes on that report.
@@ -154,7 +157,16 @@ impl Generation {
                     sequence::FinishReason::Stop => FinishReason::Stop,
                     sequence::FinishReason::Length => FinishReason::Length,
                 });
-                Step::Done(self.out.finish())
+                let mut text = String::new();
+                if !self.out.stopped() {
+                    // Bytes of a character the last token left incomplete.
+                    let tail = self.decoder.finish(&self.tokenizer);
+                    if !tail.is_empty() {
+                        text += &self.out.push_text(&tail);
+                    }
+                }
+                text += &self.out.finish();
+                Step::Done(text)
             }
             Some(SeqEvent::Error(msg)) => Step::Failed(ApiError::bad_request(msg, None)),
             None => Step::Failed(ApiError::internal(

@@ -6,17 +6,20 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 
 use crate::args::{BackendKind, EngineArgs};
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::sim::SimBackend;
 use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
 use crate::metrics::EngineMetrics;
+use crate::model::forward::Model;
 use crate::openai::ChatTemplate;
 use crate::presets;
 use crate::roofline::{RooflineConfig, RooflineModel, kv_block_budget};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::NewRequest;
-use crate::tokenizer::SimTokenizer;
+use crate::tokenizer::{EngineTokenizer, SimTokenizer};
 
 /// Fault injection knobs for tests of the layers above.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,7 +58,9 @@ pub struct Engine {
     /// Injected faults.
     pub faults: Faults,
     /// Prompt tokenizer.
-    pub tokenizer: &'static SimTokenizer,
+    pub tokenizer: EngineTokenizer,
+    /// Token ids below this are valid in prompts.
+    pub vocab_size: usize,
     /// Chat template for `/v1/chat/completions`.
     pub chat_template: ChatTemplate,
     /// Largest request body.
@@ -83,9 +88,43 @@ impl Engine {
     }
 }
 
-/// Validates the flags, sizes the KV cache and starts the core thread.
-pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
-    let BackendKind::Sim = args.backend;
+/// What a backend brings to the engine besides its forward pass.
+struct BackendParts {
+    backend: Box<dyn Backend>,
+    default_name: String,
+    num_blocks: usize,
+    max_model_len: usize,
+    tokenizer: EngineTokenizer,
+    vocab_size: usize,
+    chat_template: ChatTemplate,
+}
+
+/// The template named by `--chat-template`, if any.
+fn chat_template_flag(args: &EngineArgs) -> Result<Option<ChatTemplate>, String> {
+    let Some(path) = &args.chat_template else {
+        return Ok(None);
+    };
+    if path.is_dir() || path.ends_with("tokenizer_config.json") {
+        // A Hugging Face model directory (or its tokenizer_config.json): use its template.
+        let config = if path.is_dir() {
+            path.join("tokenizer_config.json")
+        } else {
+            path.clone()
+        };
+        return ChatTemplate::from_tokenizer_config(&config)
+            .map_err(|e| format!("--chat-template {}: {e}", config.display()))?
+            .ok_or_else(|| format!("{} has no chat_template", config.display()))
+            .map(Some);
+    }
+    let src = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --chat-template {}: {e}", path.display()))?;
+    ChatTemplate::from_source(&src, "", "<|endoftext|>")
+        .map_err(|e| format!("--chat-template {}: {e}", path.display()))
+        .map(Some)
+}
+
+fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
+    let name = args.model.clone().unwrap_or_else(|| "llama-3-8b".into());
     let gpu = presets::gpu(&args.gpu).ok_or_else(|| {
         format!(
             "unknown --gpu {:?}; known: {}",
@@ -93,21 +132,13 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
             presets::gpu_names().join(", ")
         )
     })?;
-    let model = presets::model(&args.model).ok_or_else(|| {
+    let model = presets::model(&name).ok_or_else(|| {
         format!(
             "unknown --model {:?}; known: {}",
-            args.model,
+            name,
             presets::model_names().join(", ")
         )
     })?;
-    if args.block_size == 0 || args.max_num_seqs == 0 || args.tensor_parallel_size == 0 {
-        return Err(
-            "--block-size, --max-num-seqs and --tensor-parallel-size must be at least 1".into(),
-        );
-    }
-    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0) {
-        return Err("--gpu-memory-utilization must be in (0, 1]".into());
-    }
     let max_model_len = args.max_model_len.unwrap_or(model.max_model_len);
     if max_model_len == 0 || max_model_len > model.max_model_len {
         return Err(format!(
@@ -124,47 +155,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     )
     .map_err(|e| e.to_string())?;
     let num_blocks = args.num_gpu_blocks_override.unwrap_or(budget.num_blocks);
-    if num_blocks == 0 {
-        return Err("the KV cache would have no blocks".into());
-    }
-    let chunked = !args.no_chunked_prefill;
-    let mut batched = args.max_num_batched_tokens.unwrap_or(8192);
-    if !chunked {
-        // Whole prompts only: the budget must hold the longest one (as vLLM requires).
-        batched = batched.max(max_model_len);
-    }
-    if batched == 0 {
-        return Err("--max-num-batched-tokens must be at least 1".into());
-    }
-
-    let served_names = if args.served_model_name.is_empty() {
-        vec![args.model.clone()]
-    } else {
-        args.served_model_name.clone()
-    };
-    let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
     let tokenizer = SimTokenizer::shared()?;
-    let chat_template = match &args.chat_template {
-        None => ChatTemplate::default_chatml(),
-        Some(path) if path.is_dir() || path.ends_with("tokenizer_config.json") => {
-            // A Hugging Face model directory (or its tokenizer_config.json): use its template.
-            let config = if path.is_dir() {
-                path.join("tokenizer_config.json")
-            } else {
-                path.clone()
-            };
-            ChatTemplate::from_tokenizer_config(&config)
-                .map_err(|e| format!("--chat-template {}: {e}", config.display()))?
-                .ok_or_else(|| format!("{} has no chat_template", config.display()))?
-        }
-        Some(path) => {
-            let src = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --chat-template {}: {e}", path.display()))?;
-            ChatTemplate::from_source(&src, "", "<|endoftext|>")
-                .map_err(|e| format!("--chat-template {}: {e}", path.display()))?
-        }
-    };
-
     let roofline = RooflineModel::new(
         gpu,
         model,
@@ -182,6 +173,121 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         args.sim_mean_output_tokens,
         args.block_size,
     );
+    Ok(BackendParts {
+        backend: Box::new(backend),
+        default_name: name,
+        num_blocks,
+        max_model_len,
+        tokenizer: EngineTokenizer::Sim(tokenizer),
+        vocab_size: tokenizer.eos() as usize + 1,
+        chat_template: chat_template_flag(args)?.unwrap_or_else(ChatTemplate::default_chatml),
+    })
+}
+
+fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
+    if args.tensor_parallel_size != 1 {
+        return Err("the cpu backend runs on one machine: --tensor-parallel-size must be 1".into());
+    }
+    let path = match &args.model {
+        Some(m) => std::path::PathBuf::from(m),
+        None => crate::model::default_model::ensure(&crate::model::default_model::models_dir())?,
+    };
+    let started = std::time::Instant::now();
+    let loaded =
+        crate::model::load(&path).map_err(|e| format!("--model {}: {e}", path.display()))?;
+    let config = loaded.config;
+    let model_len = config.max_position_embeddings;
+    let max_model_len = args.max_model_len.unwrap_or(model_len);
+    if max_model_len == 0 || max_model_len > model_len {
+        return Err(format!(
+            "--max-model-len {max_model_len} must be between 1 and the model's context of {model_len}"
+        ));
+    }
+    let per_block = crate::model::kv_cache::KvCache::block_bytes(
+        args.block_size,
+        config.num_layers,
+        config.kv_dim(),
+    );
+    if args.cpu_kv_cache_space.is_nan() || args.cpu_kv_cache_space <= 0.0 {
+        return Err("--cpu-kv-cache-space must be positive".into());
+    }
+    let space = args.cpu_kv_cache_space * f64::from(1u32 << 30);
+    let num_blocks = args
+        .num_gpu_blocks_override
+        .unwrap_or((space / per_block as f64) as usize);
+    // A single request must fit, or the scheduler could never finish it.
+    let needed = max_model_len.div_ceil(args.block_size);
+    if num_blocks < needed {
+        return Err(format!(
+            "the KV cache holds {num_blocks} blocks of {} tokens but one {max_model_len}-token sequence needs {needed}: raise --cpu-kv-cache-space or lower --max-model-len",
+            args.block_size
+        ));
+    }
+    let chat_template = match chat_template_flag(args)? {
+        Some(t) => t,
+        None => match &loaded.chat_template {
+            Some(src) => ChatTemplate::from_source(src, &loaded.bos_token, &loaded.eos_token)
+                .map_err(|e| format!("the chat template of {}: {e}", path.display()))?,
+            None => ChatTemplate::default_chatml(),
+        },
+    };
+    tracing::info!(
+        model = %path.display(),
+        parameters = config.num_parameters(),
+        layers = config.num_layers,
+        kv_blocks = num_blocks,
+        load_seconds = started.elapsed().as_secs_f64(),
+        "loaded model"
+    );
+    let vocab_size = config.vocab_size;
+    let model = Model::new(config, loaded.weights);
+    Ok(BackendParts {
+        backend: Box::new(CpuBackend::new(model, num_blocks, args.block_size)),
+        // As vLLM does: served under the --model string unless named otherwise.
+        default_name: args.model.clone().unwrap_or(loaded.name),
+        num_blocks,
+        max_model_len,
+        tokenizer: EngineTokenizer::Model(std::sync::Arc::new(loaded.tokenizer)),
+        vocab_size,
+        chat_template,
+    })
+}
+
+/// Validates the flags, loads or models the backend, sizes the KV cache and starts the core
+/// thread.
+pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
+    if args.block_size == 0 || args.max_num_seqs == 0 || args.tensor_parallel_size == 0 {
+        return Err(
+            "--block-size, --max-num-seqs and --tensor-parallel-size must be at least 1".into(),
+        );
+    }
+    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0) {
+        return Err("--gpu-memory-utilization must be in (0, 1]".into());
+    }
+    let parts = match args.backend {
+        BackendKind::Sim => build_sim(args)?,
+        BackendKind::Cpu => build_cpu(args)?,
+    };
+    let (num_blocks, max_model_len) = (parts.num_blocks, parts.max_model_len);
+    if num_blocks == 0 {
+        return Err("the KV cache would have no blocks".into());
+    }
+    let chunked = !args.no_chunked_prefill;
+    let mut batched = args.max_num_batched_tokens.unwrap_or(8192);
+    if !chunked {
+        // Whole prompts only: the budget must hold the longest one (as vLLM requires).
+        batched = batched.max(max_model_len);
+    }
+    if batched == 0 {
+        return Err("--max-num-batched-tokens must be at least 1".into());
+    }
+
+    let served_names = if args.served_model_name.is_empty() {
+        vec![parts.default_name.clone()]
+    } else {
+        args.served_model_name.clone()
+    };
+    let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
     let sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
@@ -193,7 +299,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     let pending = Arc::new(AtomicUsize::new(0));
     let core = EngineCore::new(
         sched,
-        Box::new(backend),
+        parts.backend,
         Arc::new(RealClock::new()),
         metrics.clone(),
         pending.clone(),
@@ -215,8 +321,9 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
             crash_after: args.fault_crash_after,
             seed: args.fault_seed,
         },
-        tokenizer,
-        chat_template,
+        tokenizer: parts.tokenizer,
+        vocab_size: parts.vocab_size,
+        chat_template: parts.chat_template,
         max_body_bytes: args.max_body_bytes,
         pending,
         max_waiting: args.max_waiting_requests,

@@ -1,6 +1,6 @@
 //! infergate engine worker: an OpenAI-compatible server over a continuous-batching scheduler,
 //! a paged, prefix-cached KV block manager and a pluggable backend (`sim` today).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod args;
 pub mod backend;
@@ -11,6 +11,7 @@ pub mod generation;
 pub mod gguf;
 pub mod launch;
 pub mod metrics;
+pub mod model;
 pub mod openai;
 pub mod output_text;
 pub mod presets;

@@ -34,6 +34,14 @@ impl OutputText {
             return String::new();
         }
         self.tokens += 1;
+        self.push_text(piece)
+    }
+
+    /// Adds text that belongs to tokens already pushed (a character completed late).
+    pub fn push_text(&mut self, piece: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
         let search_from = self.emitted;
         self.text.push_str(piece);
         if self.tokens >= self.min_tokens && !self.stop.is_empty() {

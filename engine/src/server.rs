@@ -233,18 +233,26 @@ async fn generate(
         model,
         ..
     } = parsed;
-    let tokenizer = engine.tokenizer;
+    let tokenizer = engine.tokenizer.clone();
+    // A chat template prints BOS itself; a raw completions prompt gets the tokenizer's.
+    let add_special = matches!(endpoint, Endpoint::Completions);
     let prompt_tokens = match prompt {
         Prompt::Tokens(t) => t,
         // Tokenizing a long prompt takes milliseconds: keep it off the reactor.
-        Prompt::Text(text) => tokio::task::spawn_blocking(move || tokenizer.encode(&text))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?,
+        Prompt::Text(text) => {
+            tokio::task::spawn_blocking(move || tokenizer.encode(&text, add_special))
+                .await
+                .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+                .map_err(|e| ApiError::bad_request(e, Some("prompt")))?
+        }
     };
     if prompt_tokens.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
     }
-    if let Some(bad) = prompt_tokens.iter().find(|&&t| t > tokenizer.eos()) {
+    if let Some(bad) = prompt_tokens
+        .iter()
+        .find(|&&t| t as usize >= engine.vocab_size)
+    {
         return Err(ApiError::bad_request(
             format!("token id {bad} is out of vocabulary"),
             Some("prompt"),
@@ -311,7 +319,7 @@ async fn generate(
         &sampling,
         n_prompt,
         include_usage,
-        tokenizer,
+        engine.tokenizer.clone(),
     );
     let mut res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.

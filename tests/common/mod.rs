@@ -20,7 +20,8 @@ use tokio::process::{Child, ChildStdout, Command};
 use tokio::task::JoinHandle;
 
 /// How long the engine may take to print its address and answer `/health`.
-const START_DEADLINE: Duration = Duration::from_secs(20);
+// Generous: a cpu engine loads real weights before it listens.
+const START_DEADLINE: Duration = Duration::from_secs(90);
 /// How long any single HTTP exchange may take before the test fails.
 const HTTP_DEADLINE: Duration = Duration::from_secs(30);
 /// Stderr kept per engine for failure messages.
@@ -43,11 +44,12 @@ impl Drop for Engine {
 }
 
 /// A command for the engine binary with `--port 0` and `args`, stdout and stderr piped.
-fn engine_command(args: &[&str]) -> Command {
+fn engine_command(backend: &str, args: &[&str], envs: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_infergate"));
     cmd.arg("engine")
-        .args(["--backend", "sim", "--port", "0"])
+        .args(["--backend", backend, "--port", "0"])
         .args(args)
+        .envs(envs.iter().copied())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -92,7 +94,12 @@ fn drain_stderr(stderr: tokio::process::ChildStderr) -> Arc<Mutex<String>> {
 impl Engine {
     /// Spawns `infergate engine --port 0 ARGS`, reads the printed URL and polls `/health` until 200.
     pub async fn start(args: &[&str]) -> Engine {
-        let mut child = engine_command(args)
+        Self::start_with("sim", args, &[]).await
+    }
+
+    /// Spawns `infergate engine --backend BACKEND --port 0 ARGS` with extra environment `envs`.
+    pub async fn start_with(backend: &str, args: &[&str], envs: &[(&str, &str)]) -> Engine {
+        let mut child = engine_command(backend, args, envs)
             .spawn()
             .expect("spawn infergate engine");
         let stderr = drain_stderr(child.stderr.take().expect("piped stderr"));
@@ -193,7 +200,7 @@ impl Engine {
 
 /// Runs a refused engine start to completion: `(exit status, stdout, stderr)`.
 pub async fn run_to_exit(args: &[&str], within: Duration) -> (ExitStatus, String, String) {
-    let child = engine_command(args)
+    let child = engine_command("sim", args, &[])
         .spawn()
         .expect("spawn infergate engine");
     let out = tokio::time::timeout(within, child.wait_with_output())

@@ -1,6 +1,7 @@
 //! Backends: the one part of the engine that differs between `sim` (a roofline time model) and
-//! real forward passes. Everything else (scheduler, KV cache, server, metrics) is shared.
+//! real forward passes (`cpu`). Everything else (scheduler, KV cache, server, metrics) is shared.
 
+pub mod cpu;
 pub mod sim;
 
 use crate::roofline::StepCost;
@@ -16,4 +17,8 @@ pub trait Backend: Send {
     fn sample(&mut self, seq: &mut Sequence) -> u32;
     /// End-of-sequence token id.
     fn eos_token(&self) -> u32;
+    /// Whether `token` ends generation (models may have several EOS tokens).
+    fn is_eos(&self, token: u32) -> bool {
+        token == self.eos_token()
+    }
 }
