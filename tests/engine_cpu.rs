@@ -266,25 +266,53 @@ async fn greedy_output_is_the_same_with_prefix_caching_on_and_off() {
     assert_eq!(with_cache, without);
 }
 
+/// Short prompts with long answers, so that decoding (not admission) runs out of KV blocks.
+async fn greedy_completions(e: &Engine, model: &str, concurrent: bool) -> Vec<String> {
+    let url = e.at("/v1/completions");
+    let bodies: Vec<Value> = [
+        "rivers", "stones", "light", "gardens", "windows", "paper", "silver", "markets",
+    ]
+    .iter()
+    .map(|w| {
+        json!({"model": model, "prompt": format!("A short story about {w}:"), "max_tokens": 40,
+                   "temperature": 0, "ignore_eos": true})
+    })
+    .collect();
+    let mut handles = Vec::new();
+    let mut out = Vec::new();
+    for b in bodies {
+        let url = url.clone();
+        let h = tokio::spawn(async move { post_json(&url, &b).await });
+        if concurrent {
+            handles.push(h);
+        } else {
+            out.push(h.await.unwrap());
+        }
+    }
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out.into_iter()
+        .map(|(status, _, v)| {
+            assert_eq!(status, StatusCode::OK, "{v}");
+            v["choices"][0]["text"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn greedy_output_is_the_same_alone_and_in_a_preempted_batch_of_8() {
-    let prompts = shared_prefix_prompts();
-    let (solo, model) = invariance_engine("solo", &["--no-prefix-caching"]).await;
-    let alone = greedy_answers(&solo, &model, &prompts, false).await;
+    let (solo, model) = invariance_engine("solo", &[]).await;
+    let alone = greedy_completions(&solo, &model, false).await;
     drop(solo);
-    // 8 sequences of ~100 tokens in 24 blocks of 16 cannot all fit: the newest get preempted.
+    // 8 sequences of ~50 tokens in 8 blocks of 16: all are admitted with one block each, and
+    // every decode that needs a second block preempts the newest.
     let (tight, model) = invariance_engine(
         "tight",
-        &[
-            "--no-prefix-caching",
-            "--num-gpu-blocks-override",
-            "24",
-            "--max-model-len",
-            "256",
-        ],
+        &["--num-gpu-blocks-override", "8", "--max-model-len", "128"],
     )
     .await;
-    let batched = greedy_answers(&tight, &model, &prompts, true).await;
+    let batched = greedy_completions(&tight, &model, true).await;
     let preempted = metric(&tight.at("/metrics"), "vllm:num_preemptions_total").await;
     assert!(preempted > 0.0, "no preemption happened");
     assert_eq!(alone, batched);

