@@ -75,8 +75,8 @@ impl Drop for KillOnDrop {
 async fn up_workers_exit_when_the_gateway_is_killed() {
     let mut gw = Gw::launch(&["up", "--workers", "1"]).await;
     let workers = gw.children();
-    // One per spawn entry: the stable and the canary pool.
-    assert_eq!(workers.len(), 2, "workers of `up --workers 1`: {workers:?}");
+    // One per spawn entry: the stable, canary and cpu pools.
+    assert_eq!(workers.len(), 3, "workers of `up --workers 1`: {workers:?}");
     let _cleanup = KillOnDrop(workers.clone());
     // A crash: the gateway cannot stop its workers, whose stdin (and stderr) pipes close.
     gw.crash().await;
