@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Engine, metric, post_json, stream};
+use common::{Engine, assert_error, metric, post_json, run_backend_to_exit, stream};
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
@@ -316,4 +316,63 @@ async fn greedy_output_is_the_same_alone_and_in_a_preempted_batch_of_8() {
     let preempted = metric(&tight.at("/metrics"), "vllm:num_preemptions_total").await;
     assert!(preempted > 0.0, "no preemption happened");
     assert_eq!(alone, batched);
+}
+
+#[tokio::test]
+async fn bad_models_and_bad_prompts_get_clear_errors() {
+    let within = std::time::Duration::from_secs(60);
+    let (status, _, err) =
+        run_backend_to_exit("cpu", &["--model", "/nonexistent/model"], within).await;
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("/nonexistent/model does not exist"), "{err}");
+
+    // A model directory whose config.json is broken, and one with an unsupported architecture.
+    let dir = cache_dir("broken");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        "{\"architectures\": [\"LlamaForCausalLM\"], ",
+    )
+    .unwrap();
+    let (status, _, err) =
+        run_backend_to_exit("cpu", &["--model", dir.to_str().unwrap()], within).await;
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("config.json"), "{err}");
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures": ["GPT2LMHeadModel"]}"#,
+    )
+    .unwrap();
+    let (status, _, err) =
+        run_backend_to_exit("cpu", &["--model", dir.to_str().unwrap()], within).await;
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("GPT2LMHeadModel"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A context the KV cache cannot hold is refused up front.
+    let (status, _, err) = run_backend_to_exit(
+        "cpu",
+        &["--num-gpu-blocks-override", "4", "--max-model-len", "1024"],
+        within,
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("needs 64"), "{err}");
+
+    // Token ids past the model's vocabulary are a 400, not a crash.
+    let (e, dir) = default_engine("bad-prompt", &["--served-model-name", "m"]).await;
+    let (status, _, res) = post_json(
+        &e.at("/v1/completions"),
+        &json!({"model": "m", "prompt": [1, 2, 100000], "max_tokens": 2}),
+    )
+    .await;
+    assert_error(status, &res, &["100000", "vocabulary"]);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, res) = post_json(
+        &e.at("/v1/completions"),
+        &json!({"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -200,7 +200,16 @@ impl Engine {
 
 /// Runs a refused engine start to completion: `(exit status, stdout, stderr)`.
 pub async fn run_to_exit(args: &[&str], within: Duration) -> (ExitStatus, String, String) {
-    let child = engine_command("sim", args, &[])
+    run_backend_to_exit("sim", args, within).await
+}
+
+/// [`run_to_exit`] with another `--backend`.
+pub async fn run_backend_to_exit(
+    backend: &str,
+    args: &[&str],
+    within: Duration,
+) -> (ExitStatus, String, String) {
+    let child = engine_command(backend, args, &[])
         .spawn()
         .expect("spawn infergate engine");
     let out = tokio::time::timeout(within, child.wait_with_output())
