@@ -174,6 +174,25 @@ async fn smollm2_answers_the_capital_of_france() {
     assert_eq!(status, StatusCode::OK, "{res}");
     let text = res["choices"][0]["text"].as_str().unwrap();
     assert!(text.contains("Paris"), "{text:?}");
+
+    // The same greedy answers, token counts included, as Hugging Face transformers gives for the
+    // same file (engine/tests/reference/smollm2_greedy.py).
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("engine/tests/fixtures/reference/smollm2_greedy.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let max_tokens = fixture["max_new_tokens"].as_u64().unwrap();
+    for case in fixture["cases"].as_array().unwrap() {
+        let q = case["question"].as_str().unwrap();
+        let (status, _, res) = post_json(&url, &chat_body("smollm2", q, max_tokens)).await;
+        assert_eq!(status, StatusCode::OK, "{res}");
+        assert_eq!(message(&res), case["text"].as_str().unwrap(), "{q}");
+        assert_eq!(res["usage"]["prompt_tokens"], case["prompt_tokens"], "{q}");
+    }
 }
 
 /// Prompts sharing a long prefix, so prefix caching has something to reuse.
