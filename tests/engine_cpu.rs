@@ -293,7 +293,7 @@ async fn greedy_completions(e: &Engine, model: &str, concurrent: bool) -> Vec<St
     ]
     .iter()
     .map(|w| {
-        json!({"model": model, "prompt": format!("A short story about {w}:"), "max_tokens": 40,
+        json!({"model": model, "prompt": format!("A short story about {w}:"), "max_tokens": 24,
                    "temperature": 0, "ignore_eos": true})
     })
     .collect();
@@ -324,7 +324,7 @@ async fn greedy_output_is_the_same_alone_and_in_a_preempted_batch_of_8() {
     let (solo, model) = invariance_engine("solo", &[]).await;
     let alone = greedy_completions(&solo, &model, false).await;
     drop(solo);
-    // 8 sequences of ~50 tokens in 8 blocks of 16: all are admitted with one block each, and
+    // 8 sequences of ~32 tokens in 8 blocks of 16: all are admitted with one block each, and
     // every decode that needs a second block preempts the newest.
     let (tight, model) = invariance_engine(
         "tight",
