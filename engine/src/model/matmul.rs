@@ -7,8 +7,8 @@
 //!   `k` alone and pads short row panels instead of switching kernels (about 110 GFLOP/s on 128
 //!   rows here);
 //! - generated tokens (decode) go through [`gemv_bt`], dot products over each weight row split
-//!   across threads: sgemm repacks the whole weight matrix on every call, which makes one-row
-//!   calls about 7× slower than reading the weights once.
+//!   across threads (AVX2/FMA where the CPU has them): sgemm repacks the whole weight matrix on
+//!   every call, which makes one-row calls about 7× slower than reading the weights once.
 //!
 //! A token keeps its kernel for life (a preempted sequence recomputes its generated tokens with
 //! the decode kernel), so recomputation reproduces the same K/V bit for bit.
@@ -58,7 +58,10 @@ pub fn matmul_bt(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize, m: u
 const GEMV_BLOCK: usize = 64;
 
 /// The same product as [`matmul_bt`] for few rows: every weight row is read once and dotted with
-/// each input row; blocks of weight rows run in parallel.
+/// each input row; blocks of weight rows run in parallel. On x86-64 with AVX2 and FMA the dot
+/// products use fused multiply-adds over four 8-lane accumulators (3.3× the portable loop for 8
+/// rows of 576×1536 here); the kernel is chosen per machine, never per call, so every generated
+/// token on a machine gets the same arithmetic.
 pub fn gemv_bt(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize, m: usize) {
     assert!(
         x.len() >= n * k && w.len() >= m * k && out.len() >= n * m,
@@ -67,22 +70,92 @@ pub fn gemv_bt(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize, m: usi
     if n == 0 || m == 0 {
         return;
     }
+    let x = &x[..n * k];
+    let fma = has_fma();
     // Computed transposed (`[m, n]`) so each task owns a contiguous slice, then scattered.
     let mut t = vec![0.0f32; m * n];
     t.par_chunks_mut(GEMV_BLOCK * n)
         .enumerate()
         .for_each(|(b, chunk)| {
-            for (jj, col) in chunk.chunks_exact_mut(n).enumerate() {
-                let j = b * GEMV_BLOCK + jj;
-                let wj = &w[j * k..(j + 1) * k];
-                for (i, o) in col.iter_mut().enumerate() {
-                    *o = dot(&x[i * k..(i + 1) * k], wj);
-                }
+            let rows = chunk.len() / n;
+            let w = &w[b * GEMV_BLOCK * k..(b * GEMV_BLOCK + rows) * k];
+            if fma {
+                gemv_block_fma(chunk, x, w, n, k);
+            } else {
+                gemv_block(chunk, x, w, n, k);
             }
         });
     for (j, col) in t.chunks_exact(n).enumerate() {
         for (i, v) in col.iter().enumerate() {
             out[i * m + j] = *v;
+        }
+    }
+}
+
+/// `out[j * n + i] = dot(x_i, w_j)` for the weight rows `w` (`[rows, k]`) and input rows `x`.
+fn gemv_block(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize) {
+    for (col, wj) in out.chunks_exact_mut(n).zip(w.chunks_exact(k)) {
+        for (o, xi) in col.iter_mut().zip(x.chunks_exact(k)) {
+            *o = dot(xi, wj);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_fma() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn gemv_block_fma(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize) {
+    gemv_block(out, x, w, n, k);
+}
+
+/// [`gemv_block`] with AVX2 fused multiply-adds; callers check [`has_fma`] first.
+#[cfg(target_arch = "x86_64")]
+fn gemv_block_fma(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize) {
+    // SAFETY: only reached when `has_fma()` found AVX2 and FMA on this CPU.
+    unsafe { gemv_block_fma_inner(out, x, w, n, k) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_block_fma_inner(out: &mut [f32], x: &[f32], w: &[f32], n: usize, k: usize) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let k32 = k / 32 * 32;
+    for (col, wj) in out.chunks_exact_mut(n).zip(w.chunks_exact(k)) {
+        for (o, xi) in col.iter_mut().zip(x.chunks_exact(k)) {
+            let mut acc: [__m256; 4] = [_mm256_setzero_ps(); 4];
+            for (xs, ws) in xi[..k32].chunks_exact(32).zip(wj[..k32].chunks_exact(32)) {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `xs` and `ws` hold 32 floats, so lanes 8l..8l+8 are in bounds.
+                    let (xv, wv) = unsafe {
+                        (
+                            _mm256_loadu_ps(xs.as_ptr().add(8 * l)),
+                            _mm256_loadu_ps(ws.as_ptr().add(8 * l)),
+                        )
+                    };
+                    *a = _mm256_fmadd_ps(xv, wv, *a);
+                }
+            }
+            let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+            let mut total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            for (a, b) in xi[k32..].iter().zip(&wj[k32..]) {
+                total += a * b;
+            }
+            *o = total;
         }
     }
 }
