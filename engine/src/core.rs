@@ -138,8 +138,8 @@ impl EngineCore {
         self.entries.extend_from_slice(&batch.seqs);
         if self.entries.is_empty() {
             self.last_end = None;
-            self.flush_outputs();
             self.update_gauges();
+            self.flush_outputs();
             return StepReport {
                 end: start,
                 ..StepReport::default()
@@ -196,8 +196,9 @@ impl EngineCore {
         for seq in finished {
             self.retire(seq, end);
         }
-        self.flush_outputs();
+        // Gauges first: a client that hears its request finished must not read stale ones.
         self.update_gauges();
+        self.flush_outputs();
         if self.sched.is_idle() {
             // Nothing left to run: the next step waits for a request, it is not back to back.
             self.last_end = None;
