@@ -379,6 +379,21 @@ impl Gateway {
             .set(t.to as f64);
     }
 
+    /// Sets the per-worker index size gauges of a pool's policy.
+    fn publish_index_sizes(&self, pool: &PoolRuntime) {
+        let sizes = pool.policy().policy.index_sizes();
+        for w in pool.workers().iter() {
+            let blocks = sizes
+                .iter()
+                .find(|(k, _)| *k == w.key)
+                .map_or(0, |&(_, n)| n);
+            self.metrics
+                .index_blocks
+                .with_label_values(&[&pool.name, &w.url])
+                .set(blocks as f64);
+        }
+    }
+
     /// Polls every worker's metrics forever, on the current snapshot's interval.
     pub async fn poll_loop(self: Arc<Self>) {
         loop {
@@ -394,15 +409,7 @@ impl Gateway {
                 for worker in pool.workers().iter() {
                     let (gw, pool, worker) = (self.clone(), pool.clone(), worker.clone());
                     tasks.push(tokio::spawn(async move {
-                        poll_worker(
-                            &gw.client,
-                            &worker,
-                            &pool.name,
-                            pool.dialect,
-                            settings,
-                            &gw.metrics,
-                        )
-                        .await;
+                        poll_worker(&gw.client, &worker, &pool, settings, &gw.metrics).await;
                     }));
                 }
             }
@@ -418,6 +425,7 @@ impl Gateway {
                 }
             }
             for pool in &live.pools {
+                self.publish_index_sizes(pool);
                 pool.update_capacity();
                 self.tick_degradation(pool, now);
                 self.metrics

@@ -26,6 +26,19 @@ pub struct GatewayMetrics {
     pub ejections: IntCounterVec,
     /// `infergate_routing_decisions_total{pool,reason}`.
     pub decisions: IntCounterVec,
+    /// `infergate_routing_prefix_lost_total{pool,reason}`: picks where the worker holding the
+    /// longest prefix lost, by why (queue, fit, health).
+    pub prefix_lost: IntCounterVec,
+    /// `infergate_routing_predicted_cached_tokens_total{pool}`: cached tokens routing expected.
+    pub predicted_cached: IntCounterVec,
+    /// `infergate_routing_actual_cached_tokens_total{pool}`: cached tokens the workers reported,
+    /// over the same answers as the prediction counter.
+    pub actual_cached: IntCounterVec,
+    /// `infergate_routing_cached_tokens_unreported_total{pool}`: answers without a cached-token
+    /// count (the worker does not report `prompt_tokens_details.cached_tokens`).
+    pub cached_unreported: IntCounterVec,
+    /// `infergate_routing_index_blocks{pool,worker}`: prefix blocks the index holds per worker.
+    pub index_blocks: GaugeVec,
     /// `infergate_worker_in_flight{pool,worker}`.
     pub worker_in_flight: GaugeVec,
     /// `infergate_worker_waiting{pool,worker}` (polled).
@@ -158,6 +171,30 @@ impl GatewayMetrics {
                 "infergate_routing_decisions_total",
                 "Routing decisions by reason.",
                 &["pool", "reason"],
+            )?,
+            prefix_lost: counter(
+                "infergate_routing_prefix_lost_total",
+                "Picks where the worker holding the longest prefix lost, by reason.",
+                &["pool", "reason"],
+            )?,
+            predicted_cached: counter(
+                "infergate_routing_predicted_cached_tokens_total",
+                "Prompt tokens routing predicted the chosen worker had cached.",
+                &["pool"],
+            )?,
+            actual_cached: counter(
+                "infergate_routing_actual_cached_tokens_total",
+                "Prompt tokens the workers reported cached, for the same answers.",
+                &["pool"],
+            )?,
+            cached_unreported: counter(
+                "infergate_routing_cached_tokens_unreported_total",
+                "Answers whose usage had no prompt_tokens_details.cached_tokens.",
+                &["pool"],
+            )?,
+            index_blocks: gauge(
+                "infergate_routing_index_blocks",
+                "Prefix blocks the routing index holds for the worker.",
             )?,
             worker_in_flight: gauge(
                 "infergate_worker_in_flight",

@@ -243,6 +243,8 @@ pub fn validate(
     let features = RequestFeatures {
         prefix_hashes: prefix_hashes(&canonical, DEFAULT_BLOCK_BYTES, MAX_PREFIX_BLOCKS),
         session_key: session.as_deref().map(session_hash),
+        prompt_bytes: canonical.len(),
+        max_output_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
     };
     let pool = route.pool;
     let mut rewrite = false;

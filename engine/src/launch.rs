@@ -288,6 +288,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         args.served_model_name.clone()
     };
     let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
+    metrics.set_cache_config(num_blocks, args.block_size, !args.no_prefix_caching);
     let sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: args.max_num_seqs,

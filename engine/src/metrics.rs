@@ -2,7 +2,7 @@
 //! vLLM (ours included) reads our workers unchanged.
 
 use prometheus::{
-    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
+    Counter, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
 };
 
 /// Every metric the engine exports.
@@ -38,6 +38,11 @@ pub struct EngineMetrics {
     pub steps: IntCounterVec,
     /// `infergate_engine_rejected_total` by `reason`.
     pub rejected: IntCounterVec,
+    /// `vllm:cache_config_info`: value 1, the KV cache's shape in its labels (as vLLM exports it),
+    /// so a router can size its view of this worker's cache.
+    pub cache_config: GaugeVec,
+    /// `process_start_time_seconds`: Unix time this engine started (a router sees restarts).
+    pub start_time: Gauge,
 }
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -137,6 +142,23 @@ impl EngineMetrics {
             ),
             &["reason"],
         )?;
+        let cache_config = GaugeVec::new(
+            opts(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig.",
+            ),
+            &["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )?;
+        let start_time = Gauge::with_opts(Opts::new(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+        ))?;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        start_time.set(since_epoch);
+        registry.register(Box::new(cache_config.clone()))?;
+        registry.register(Box::new(start_time.clone()))?;
         registry.register(Box::new(running.clone()))?;
         registry.register(Box::new(waiting.clone()))?;
         registry.register(Box::new(kv_usage.clone()))?;
@@ -169,7 +191,21 @@ impl EngineMetrics {
             queue_time,
             steps,
             rejected,
+            cache_config,
+            start_time,
         })
+    }
+
+    /// Publishes the KV cache's shape in `vllm:cache_config_info`.
+    pub fn set_cache_config(&self, num_blocks: usize, block_size: usize, prefix_caching: bool) {
+        let labels = [
+            block_size.to_string(),
+            num_blocks.to_string(),
+            if prefix_caching { "True" } else { "False" }.to_string(),
+        ];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        self.cache_config.reset();
+        self.cache_config.with_label_values(&labels).set(1.0);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -121,11 +121,11 @@ fn routing_errors_report_their_line() {
 pools:
   p:
     policy: prefix
-    load_factor: 0.5
-    max_kv_usage: 1.5
+    load_factor: 1.5
+    balance_tolerance: -1
     index_capacity: 0
   ghost: {policy: least_load}
-  q2: {policy: round_robin, load_factor: 2}
+  q2: {policy: round_robin, balance_tolerance: 2}
 ";
     let config = format!("{MINIMAL}  - name: q2\n    workers: [{{url: http://x}}]\n");
     let errs = errors(&config, Some(routing));
@@ -133,12 +133,18 @@ pools:
     let expected = [4, 5, 6, 7, 8].map(|l| ("routing.yaml", Some(l)));
     assert_eq!(lines, expected, "{errs:#?}");
     assert!(
-        errs[0]
-            .2
-            .contains("load_factor must be a number ≥ 1, got 0.5")
+        errs[0].2.contains("`load_factor` was removed") && errs[0].2.contains("balance_tolerance"),
+        "{errs:?}"
     );
-    assert!(errs[1].2.contains("max_kv_usage"));
-    assert!(errs[2].2.contains("index_capacity"));
+    assert!(
+        errs[1]
+            .2
+            .contains("balance_tolerance must be a number in [0, 10], got -1")
+    );
+    assert!(
+        errs[2].2.contains("`index_capacity` was removed")
+            && errs[2].2.contains("default_worker_kv_tokens")
+    );
     assert!(errs[3].2.contains("pool `ghost` is not defined"));
     assert!(errs[4].2.contains("does not apply to policy round_robin"));
     let typo = errors(

@@ -100,35 +100,65 @@ fn check(entry: &RoutingEntry, places: &HashMap<String, Location>, sink: &mut Si
     clean
 }
 
-/// Every parameter of a prefix policy that is out of range, with the rule it breaks.
+/// Where routing v2 moved what a removed `prefix` knob used to do.
+const REMOVED: [(&str, &str); 4] = [
+    (
+        "load_factor",
+        "`load_factor` was removed in routing v2: load now counts relative to the pool inside one \
+         cost; use `balance_tolerance` (default 0.25) for how much busier than its peers a \
+         prefix holder may be",
+    ),
+    (
+        "max_kv_usage",
+        "`max_kv_usage` was removed in routing v2: KV is weighed against the request's new KV \
+         relative to peers, never as a veto; bound a saturated pool with the admission stage \
+         (`admission.max_in_flight_per_worker`, `max_queue` in infergate.yaml)",
+    ),
+    (
+        "max_waiting",
+        "`max_waiting` was removed in routing v2: queues count relative to peers inside one \
+         cost; bound a saturated pool with the admission stage (`admission.max_queue`, \
+         `max_wait` in infergate.yaml)",
+    ),
+    (
+        "index_capacity",
+        "`index_capacity` was removed in routing v2: the index is sized per worker from its KV \
+         capacity (`vllm:cache_config_info`); `default_worker_kv_tokens` sizes it for workers \
+         that do not export one",
+    ),
+];
+
+/// Every parameter of a prefix policy that is out of range or removed, with the rule it breaks.
 fn prefix_problems(config: &PrefixConfig) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
-    if !config.load_factor.is_finite() || config.load_factor < 1.0 {
-        let got = config.load_factor;
+    let set = [
+        config.load_factor.is_some(),
+        config.max_kv_usage.is_some(),
+        config.max_waiting.is_some(),
+        config.index_capacity.is_some(),
+    ];
+    for ((key, message), set) in REMOVED.iter().zip(set) {
+        if set {
+            problems.push((*key, (*message).to_string()));
+        }
+    }
+    let tol = config.balance_tolerance;
+    if !tol.is_finite() || !(0.0..=10.0).contains(&tol) {
         problems.push((
-            "load_factor",
-            format!("load_factor must be a number ≥ 1, got {got}"),
+            "balance_tolerance",
+            format!("balance_tolerance must be a number in [0, 10], got {tol}"),
         ));
-    }
-    let kv = config.max_kv_usage;
-    if kv.is_nan() || kv <= 0.0 || kv > 1.0 {
-        let got = config.max_kv_usage;
-        problems.push((
-            "max_kv_usage",
-            format!("max_kv_usage must be in (0, 1], got {got}"),
-        ));
-    }
-    if config.max_waiting.is_nan() || config.max_waiting < 0.0 {
-        let got = config.max_waiting;
-        problems.push(("max_waiting", format!("max_waiting must be ≥ 0, got {got}")));
-    }
-    if config.index_capacity < 1 {
-        problems.push(("index_capacity", "index_capacity must be ≥ 1, got 0".into()));
     }
     if config.min_match_blocks < 1 {
         problems.push((
             "min_match_blocks",
             "min_match_blocks must be ≥ 1, got 0".into(),
+        ));
+    }
+    if config.default_worker_kv_tokens < 1 {
+        problems.push((
+            "default_worker_kv_tokens",
+            "default_worker_kv_tokens must be ≥ 1, got 0".into(),
         ));
     }
     problems

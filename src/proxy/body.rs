@@ -15,7 +15,7 @@ use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::usage::{TokenUsage, UsageTap};
-use crate::workers::state::InFlightGuard;
+use crate::workers::state::{InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +68,8 @@ pub struct BodyReport {
 pub struct ProxyBody {
     inner: Incoming,
     guard: Option<InFlightGuard>,
+    /// The worker's pending-prefill count for this request, released at the first data frame.
+    prefill: Option<PrefillGuard>,
     idle: Duration,
     idle_timer: Pin<Box<Sleep>>,
     deadline: Pin<Box<Sleep>>,
@@ -95,6 +97,7 @@ impl ProxyBody {
             on_end,
             inner,
             guard: Some(guard),
+            prefill: None,
             idle: limits.idle,
             idle_timer: Box::pin(sleep(limits.idle)),
             deadline: Box::pin(sleep_until(limits.deadline)),
@@ -104,6 +107,12 @@ impl ProxyBody {
             max_gap: None,
             done: false,
         }
+    }
+
+    /// Holds `prefill` until the first data frame (or the end).
+    pub fn with_prefill(mut self, prefill: PrefillGuard) -> Self {
+        self.prefill = Some(prefill);
+        self
     }
 
     fn finish(&mut self, completed: bool) {
@@ -132,6 +141,7 @@ impl ProxyBody {
                 .with_label_values(&[&r.pool])
                 .observe(r.started.elapsed().as_secs_f64());
             self.guard = None;
+            self.prefill = None;
         }
     }
 
@@ -160,6 +170,7 @@ impl ProxyBody {
         }
         if self.first_chunk.is_none() {
             self.first_chunk = Some(now);
+            self.prefill = None;
         }
         self.last_chunk = Some(now);
         let idle = self.idle;

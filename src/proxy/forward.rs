@@ -13,7 +13,7 @@ use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::body::{BodyLimits, BodyReport, OnEnd, ProxyBody};
 use crate::proxy::usage::UsageTap;
-use crate::routing::RequestFeatures;
+use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::upstream::UpstreamClient;
 use crate::workers::pool::PoolRuntime;
 use crate::workers::state::HealthChange;
@@ -88,7 +88,15 @@ pub async fn forward(
             .decisions
             .with_label_values(&[&pool.name, decision.reason.as_str()])
             .inc();
+        if let Some(lost) = decision.lost {
+            metrics
+                .prefix_lost
+                .with_label_values(&[&pool.name, lost.as_str()])
+                .inc();
+        }
         let guard = worker.start_request();
+        // Until its first token, this request's uncached prompt is queued work on the worker.
+        let prefill = worker.start_prefill(decision.prefill);
         let req = build_request(&worker.url, &out)?;
         let sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)).await;
         let res = match sent {
@@ -146,8 +154,15 @@ pub async fn forward(
                 status: status.as_u16(),
             },
             UsageTap::new(is_stream, out.hide_usage_chunk),
-            out.on_end.take(),
-        );
+            Some(with_feedback(
+                pool,
+                out.features,
+                out.on_end.take(),
+                (worker.key, decision),
+                metrics,
+            )),
+        )
+        .with_prefill(prefill);
         if !is_stream {
             metrics
                 .ttft
@@ -168,6 +183,51 @@ pub async fn forward(
         return Ok(response);
     }
     Err(last_err)
+}
+
+/// Wraps the request's end hook so that the routing policy first learns from the usage the
+/// worker reported (cached tokens against the prediction), then the account phase runs.
+fn with_feedback(
+    pool: &PoolRuntime,
+    features: &RequestFeatures,
+    inner: Option<OnEnd>,
+    (worker_key, decision): (u64, Decision),
+    metrics: &Arc<GatewayMetrics>,
+) -> OnEnd {
+    let policy = pool.policy().clone();
+    let features = features.clone();
+    let metrics = metrics.clone();
+    let pool_name = pool.name.clone();
+    Box::new(move |end| {
+        if let Some(usage) = end.usage {
+            match usage.cached {
+                Some(actual) => {
+                    let l = [pool_name.as_str()];
+                    metrics
+                        .predicted_cached
+                        .with_label_values(&l)
+                        .inc_by(decision.predicted_cached);
+                    metrics.actual_cached.with_label_values(&l).inc_by(actual);
+                }
+                None => metrics
+                    .cached_unreported
+                    .with_label_values(&[pool_name.as_str()])
+                    .inc(),
+            }
+            policy.policy.feedback(
+                &features,
+                worker_key,
+                Feedback {
+                    predicted_cached: decision.predicted_cached,
+                    prompt_tokens: usage.prompt,
+                    cached_tokens: usage.cached,
+                },
+            );
+        }
+        if let Some(hook) = inner {
+            hook(end);
+        }
+    })
 }
 
 fn note_failure(

@@ -12,8 +12,8 @@ pub struct TokenUsage {
     pub prompt: u64,
     /// Completion tokens.
     pub completion: u64,
-    /// Prompt tokens served from the prefix cache.
-    pub cached: u64,
+    /// Prompt tokens served from the prefix cache; `None` when the worker does not say.
+    pub cached: Option<u64>,
 }
 
 /// Largest non-streamed body scanned for `usage` (bigger ones pass through unscanned).
@@ -45,8 +45,7 @@ fn usage_of(v: &Value) -> Option<TokenUsage> {
         cached: u
             .get("prompt_tokens_details")
             .and_then(|d| d.get("cached_tokens"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
+            .and_then(Value::as_u64),
     })
 }
 
@@ -169,7 +168,7 @@ mod tests {
             Some(TokenUsage {
                 prompt: 5,
                 completion: 2,
-                cached: 0
+                cached: None
             })
         );
     }
@@ -197,7 +196,7 @@ mod tests {
             Some(TokenUsage {
                 prompt: 7,
                 completion: 3,
-                cached: 4
+                cached: Some(4)
             })
         );
         assert_eq!(tap.content_events, 2);

@@ -13,6 +13,14 @@ pub const DEFAULT_BLOCK_BYTES: usize = 256;
 /// Default cap on the number of prefix blocks hashed per request (64 KiB of prompt).
 pub const DEFAULT_MAX_BLOCKS: usize = 256;
 
+/// Bytes per token assumed before any answer has said otherwise (English text, cl100k-like).
+pub const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
+
+/// Tokens in `bytes` of prompt at [`DEFAULT_BYTES_PER_TOKEN`].
+pub fn estimate_tokens(bytes: usize) -> u64 {
+    (bytes as f64 / DEFAULT_BYTES_PER_TOKEN).ceil() as u64
+}
+
 /// Separates a message's role from its content. Never occurs in UTF-8, so it cannot be forged.
 const ROLE_END: u8 = 0xFE;
 /// Ends a message. Never occurs in UTF-8, so message boundaries are unambiguous.

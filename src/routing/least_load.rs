@@ -46,14 +46,10 @@ pub struct LeastLoad {
 }
 
 impl RoutingPolicy for LeastLoad {
-    fn select(&self, _req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
+    fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
         let start = self.turn.fetch_add(1, AtomicOrdering::Relaxed);
-        least_loaded_from(workers, start % workers.len().max(1), |w| w.healthy).map(|index| {
-            Decision {
-                index,
-                reason: RouteReason::LeastLoad,
-            }
-        })
+        least_loaded_from(workers, start % workers.len().max(1), |w| w.healthy)
+            .map(|index| Decision::plain(index, RouteReason::LeastLoad, req))
     }
 }
 
@@ -69,6 +65,7 @@ mod tests {
             waiting,
             running: 0.0,
             kv_usage,
+            ..crate::routing::testkit::worker(0)
         }
     }
 

@@ -30,6 +30,10 @@ pub struct RequestFeatures {
     pub prefix_hashes: Vec<u64>,
     /// Hash of the session key (`x-session-id` header, else the body's `user`), if any.
     pub session_key: Option<u64>,
+    /// Length of the canonical prompt in bytes (the policy turns it into tokens).
+    pub prompt_bytes: usize,
+    /// Most tokens the answer may take (`max_tokens`): KV the request will add.
+    pub max_output_tokens: u32,
 }
 
 /// One worker as routing sees it: identity, health and load.
@@ -47,6 +51,11 @@ pub struct WorkerView {
     pub running: f64,
     /// Engine-reported KV-cache usage, 0..=1 (polled).
     pub kv_usage: f64,
+    /// Prompt tokens this gateway routed here whose prefill has not produced a first token yet
+    /// (always fresh, counted at pick time).
+    pub pending_prefill: u64,
+    /// The worker's KV capacity in tokens (`num_gpu_blocks × block_size`), when it reports one.
+    pub kv_capacity: Option<u64>,
 }
 
 impl WorkerView {
@@ -65,14 +74,12 @@ pub enum RouteReason {
     LeastLoad,
     /// Consistent-hash home of the session key.
     Session,
-    /// Worker already holding the longest matching prefix.
+    /// The cheapest worker holds the longest indexed prefix.
     PrefixHit,
-    /// Unseen prefix sent to its consistent-hash home.
+    /// No worker holds the prefix; the first cheap worker in its hash order took it.
     PrefixHome,
-    /// The preferred worker was over its load bound; the next candidate in hash order took it.
+    /// A worker holding a longer prefix lost on cost; see [`LossReason`].
     LoadSpill,
-    /// Every candidate was over its bound; the least loaded healthy worker took it.
-    Overloaded,
 }
 
 impl RouteReason {
@@ -85,27 +92,86 @@ impl RouteReason {
             RouteReason::PrefixHit => "prefix_hit",
             RouteReason::PrefixHome => "prefix_home",
             RouteReason::LoadSpill => "load_spill",
-            RouteReason::Overloaded => "overloaded",
+        }
+    }
+}
+
+/// Why the worker holding the longest prefix was not chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LossReason {
+    /// Its queue and load cost more than the cache saves.
+    Queue,
+    /// The request's new KV would not fit its free KV.
+    Fit,
+    /// It is ejected (or was already tried for this request).
+    Health,
+}
+
+impl LossReason {
+    /// Metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Queue => "queue",
+            LossReason::Fit => "fit",
+            LossReason::Health => "health",
         }
     }
 }
 
 /// A routing choice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
     /// Index into the worker slice given to `select`.
     pub index: usize,
     /// Why.
     pub reason: RouteReason,
+    /// Prompt tokens the policy expects the chosen worker to have cached.
+    pub predicted_cached: u64,
+    /// Uncached prompt tokens the chosen worker must prefill (counted as its pending prefill).
+    pub prefill: u64,
+    /// Set when a worker holding a longer prefix lost, with why.
+    pub lost: Option<LossReason>,
+}
+
+impl Decision {
+    /// A choice that knows nothing of caches: the whole prompt is prefill.
+    pub fn plain(index: usize, reason: RouteReason, req: &RequestFeatures) -> Self {
+        Self {
+            index,
+            reason,
+            predicted_cached: 0,
+            prefill: features::estimate_tokens(req.prompt_bytes),
+            lost: None,
+        }
+    }
+}
+
+/// What a worker's answer said about its cache, for [`RoutingPolicy::feedback`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feedback {
+    /// Cached tokens the policy predicted at selection.
+    pub predicted_cached: u64,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`; `None` when the worker does not report it.
+    pub cached_tokens: Option<u64>,
 }
 
 /// A routing policy. `select` has no effect beyond choosing (round-robin's turn counter aside);
-/// what the policy learns from a routed request it learns in `observe`.
+/// what the policy learns it learns in `observe` (the choice) and `feedback` (the answer).
 pub trait RoutingPolicy: Send + Sync {
     /// Picks a healthy worker, or `None` when none is healthy.
     fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision>;
-    /// Records that `req` was sent to the worker with key `worker_key`.
-    fn observe(&self, _req: &RequestFeatures, _worker_key: u64) {}
+    /// Records that `req` was sent to `worker`.
+    fn observe(&self, _req: &RequestFeatures, _worker: &WorkerView) {}
+    /// Learns from the usage the worker with key `worker_key` reported for `req`.
+    fn feedback(&self, _req: &RequestFeatures, _worker_key: u64, _fb: Feedback) {}
+    /// Forgets what it learned about a worker (restarted, re-admitted or removed).
+    fn forget(&self, _worker_key: u64) {}
+    /// Per worker: (key, prefix blocks indexed), for metrics. Empty for cache-oblivious policies.
+    fn index_sizes(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
 }
 
 /// Per-pool policy settings from `policies/routing.yaml`.
@@ -118,34 +184,42 @@ pub enum PolicyConfig {
     LeastLoad,
     /// Consistent hash of the session key; requests without one go least-loaded.
     Session,
-    /// Cache-aware with bounded load.
+    /// Cache-aware: lowest expected cost in prompt tokens of work.
     Prefix(PrefixConfig),
 }
 
-/// Settings of the `prefix` policy.
+/// Settings of the `prefix` policy. The defaults need no tuning.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrefixConfig {
-    /// A worker whose load exceeds the pool mean × this factor (+1 request) is skipped. Default 1.5.
-    pub load_factor: f64,
-    /// A worker at or above this KV-cache usage (0..1) is skipped. Default 0.95.
-    pub max_kv_usage: f64,
-    /// A worker with at least this many engine-queued requests is skipped. Default 16.
-    pub max_waiting: f64,
-    /// Block hashes remembered over all workers (LRU beyond). Default 200,000.
-    pub index_capacity: usize,
+    /// How much busier than its least loaded peer a worker holding the whole prefix may be and
+    /// still win, as a share of the pool's mean load (plus 2 requests). Default 0.25.
+    pub balance_tolerance: f64,
     /// Fewest matching blocks that count as a hit. Default 1.
     pub min_match_blocks: usize,
+    /// KV capacity in tokens assumed for workers that do not export `vllm:cache_config_info`.
+    /// Default 262,144; answers' cached-token counts correct it per worker.
+    pub default_worker_kv_tokens: u64,
+    /// Removed in routing v2 (see `config::routing_file` for the message); rejected when set.
+    pub load_factor: Option<serde::de::IgnoredAny>,
+    /// Removed in routing v2; rejected when set.
+    pub max_kv_usage: Option<serde::de::IgnoredAny>,
+    /// Removed in routing v2; rejected when set.
+    pub max_waiting: Option<serde::de::IgnoredAny>,
+    /// Removed in routing v2; rejected when set.
+    pub index_capacity: Option<serde::de::IgnoredAny>,
 }
 
 impl Default for PrefixConfig {
     fn default() -> Self {
         Self {
-            load_factor: 1.5,
-            max_kv_usage: 0.95,
-            max_waiting: 16.0,
-            index_capacity: 200_000,
+            balance_tolerance: 0.25,
             min_match_blocks: 1,
+            default_worker_kv_tokens: prefix_index::DEFAULT_WORKER_TOKENS,
+            load_factor: None,
+            max_kv_usage: None,
+            max_waiting: None,
+            index_capacity: None,
         }
     }
 }
@@ -171,7 +245,7 @@ mod tests {
             (r#"{"policy":"least_load"}"#, RouteReason::LeastLoad),
             (r#"{"policy":"session"}"#, RouteReason::LeastLoad),
             (
-                r#"{"policy":"prefix","load_factor":2.0}"#,
+                r#"{"policy":"prefix","balance_tolerance":0.5}"#,
                 RouteReason::LeastLoad,
             ),
         ];
@@ -181,10 +255,11 @@ mod tests {
             let d = build(&cfg).select(&RequestFeatures::default(), &workers);
             assert_eq!(d.map(|d| d.reason), Some(reason), "{json}");
         }
-        let cfg: PolicyConfig = serde_json::from_str(r#"{"policy":"prefix","load_factor":2.0}"#)
-            .expect("valid prefix config");
+        let cfg: PolicyConfig =
+            serde_json::from_str(r#"{"policy":"prefix","balance_tolerance":0.5}"#)
+                .expect("valid prefix config");
         let expect = PrefixConfig {
-            load_factor: 2.0,
+            balance_tolerance: 0.5,
             ..PrefixConfig::default()
         };
         assert_eq!(cfg, PolicyConfig::Prefix(expect));

@@ -1,144 +1,257 @@
-//! `prefix`: cache-aware routing with bounded load.
+//! `prefix`: cache-aware routing by one expected cost, in prompt tokens of work.
 //!
-//! Selection, over the workers that are *eligible* (healthy, load within the pool mean × factor
-//! + 1, KV usage and engine queue under their thresholds):
-//! 1. the longest indexed prefix match of at least `min_match_blocks` blocks → `PrefixHit`
-//!    (ties: lower load);
-//! 2. else the prefix's consistent-hash order, keyed by its first block (the system prompt): the
-//!    home if eligible → `PrefixHome`, else the next eligible worker in that order → `LoadSpill`.
-//!    A hot prefix thus spreads over a few workers in a stable order instead of scattering, and a
-//!    longest-match worker that is over its bound falls here too, never to an arbitrary worker.
-//!    A request too short for one block is keyed by its session (`Session`) or goes least loaded;
-//! 3. no eligible worker → least loaded healthy worker → `Overloaded`.
+//! For each healthy worker *i*, with `P` the prompt's tokens and `H_i` the prefix the index says
+//! *i* holds:
+//!
+//! ```text
+//! cost_i = Q_i + (P − H_i) + λ·(L_i − L_min) + deficit_i
+//! λ      = P / (balance_tolerance · L_mean + 2)
+//! ```
+//!
+//! - `Q_i`: prompt tokens this gateway routed to *i* whose prefill has not started producing
+//!   tokens (counted at pick time, so a burst inside one poll interval sees its own picks).
+//! - `P − H_i`: the prefill this request itself costs there.
+//! - `L_i − L_min`: its load in requests above the least loaded peer. Load only counts *relative*
+//!   to the pool, so when every worker is equally saturated the prefix holder still wins;
+//!   absolute saturation is the admission stage's business. λ makes a whole-prefix hit worth
+//!   `balance_tolerance × mean load + 2` requests of imbalance.
+//! - `deficit_i`: how many tokens of this request's new KV (uncached prompt and answer) would not
+//!   fit the worker's free KV, so would be preempted or evicted and recomputed.
+//!
+//! Costs within one request of load (λ) of the cheapest count as equal, and among those the
+//! request's rendezvous-hash order decides (keyed by its first block, else its session, else a
+//! per-request counter, so keyless requests spread at random). So a cold prefix goes to its hash
+//! home among the cheap workers and every gateway replica makes the same choice; a hot prefix
+//! whose holder gets too busy spills to the next cheap worker in its hash order, which then holds
+//! it too (a stable replica set that grows with demand), and when demand falls the home wins
+//! every tie again and the set shrinks. A holder only keeps a request its hash order would give
+//! elsewhere while it is clearly (more than λ) cheaper, so two replicas whose indexes diverged
+//! (one spilled where the other did not) drift back to the same hash-ordered set.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::features::{DEFAULT_BLOCK_BYTES, DEFAULT_BYTES_PER_TOKEN};
 use super::hash_ring;
-use super::least_load::{by_load, least_loaded};
-use super::prefix_index::PrefixIndex;
-use super::{Decision, PrefixConfig, RequestFeatures, RouteReason, RoutingPolicy, WorkerView};
+use super::prefix_index::{Placement, PrefixIndex};
+use super::{
+    Decision, Feedback, LossReason, PrefixConfig, RequestFeatures, RouteReason, RoutingPolicy,
+    WorkerView,
+};
 
-/// The cache-aware policy: a bounded prefix index plus the thresholds of its config.
+/// Requests of load a whole-prefix hit outweighs on an idle pool.
+const MIN_SLACK: f64 = 2.0;
+/// Costs within this many requests of load (× λ) of the cheapest are near-equal.
+const BAND_REQUESTS: f64 = 1.0;
+/// Weight of a new answer in the learned bytes-per-token average.
+const BPT_ALPHA: f64 = 0.05;
+
+/// The cache-aware policy: a per-worker prefix index plus the learned bytes per token.
 #[derive(Debug)]
 pub struct CacheAware {
     cfg: PrefixConfig,
     index: PrefixIndex,
+    /// f64 bits: bytes of canonical prompt per prompt token, learned from answers' usage.
+    bytes_per_token: AtomicU64,
+    /// Tie-break keys for requests with neither prefix blocks nor a session.
+    turn: AtomicU64,
 }
 
-/// Which workers may take a request right now (computed once per decision).
-struct Bounds<'a> {
-    cfg: &'a PrefixConfig,
-    max_load: f64,
+/// One worker's terms of the cost.
+#[derive(Debug, Clone, Copy)]
+struct Scored {
+    index: usize,
+    run: usize,
+    hit: f64,
+    queue: f64,
+    fit: f64,
+    cost: f64,
 }
 
-impl Bounds<'_> {
-    fn eligible(&self, w: &WorkerView) -> bool {
-        w.healthy
-            && w.load() <= self.max_load
-            && w.kv_usage < self.cfg.max_kv_usage
-            && w.waiting < self.cfg.max_waiting
-    }
-}
-
-fn decision(index: usize, reason: RouteReason) -> Decision {
-    Decision { index, reason }
+/// The request-side quantities shared by every worker's cost.
+struct Sizes {
+    prompt: f64,
+    block_tokens: f64,
 }
 
 impl CacheAware {
-    /// A policy with an empty index of `cfg.index_capacity` block hashes.
+    /// A policy with an empty index.
     pub fn new(cfg: PrefixConfig) -> Self {
-        let index = PrefixIndex::new(cfg.index_capacity);
-        Self { cfg, index }
+        let index = PrefixIndex::new(cfg.default_worker_kv_tokens);
+        Self {
+            cfg,
+            index,
+            bytes_per_token: AtomicU64::new(DEFAULT_BYTES_PER_TOKEN.to_bits()),
+            turn: AtomicU64::new(0),
+        }
     }
 
-    /// The prefix index (read-only use: size, matches).
+    /// The prefix index (read-only use: sizes, matches).
     pub fn index(&self) -> &PrefixIndex {
         &self.index
     }
 
-    /// Step 1: the eligible worker holding the longest run of the request's leading blocks.
-    ///
-    /// The index answers for at most a few workers per block, so its part costs
-    /// O(blocks × workers per block); one pass over `workers` then maps keys to eligible indices.
-    fn longest_hit(
-        &self,
-        req: &RequestFeatures,
-        workers: &[WorkerView],
-        bounds: &Bounds,
-    ) -> Option<Decision> {
-        let min_run = self.cfg.min_match_blocks.max(1);
-        let mut matches = self.index.matches(&req.prefix_hashes);
-        matches.retain(|&(_, run)| run >= min_run);
-        if matches.is_empty() {
-            return None;
-        }
-        let mut best: Option<(usize, usize)> = None;
-        for (i, w) in workers.iter().enumerate() {
-            let Some(&(_, run)) = matches.iter().find(|&&(k, _)| k == w.key) else {
-                continue;
-            };
-            if !bounds.eligible(w) {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some((b, best_run)) => {
-                    run > best_run || (run == best_run && by_load(w, &workers[b]).is_lt())
-                }
-            };
-            if better {
-                best = Some((i, run));
-            }
-        }
-        best.map(|(i, _)| decision(i, RouteReason::PrefixHit))
+    /// Bytes of canonical prompt per token, as learned so far.
+    pub fn bytes_per_token(&self) -> f64 {
+        f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed))
     }
 
-    /// Step 2: the first eligible worker in the prefix's (or session's) hash order.
-    fn hash_order(
-        &self,
-        req: &RequestFeatures,
-        workers: &[WorkerView],
-        bounds: &Bounds,
-    ) -> Option<Decision> {
-        let (key, home_reason) = match (req.prefix_hashes.first(), req.session_key) {
+    fn sizes(&self, req: &RequestFeatures) -> Sizes {
+        let bpt = self.bytes_per_token();
+        Sizes {
+            prompt: (req.prompt_bytes as f64 / bpt).max(1.0),
+            block_tokens: DEFAULT_BLOCK_BYTES as f64 / bpt,
+        }
+    }
+
+    /// The key whose rendezvous order breaks ties, and the reason a cold choice gets.
+    fn tie_key(&self, req: &RequestFeatures) -> (u64, RouteReason) {
+        match (req.prefix_hashes.first(), req.session_key) {
             (Some(&first), _) => (first, RouteReason::PrefixHome),
             (None, Some(session)) => (session, RouteReason::Session),
             (None, None) => {
-                return least_loaded(workers, |w| bounds.eligible(w))
-                    .map(|i| decision(i, RouteReason::LeastLoad));
+                let n = self.turn.fetch_add(1, Ordering::Relaxed);
+                (splitmix(n), RouteReason::LeastLoad)
             }
-        };
-        let home = hash_ring::first(key, workers, |w| w.healthy)?;
-        if bounds.eligible(&workers[home]) {
-            return Some(decision(home, home_reason));
         }
-        hash_ring::first(key, workers, |w| bounds.eligible(w))
-            .map(|i| decision(i, RouteReason::LoadSpill))
     }
 }
 
 impl RoutingPolicy for CacheAware {
     fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
-        let (healthy, total_load) = workers
+        let (healthy, total, min_load) = workers
             .iter()
             .filter(|w| w.healthy)
-            .fold((0usize, 0.0), |(n, sum), w| (n + 1, sum + w.load()));
+            .fold((0usize, 0.0, f64::INFINITY), |(n, sum, min), w| {
+                (n + 1, sum + w.load(), min.min(w.load()))
+            });
         if healthy == 0 {
             return None;
         }
-        let mean = total_load / healthy as f64;
-        let bounds = Bounds {
-            cfg: &self.cfg,
-            max_load: mean * self.cfg.load_factor + 1.0,
+        let sizes = self.sizes(req);
+        let slack = self.cfg.balance_tolerance * total / healthy as f64 + MIN_SLACK;
+        let lambda = sizes.prompt / slack;
+        let min_run = self.cfg.min_match_blocks.max(1);
+        let matches = self.index.matches(&req.prefix_hashes);
+        // A run shorter than the minimum is no hit.
+        let run_of = |key: u64| match matches.iter().find(|&&(k, _)| k == key) {
+            Some(&(_, run)) if run >= min_run => run,
+            _ => 0,
         };
-        self.longest_hit(req, workers, &bounds)
-            .or_else(|| self.hash_order(req, workers, &bounds))
-            .or_else(|| {
-                least_loaded(workers, |w| w.healthy).map(|i| decision(i, RouteReason::Overloaded))
+        let output = f64::from(req.max_output_tokens);
+        let scored: Vec<Scored> = workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.healthy)
+            .map(|(index, w)| {
+                let run = run_of(w.key);
+                let hit = (run as f64 * sizes.block_tokens).min(sizes.prompt);
+                let miss = sizes.prompt - hit;
+                let queue = w.pending_prefill as f64 + lambda * (w.load() - min_load);
+                let fit = w.kv_capacity.map_or(0.0, |cap| {
+                    let free = (1.0 - w.kv_usage.clamp(0.0, 1.0)) * cap as f64;
+                    (miss + output - free).max(0.0)
+                });
+                Scored {
+                    index,
+                    run,
+                    hit,
+                    queue,
+                    fit,
+                    cost: queue + miss + fit,
+                }
             })
+            .collect();
+        let best_cost = scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min);
+        // Where no healthy worker holds the prefix, the prompt costs the same everywhere and only
+        // load differs: the hash home keeps it within the whole tolerance, so every replica seeds
+        // it on the same worker.
+        let cold = scored.iter().all(|s| s.run == 0);
+        let band = best_cost + lambda * if cold { slack } else { BAND_REQUESTS };
+        let (key, cold_reason) = self.tie_key(req);
+        let chosen = scored
+            .iter()
+            .filter(|s| s.cost <= band)
+            .max_by_key(|s| hash_ring::score(key, workers[s.index].key))
+            .copied()?;
+        let best_run = matches
+            .iter()
+            .map(|&(_, run)| run)
+            .filter(|&run| run >= min_run)
+            .max()
+            .unwrap_or(0);
+        let (reason, lost) = if best_run == 0 {
+            (cold_reason, None)
+        } else if chosen.run >= best_run {
+            (RouteReason::PrefixHit, None)
+        } else {
+            let holder = scored
+                .iter()
+                .filter(|s| s.run == best_run)
+                .min_by(|a, b| a.cost.total_cmp(&b.cost));
+            let why = match holder {
+                None => LossReason::Health,
+                Some(h) if h.fit > h.queue => LossReason::Fit,
+                Some(_) => LossReason::Queue,
+            };
+            (RouteReason::LoadSpill, Some(why))
+        };
+        Some(Decision {
+            index: chosen.index,
+            reason,
+            predicted_cached: chosen.hit.round() as u64,
+            prefill: (sizes.prompt - chosen.hit).round() as u64,
+            lost,
+        })
     }
 
-    fn observe(&self, req: &RequestFeatures, worker_key: u64) {
-        self.index.record(&req.prefix_hashes, worker_key);
+    fn observe(&self, req: &RequestFeatures, worker: &WorkerView) {
+        let sizes = self.sizes(req);
+        let blocks = req.prefix_hashes.len() as f64 * sizes.block_tokens;
+        let tail = (sizes.prompt - blocks).max(0.0);
+        self.index.record(
+            worker.key,
+            Placement {
+                hashes: &req.prefix_hashes,
+                block_tokens: sizes.block_tokens,
+                extra_tokens: (tail + f64::from(req.max_output_tokens)).round() as u64,
+                capacity: worker.kv_capacity,
+            },
+        );
     }
+
+    fn feedback(&self, req: &RequestFeatures, worker_key: u64, fb: Feedback) {
+        if fb.prompt_tokens > 0 && req.prompt_bytes > 0 {
+            let sample = (req.prompt_bytes as f64 / fb.prompt_tokens as f64).clamp(1.0, 16.0);
+            let old = self.bytes_per_token();
+            let new = old + BPT_ALPHA * (sample - old);
+            self.bytes_per_token.store(new.to_bits(), Ordering::Relaxed);
+        }
+        if let Some(actual) = fb.cached_tokens {
+            let block_tokens = self.sizes(req).block_tokens;
+            self.index
+                .correct(worker_key, fb.predicted_cached, actual, block_tokens);
+        }
+    }
+
+    fn forget(&self, worker_key: u64) {
+        self.index.forget(worker_key);
+    }
+
+    fn index_sizes(&self) -> Vec<(u64, usize)> {
+        self.index
+            .sizes()
+            .into_iter()
+            .map(|(key, blocks, _, _)| (key, blocks))
+            .collect()
+    }
+}
+
+/// splitmix64: spreads a counter into a well-mixed tie-break key.
+fn splitmix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -1,42 +1,157 @@
-//! An approximate, bounded index of which prefix blocks were sent to which worker.
+//! An approximate index of which prefix blocks each worker still holds in its KV cache.
 //!
-//! Each block hash keeps a short list of workers (at most [`MAX_WORKERS_PER_BLOCK`]), and the
-//! index keeps at most `capacity` block hashes, evicting the least recently used by a monotonic
-//! tick (HashMap for lookup, BTreeMap ordered by tick for eviction: O(log n) per block). Entries of
-//! a removed worker are not purged; they simply never match a live worker and age out.
+//! Each worker gets its own LRU, weighed in tokens and sized from that worker's KV capacity
+//! (`vllm:cache_config_info`: `num_gpu_blocks × block_size`), so the index forgets what the
+//! worker must have evicted: every routed request pushes its prompt blocks *and* the KV it will
+//! add beyond them (the uncached tail and the answer) into the worker's LRU, as the engine's own
+//! block pool fills. A shared map from block hash to the workers holding it answers lookups in
+//! O(blocks × holders), whatever the pool size.
+//!
+//! Feedback corrects it: when a worker's answer reports fewer cached tokens than the index
+//! predicted, that worker's effective capacity shrinks (other gateway replicas, or work the
+//! gateway cannot see, share the cache); when it reports more, it grows back. A restarted or
+//! re-admitted worker is forgotten whole.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
-/// Most workers remembered per block; the least recently used one is replaced beyond it.
-pub const MAX_WORKERS_PER_BLOCK: usize = 4;
+/// Capacity assumed for a worker that does not export its KV size, in tokens.
+pub const DEFAULT_WORKER_TOKENS: u64 = 262_144;
 
-/// One block hash: when it was last used and by which workers.
+/// Bounds of the feedback-learned capacity scale. A worker with a known capacity never goes past
+/// 1 (its cache cannot be larger than it says); an unknown one may grow to 8× the default.
+const MIN_SCALE: f64 = 0.05;
+const MAX_SCALE_KNOWN: f64 = 1.0;
+const MAX_SCALE_UNKNOWN: f64 = 8.0;
+/// Scale change on a predicted hit that was not there, and on an unpredicted one.
+const SHRINK: f64 = 0.8;
+const GROW: f64 = 1.05;
+
+/// One LRU entry: a prompt block (`hash`), or the anonymous KV a request added beyond it.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hash: Option<u64>,
+    tokens: u64,
+}
+
+/// What one worker holds, least recently used first.
 #[derive(Debug)]
-struct Block {
-    tick: u64,
-    workers: Vec<(u64, u64)>,
+struct WorkerCache {
+    /// Capacity the worker reports (or the default), tokens.
+    base: u64,
+    /// Whether `base` came from the worker.
+    known: bool,
+    /// Learned correction of `base`.
+    scale: f64,
+    /// Tokens of all entries.
+    used: u64,
+    lru: BTreeMap<u64, Entry>,
+    ticks: HashMap<u64, u64>,
+}
+
+impl WorkerCache {
+    fn new(default: u64) -> Self {
+        Self {
+            base: default,
+            known: false,
+            scale: 1.0,
+            used: 0,
+            lru: BTreeMap::new(),
+            ticks: HashMap::new(),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        (self.base as f64 * self.scale) as u64
+    }
+
+    fn set_base(&mut self, capacity: Option<u64>, default: u64) {
+        match capacity {
+            Some(c) if c > 0 => {
+                self.base = c;
+                self.known = true;
+                self.scale = self.scale.min(MAX_SCALE_KNOWN);
+            }
+            _ => {
+                self.base = default;
+                self.known = false;
+            }
+        }
+    }
+
+    fn max_scale(&self) -> f64 {
+        if self.known {
+            MAX_SCALE_KNOWN
+        } else {
+            MAX_SCALE_UNKNOWN
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    blocks: HashMap<u64, Block>,
-    lru: BTreeMap<u64, u64>,
+    /// Block hash → keys of the workers holding it.
+    holders: HashMap<u64, Vec<u64>>,
+    workers: HashMap<u64, WorkerCache>,
     tick: u64,
 }
 
-/// Block hash → workers that were sent it, bounded to `capacity` block hashes.
+impl Inner {
+    /// Drops `worker`'s least recently used entries until it fits its capacity.
+    fn evict(&mut self, worker: u64) {
+        let Some(cache) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let cap = cache.capacity();
+        while cache.used > cap {
+            let Some((_, entry)) = cache.lru.pop_first() else {
+                cache.used = 0;
+                break;
+            };
+            cache.used = cache.used.saturating_sub(entry.tokens);
+            if let Some(hash) = entry.hash {
+                cache.ticks.remove(&hash);
+                unhold(&mut self.holders, hash, worker);
+            }
+        }
+    }
+}
+
+fn unhold(holders: &mut HashMap<u64, Vec<u64>>, hash: u64, worker: u64) {
+    if let Some(list) = holders.get_mut(&hash) {
+        list.retain(|&w| w != worker);
+        if list.is_empty() {
+            holders.remove(&hash);
+        }
+    }
+}
+
+/// What was recorded for one routed request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Placement<'a> {
+    /// The request's chained block hashes, leading block first.
+    pub hashes: &'a [u64],
+    /// Tokens one block stands for.
+    pub block_tokens: f64,
+    /// KV the request adds beyond its blocks (partial tail block and answer), tokens.
+    pub extra_tokens: u64,
+    /// The worker's KV capacity in tokens, when it reports one.
+    pub capacity: Option<u64>,
+}
+
+/// Per-worker bounded LRUs of prefix blocks, with a shared block → holders map.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    capacity: usize,
+    /// Capacity of a worker that reports none, tokens.
+    default_capacity: u64,
     inner: Mutex<Inner>,
 }
 
 impl PrefixIndex {
-    /// An empty index holding at most `capacity` block hashes.
-    pub fn new(capacity: usize) -> Self {
+    /// An empty index; workers that report no KV capacity get `default_capacity` tokens.
+    pub fn new(default_capacity: u64) -> Self {
         Self {
-            capacity,
+            default_capacity,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -48,50 +163,74 @@ impl PrefixIndex {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records that the blocks `hashes` were sent to `worker_key`, then evicts down to capacity.
+    /// Records that `worker` was sent a request, then evicts that worker down to its capacity.
     ///
-    /// Blocks are touched from last to first, so a prompt's leading blocks are the most recent and
-    /// its deepest ones go first: a surviving block is always useful to a prefix walk.
-    pub fn record(&self, hashes: &[u64], worker_key: u64) {
+    /// The anonymous KV goes in first and the blocks from last to first, so a prompt's leading
+    /// blocks are the most recent and its tail goes first, as an engine frees a finished
+    /// sequence's blocks: a surviving block is always useful to a prefix walk.
+    pub fn record(&self, worker: u64, placement: Placement<'_>) {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        for &hash in hashes.iter().rev() {
+        let default = self.default_capacity;
+        let cache = inner
+            .workers
+            .entry(worker)
+            .or_insert_with(|| WorkerCache::new(default));
+        cache.set_base(placement.capacity, default);
+        let block_tokens = placement.block_tokens.max(1.0).round() as u64;
+        if placement.extra_tokens > 0 {
+            inner.tick += 1;
+            cache.lru.insert(
+                inner.tick,
+                Entry {
+                    hash: None,
+                    tokens: placement.extra_tokens,
+                },
+            );
+            cache.used += placement.extra_tokens;
+        }
+        for &hash in placement.hashes.iter().rev() {
             inner.tick += 1;
             let tick = inner.tick;
-            let block = inner.blocks.entry(hash).or_insert(Block {
-                tick,
-                workers: Vec::new(),
-            });
-            inner.lru.remove(&block.tick);
-            block.tick = tick;
-            inner.lru.insert(tick, hash);
-            touch_worker(&mut block.workers, worker_key, tick);
+            match cache.ticks.insert(hash, tick) {
+                Some(old) => {
+                    if let Some(entry) = cache.lru.remove(&old) {
+                        cache.lru.insert(tick, entry);
+                    }
+                }
+                None => {
+                    cache.lru.insert(
+                        tick,
+                        Entry {
+                            hash: Some(hash),
+                            tokens: block_tokens,
+                        },
+                    );
+                    cache.used += block_tokens;
+                    inner.holders.entry(hash).or_default().push(worker);
+                }
+            }
         }
-        while inner.blocks.len() > self.capacity {
-            let Some((_, hash)) = inner.lru.pop_first() else {
-                break;
-            };
-            inner.blocks.remove(&hash);
-        }
+        inner.evict(worker);
     }
 
     /// For each worker that holds the first block, the number of leading blocks it holds in a row.
     ///
     /// Walks the hashes in order keeping the workers that matched every block so far and stops
-    /// when none is left: O(blocks × workers per block), whatever the number of workers.
+    /// when none is left: O(blocks × holders), whatever the number of workers.
     pub fn matches(&self, hashes: &[u64]) -> Vec<(u64, usize)> {
         let inner = self.lock();
-        let Some(first) = hashes.first().and_then(|h| inner.blocks.get(h)) else {
+        let Some(first) = hashes.first().and_then(|h| inner.holders.get(h)) else {
             return Vec::new();
         };
-        let mut alive: Vec<u64> = first.workers.iter().map(|&(w, _)| w).collect();
+        let mut alive: Vec<u64> = first.clone();
         let mut out = Vec::with_capacity(alive.len());
         for (depth, hash) in hashes.iter().enumerate().skip(1) {
-            let held = inner.blocks.get(hash).map_or(&[][..], |b| &b.workers[..]);
-            alive.retain(|&w| {
-                let keep = held.iter().any(|&(k, _)| k == w);
+            let held = inner.holders.get(hash).map_or(&[][..], |b| &b[..]);
+            alive.retain(|w| {
+                let keep = held.contains(w);
                 if !keep {
-                    out.push((w, depth));
+                    out.push((*w, depth));
                 }
                 keep
             });
@@ -103,114 +242,58 @@ impl PrefixIndex {
         out
     }
 
-    /// Number of block hashes held.
+    /// Learns from a worker's answer: `predicted` cached tokens against the `actual` ones it
+    /// reported, with `block_tokens` as the granularity below which they count as equal.
+    pub fn correct(&self, worker: u64, predicted: u64, actual: u64, block_tokens: f64) {
+        let slack = (2.0 * block_tokens.max(1.0)) as u64;
+        let mut guard = self.lock();
+        let Some(cache) = guard.workers.get_mut(&worker) else {
+            return;
+        };
+        if predicted > slack && actual < predicted / 2 {
+            cache.scale = (cache.scale * SHRINK).max(MIN_SCALE);
+        } else if actual > predicted + slack {
+            cache.scale = (cache.scale * GROW).min(cache.max_scale());
+        } else {
+            return;
+        }
+        guard.evict(worker);
+    }
+
+    /// Forgets everything about `worker` (restarted, re-admitted or removed).
+    pub fn forget(&self, worker: u64) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if let Some(cache) = inner.workers.remove(&worker) {
+            for hash in cache.ticks.into_keys() {
+                unhold(&mut inner.holders, hash, worker);
+            }
+        }
+    }
+
+    /// Per worker: (key, blocks held, tokens accounted, effective capacity in tokens).
+    pub fn sizes(&self) -> Vec<(u64, usize, u64, u64)> {
+        let inner = self.lock();
+        let mut out: Vec<_> = inner
+            .workers
+            .iter()
+            .map(|(&k, c)| (k, c.ticks.len(), c.used, c.capacity()))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Block hashes held over all workers.
     pub fn len(&self) -> usize {
-        self.lock().blocks.len()
+        self.lock().holders.len()
     }
 
     /// True when no block is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Most block hashes held.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
-/// Marks `worker` as using a block at `tick`, replacing the stalest worker when the list is full.
-fn touch_worker(workers: &mut Vec<(u64, u64)>, worker: u64, tick: u64) {
-    if let Some(entry) = workers.iter_mut().find(|(k, _)| *k == worker) {
-        entry.1 = tick;
-    } else if workers.len() < MAX_WORKERS_PER_BLOCK {
-        workers.push((worker, tick));
-    } else if let Some(stalest) = workers.iter_mut().min_by_key(|(_, t)| *t) {
-        *stalest = (worker, tick);
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::routing::testkit::SplitMix64;
-
-    fn sorted(mut v: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
-        v.sort_unstable();
-        v
-    }
-
-    #[test]
-    fn longest_run_per_worker() {
-        let idx = PrefixIndex::new(100);
-        idx.record(&[1, 2, 3, 4], 10);
-        idx.record(&[1, 2, 7], 20);
-        assert_eq!(sorted(idx.matches(&[1, 2, 3, 9])), vec![(10, 3), (20, 2)]);
-        assert_eq!(
-            sorted(idx.matches(&[1, 2, 3, 4, 5])),
-            vec![(10, 4), (20, 2)]
-        );
-        assert_eq!(
-            idx.matches(&[9, 2]),
-            vec![],
-            "runs start at the first block"
-        );
-        assert_eq!(idx.matches(&[]), vec![]);
-    }
-
-    #[test]
-    fn never_exceeds_capacity_under_a_million_inserts() {
-        let idx = PrefixIndex::new(1_000);
-        let mut rng = SplitMix64(7);
-        let mut hashes = Vec::with_capacity(10);
-        for _ in 0..100_000 {
-            hashes.clear();
-            // A small hash space so blocks repeat and get refreshed as well as inserted.
-            hashes.extend((0..10).map(|_| rng.below(5_000)));
-            idx.record(&hashes, rng.below(16));
-            assert!(idx.len() <= idx.capacity());
-        }
-        assert_eq!(idx.len(), 1_000);
-        let inner = idx.lock();
-        assert_eq!(inner.lru.len(), inner.blocks.len());
-        assert!(
-            inner
-                .blocks
-                .values()
-                .all(|b| b.workers.len() <= MAX_WORKERS_PER_BLOCK)
-        );
-    }
-
-    #[test]
-    fn least_recently_used_goes_first_deep_blocks_before_leading_ones() {
-        let idx = PrefixIndex::new(4);
-        idx.record(&[1, 2, 3], 10);
-        idx.record(&[4], 10);
-        idx.record(&[1], 10); // refreshes 1
-        idx.record(&[5], 10); // evicts 3 (deepest of the oldest request)
-        assert_eq!(idx.matches(&[1, 2, 3]), vec![(10, 2)]);
-        idx.record(&[6], 10); // evicts 2
-        assert_eq!(idx.matches(&[1, 2]), vec![(10, 1)]);
-        assert_eq!(idx.matches(&[4]), vec![(10, 1)]);
-    }
-
-    #[test]
-    fn workers_per_block_are_bounded() {
-        let idx = PrefixIndex::new(10);
-        for worker in 0..1_000 {
-            idx.record(&[1, 2], worker);
-        }
-        let m = idx.matches(&[1, 2]);
-        assert_eq!(m.len(), MAX_WORKERS_PER_BLOCK);
-        // The most recent workers are the ones kept.
-        assert!(m.iter().all(|&(w, run)| w >= 996 && run == 2));
-    }
-
-    #[test]
-    fn zero_capacity_holds_nothing() {
-        let idx = PrefixIndex::new(0);
-        idx.record(&[1, 2], 1);
-        assert!(idx.is_empty());
-        assert!(idx.matches(&[1]).is_empty());
-    }
-}
+#[path = "prefix_index_tests.rs"]
+mod tests;

@@ -18,7 +18,7 @@ impl RoundRobin {
 }
 
 impl RoutingPolicy for RoundRobin {
-    fn select(&self, _req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
+    fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
         let healthy = workers.iter().filter(|w| w.healthy).count();
         if healthy == 0 {
             return None;
@@ -30,10 +30,7 @@ impl RoutingPolicy for RoundRobin {
             .filter(|(_, w)| w.healthy)
             .nth(nth)
             .map(|(i, _)| i)?;
-        Some(Decision {
-            index,
-            reason: RouteReason::RoundRobin,
-        })
+        Some(Decision::plain(index, RouteReason::RoundRobin, req))
     }
 }
 
@@ -49,6 +46,8 @@ mod tests {
             waiting: 0.0,
             running: 0.0,
             kv_usage: 0.0,
+            pending_prefill: 0,
+            kv_capacity: None,
         }
     }
 

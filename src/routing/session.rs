@@ -13,14 +13,10 @@ impl RoutingPolicy for SessionAffinity {
     fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
         let healthy = |w: &WorkerView| w.healthy;
         match req.session_key {
-            Some(key) => hash_ring::first(key, workers, healthy).map(|index| Decision {
-                index,
-                reason: RouteReason::Session,
-            }),
-            None => least_loaded(workers, healthy).map(|index| Decision {
-                index,
-                reason: RouteReason::LeastLoad,
-            }),
+            Some(key) => hash_ring::first(key, workers, healthy)
+                .map(|index| Decision::plain(index, RouteReason::Session, req)),
+            None => least_loaded(workers, healthy)
+                .map(|index| Decision::plain(index, RouteReason::LeastLoad, req)),
         }
     }
 }
@@ -35,6 +31,7 @@ mod tests {
         RequestFeatures {
             prefix_hashes: Vec::new(),
             session_key: Some(session_hash(key)),
+            ..RequestFeatures::default()
         }
     }
 
@@ -71,13 +68,8 @@ mod tests {
         ws[0].in_flight = 4;
         ws[1].in_flight = 1;
         ws[2].in_flight = 2;
-        let d = SessionAffinity.select(&RequestFeatures::default(), &ws);
-        assert_eq!(
-            d,
-            Some(Decision {
-                index: 1,
-                reason: RouteReason::LeastLoad
-            })
-        );
+        let req = RequestFeatures::default();
+        let d = SessionAffinity.select(&req, &ws);
+        assert_eq!(d, Some(Decision::plain(1, RouteReason::LeastLoad, &req)));
     }
 }

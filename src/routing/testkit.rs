@@ -31,6 +31,8 @@ pub fn worker(i: usize) -> WorkerView {
         waiting: 0.0,
         running: 0.0,
         kv_usage: 0.0,
+        pending_prefill: 0,
+        kv_capacity: None,
     }
 }
 

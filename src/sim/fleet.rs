@@ -17,7 +17,7 @@ use crate::report::RequestRecord;
 use crate::routing::features::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS, prefix_hashes, session_hash,
 };
-use crate::routing::{RequestFeatures, RoutingPolicy, WorkerView};
+use crate::routing::{Feedback, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workload::{PlannedRequest, Requests};
 
 /// A simulated time, ordered totally so it can key the heap.
@@ -92,6 +92,9 @@ pub(super) struct Fleet {
     next_seq: u64,
     arrivals: HashMap<u64, PlannedRequest>,
     live: HashMap<u64, Live>,
+    /// What routing needs back from each live request: its features, the cached tokens it
+    /// predicted, and the prefill still counted as pending on its worker.
+    routed: HashMap<u64, Routed>,
     records: Vec<RequestRecord>,
     views: Vec<WorkerView>,
     notes: Vec<(u64, Note)>,
@@ -127,6 +130,7 @@ impl Fleet {
             next_seq: 0,
             arrivals: HashMap::new(),
             live: HashMap::new(),
+            routed: HashMap::new(),
             records: Vec::new(),
             notes: Vec::new(),
             now: 0.0,
@@ -310,7 +314,7 @@ impl Fleet {
             prompt_tokens,
             arrival,
         } = waiting;
-        let features = features(&req);
+        let features = features(&req, prompt_tokens);
         self.views.clear();
         self.views.extend(self.workers.iter().map(SimWorker::view));
         let Some(decision) = self.policy.select(&features, &self.views) else {
@@ -318,7 +322,16 @@ impl Fleet {
             return None;
         };
         let w = decision.index;
-        self.policy.observe(&features, self.workers[w].key);
+        self.policy.observe(&features, &self.views[w]);
+        self.workers[w].pending_prefill += decision.prefill;
+        self.routed.insert(
+            req.id,
+            Routed {
+                features,
+                predicted_cached: decision.predicted_cached,
+                prefill: decision.prefill,
+            },
+        );
         let live = Live::new(arrival, w, req.tenant, prompt_tokens, req.output_tokens);
         self.live.insert(req.id, live);
         let prompt = match &self.chat_wrap {
@@ -416,6 +429,9 @@ impl Fleet {
             let ended = match note {
                 Note::Tokens(n) => {
                     let ttft = self.live.get_mut(&id).and_then(|l| l.tokens(now, n));
+                    if ttft.is_some() {
+                        self.prefill_done(id);
+                    }
                     if let (Some(ttft), Some(d)) = (ttft, &mut self.degradation) {
                         d.record_ttft(ttft, now);
                     }
@@ -425,9 +441,21 @@ impl Fleet {
                 // The engine's refusal of a request that can never fit: a 400 from the server.
                 Note::Error => (400, None),
             };
+            self.prefill_done(id);
             let Some(live) = self.live.remove(&id) else {
                 continue;
             };
+            if let (Some(routed), Some(info)) = (self.routed.remove(&id), ended.1.as_ref()) {
+                self.policy.feedback(
+                    &routed.features,
+                    self.workers[live.worker].key,
+                    Feedback {
+                        predicted_cached: routed.predicted_cached,
+                        prompt_tokens: info.prompt_tokens as u64,
+                        cached_tokens: Some(info.cached_tokens as u64),
+                    },
+                );
+            }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);
             let record = live.into_record(id, now, ended.0, &worker.name, ended.1.as_ref());
@@ -435,6 +463,18 @@ impl Fleet {
             self.client_done(now);
         }
         self.notes = notes;
+    }
+
+    /// The request's first token came out (or it ended): its prefill is no longer pending.
+    fn prefill_done(&mut self, id: u64) {
+        let Some(routed) = self.routed.get_mut(&id) else {
+            return;
+        };
+        if let Some(live) = self.live.get(&id) {
+            let w = &mut self.workers[live.worker];
+            w.pending_prefill = w.pending_prefill.saturating_sub(routed.prefill);
+            routed.prefill = 0;
+        }
     }
 
     /// A request ended at `now`: a closed-loop client sends its next one.
@@ -449,12 +489,22 @@ impl Fleet {
 /// bytes; the plan has token ids, so we hash their little-endian bytes instead. The values differ
 /// but the structure is the same (chained hashes of fixed-size leading blocks, 64 tokens a block
 /// here), so shared prefixes share leading hashes exactly as they do in the gateway.
-fn features(req: &PlannedRequest) -> RequestFeatures {
+fn features(req: &PlannedRequest, prompt_tokens: u64) -> RequestFeatures {
     let max_tokens = DEFAULT_BLOCK_BYTES * DEFAULT_MAX_BLOCKS / 4;
     let head = &req.prompt[..req.prompt.len().min(max_tokens)];
     let bytes: Vec<u8> = head.iter().flat_map(|t| t.to_le_bytes()).collect();
     RequestFeatures {
         prefix_hashes: prefix_hashes(&bytes, DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS),
         session_key: req.session.as_deref().map(session_hash),
+        // Four bytes a token, chat template included, as the engine will count the prompt.
+        prompt_bytes: usize::try_from(prompt_tokens * 4).unwrap_or(usize::MAX),
+        max_output_tokens: req.output_tokens,
     }
+}
+
+/// Routing state of one live request (see `Fleet::routed`).
+struct Routed {
+    features: RequestFeatures,
+    predicted_cached: u64,
+    prefill: u64,
 }

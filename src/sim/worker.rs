@@ -119,6 +119,10 @@ pub(super) struct SimWorker {
     pub in_flight: u32,
     /// True while a step is under way (its end is in the event queue).
     pub busy: bool,
+    /// Prompt tokens routed here whose first token has not come out (as the gateway counts it).
+    pub pending_prefill: u64,
+    /// KV capacity in tokens (what the live engine exports in `vllm:cache_config_info`).
+    kv_capacity: u64,
     core: EngineCore,
     clock: Arc<VirtualClock>,
     metrics: Arc<EngineMetrics>,
@@ -157,6 +161,8 @@ impl SimWorker {
             key: session_hash(&format!("sim://worker-{i}")),
             in_flight: 0,
             busy: false,
+            pending_prefill: 0,
+            kv_capacity: (spec.num_blocks * spec.block_size) as u64,
             core,
             clock,
             metrics,
@@ -179,6 +185,8 @@ impl SimWorker {
             waiting: (self.inbox.len() + sched.waiting.len()) as f64,
             running: sched.running.len() as f64,
             kv_usage: sched.kv.usage(),
+            pending_prefill: self.pending_prefill,
+            kv_capacity: Some(self.kv_capacity),
         }
     }
 

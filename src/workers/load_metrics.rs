@@ -26,12 +26,39 @@ pub struct EngineLoad {
     pub running: f64,
     /// KV-cache usage, 0..=1 (0 when the engine does not report it).
     pub kv_usage: f64,
+    /// KV capacity in tokens: vLLM's `vllm:cache_config_info` labels `num_gpu_blocks ×
+    /// block_size`, SGLang's `sglang:max_total_num_tokens`; `None` when not exported.
+    pub kv_capacity: Option<u64>,
+    /// `process_start_time_seconds`, when exported: a change means the engine restarted.
+    pub started_at: Option<f64>,
 }
 
 struct Names {
     waiting: &'static [&'static str],
     running: &'static [&'static str],
     kv: &'static [&'static str],
+    /// A gauge whose value is the KV capacity in tokens.
+    capacity_tokens: Option<&'static str>,
+    /// An info metric whose `num_gpu_blocks` and `block_size` labels give the capacity.
+    cache_info: Option<&'static str>,
+}
+
+/// The value of label `name` in a sample line's `{...}`, unquoted.
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let open = line.find('{')?;
+    let close = line.rfind('}')?;
+    let labels = line.get(open + 1..close)?;
+    labels.split(',').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k.trim() == name).then(|| v.trim().trim_matches('"'))
+    })
+}
+
+/// `num_gpu_blocks × block_size` of a cache info line.
+fn capacity_from_info(line: &str) -> Option<u64> {
+    let blocks: u64 = label(line, "num_gpu_blocks")?.parse().ok()?;
+    let size: u64 = label(line, "block_size")?.parse().ok()?;
+    blocks.checked_mul(size).filter(|&c| c > 0)
 }
 
 impl Dialect {
@@ -42,16 +69,22 @@ impl Dialect {
                 running: &["vllm:num_requests_running"],
                 // The older name was replaced by kv_cache_usage_perc in vLLM 0.10.
                 kv: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                capacity_tokens: None,
+                cache_info: Some("vllm:cache_config_info"),
             },
             Dialect::Sglang => Names {
                 waiting: &["sglang:num_queue_reqs"],
                 running: &["sglang:num_running_reqs"],
                 kv: &["sglang:token_usage"],
+                capacity_tokens: Some("sglang:max_total_num_tokens"),
+                cache_info: None,
             },
             Dialect::Tgi => Names {
                 waiting: &["tgi_queue_size"],
                 running: &["tgi_batch_current_size"],
                 kv: &[],
+                capacity_tokens: None,
+                cache_info: None,
             },
         }
     }
@@ -64,6 +97,7 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
     let names = dialect.names();
     let (mut waiting, mut running, mut kv, mut kv_n) = (None::<f64>, None::<f64>, 0.0, 0u32);
     let mut kv_name: Option<&str> = None;
+    let (mut kv_capacity, mut started_at) = (None::<u64>, None::<f64>);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -71,6 +105,13 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
         }
         let name_end = line.find(['{', ' ']).unwrap_or(line.len());
         let name = &line[..name_end];
+        if names.cache_info == Some(name) {
+            // An info metric: what matters is in its labels.
+            if let Some(c) = capacity_from_info(line) {
+                *kv_capacity.get_or_insert(0) += c;
+            }
+            continue;
+        }
         // The value follows the labels; an optional timestamp may follow it.
         let rest = match line[name_end..].rfind('}') {
             Some(i) => &line[name_end + i + 1..],
@@ -90,6 +131,10 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
             *waiting.get_or_insert(0.0) += value;
         } else if names.running.contains(&name) {
             *running.get_or_insert(0.0) += value;
+        } else if names.capacity_tokens == Some(name) && value >= 1.0 {
+            *kv_capacity.get_or_insert(0) += value as u64;
+        } else if name == "process_start_time_seconds" {
+            started_at = Some(value);
         } else if names.kv.contains(&name) && kv_name.is_none_or(|n| n == name) {
             kv_name = Some(names.kv.iter().copied().find(|n| *n == name).unwrap_or(""));
             kv += value;
@@ -112,6 +157,8 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
         } else {
             (kv / f64::from(kv_n)).clamp(0.0, 1.0)
         },
+        kv_capacity,
+        started_at,
     })
 }
 
@@ -142,9 +189,28 @@ vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n";
             EngineLoad {
                 waiting: 5.0,
                 running: 7.0,
-                kv_usage: 0.5
+                kv_usage: 0.5,
+                ..EngineLoad::default()
             }
         );
+    }
+
+    #[test]
+    fn reads_kv_capacity_and_start_time() {
+        let text = "vllm:num_requests_running{model_name=\"m\"} 1\n\
+vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"8816\",enable_prefix_caching=\"True\"} 1.0\n\
+process_start_time_seconds 1.7e9\n";
+        let l = parse_load(text, Dialect::Vllm).unwrap();
+        assert_eq!(l.kv_capacity, Some(8816 * 16));
+        assert_eq!(l.started_at, Some(1.7e9));
+        let s =
+            "sglang:num_running_reqs 1\nsglang:max_total_num_tokens{model_name=\"m\"} 161721.0\n";
+        assert_eq!(
+            parse_load(s, Dialect::Sglang).unwrap().kv_capacity,
+            Some(161_721)
+        );
+        let bare = "vllm:num_requests_running 1\nvllm:cache_config_info{block_size=\"x\"} 1\n";
+        assert_eq!(parse_load(bare, Dialect::Vllm).unwrap().kv_capacity, None);
     }
 
     #[test]
@@ -163,7 +229,8 @@ vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n";
             EngineLoad {
                 waiting: 4.0,
                 running: 9.0,
-                kv_usage: 0.75
+                kv_usage: 0.75,
+                ..EngineLoad::default()
             }
         );
         let t = "tgi_queue_size 2\ntgi_batch_current_size 6\n";
@@ -172,7 +239,8 @@ vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n";
             EngineLoad {
                 waiting: 2.0,
                 running: 6.0,
-                kv_usage: 0.0
+                kv_usage: 0.0,
+                ..EngineLoad::default()
             }
         );
     }

@@ -8,7 +8,8 @@ use hyper::body::Bytes;
 
 use crate::metrics::GatewayMetrics;
 use crate::upstream::UpstreamClient;
-use crate::workers::load_metrics::{Dialect, parse_load};
+use crate::workers::load_metrics::parse_load;
+use crate::workers::pool::PoolRuntime;
 use crate::workers::state::{HealthChange, WorkerState};
 
 /// Health settings applied by a poll.
@@ -22,24 +23,28 @@ pub struct PollSettings {
     pub readmit_after: u32,
 }
 
-/// Scrapes one worker once and updates its state.
+/// Scrapes one worker once and updates its state. A restart (new start time or KV size) or a
+/// re-admission voids what routing learned about the worker's cache.
 pub async fn poll_worker(
     client: &UpstreamClient,
     worker: &Arc<WorkerState>,
-    pool: &str,
-    dialect: Dialect,
+    pool_rt: &PoolRuntime,
     settings: PollSettings,
     metrics: &GatewayMetrics,
 ) {
+    let pool = pool_rt.name.as_str();
     let result = tokio::time::timeout(settings.timeout, scrape(client, &worker.url)).await;
     let outcome = match result {
-        Ok(Ok(text)) => parse_load(&text, dialect),
+        Ok(Ok(text)) => parse_load(&text, pool_rt.dialect),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(format!("timed out after {:?}", settings.timeout)),
     };
     let change = match outcome {
         Ok(load) => {
-            worker.record_load(load);
+            if worker.record_load(load) {
+                tracing::info!(pool, worker = %worker.url, "worker restarted: its prefix index entries are dropped");
+                pool_rt.forget_worker(worker.key);
+            }
             metrics.observe_worker(pool, worker);
             worker.record_success(settings.readmit_after)
         }
@@ -55,6 +60,7 @@ pub async fn poll_worker(
         }
         HealthChange::Readmitted => {
             tracing::info!(pool, worker = %worker.url, "worker re-admitted");
+            pool_rt.forget_worker(worker.key);
         }
         HealthChange::None => {}
     }

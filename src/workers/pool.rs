@@ -78,10 +78,19 @@ impl PoolRuntime {
         self.workers.load_full()
     }
 
-    /// Replaces the worker set (DNS re-resolution).
+    /// Replaces the worker set (DNS re-resolution); the policy forgets the workers that left.
     pub fn set_workers(&self, workers: Vec<Arc<WorkerState>>) {
-        self.workers.store(Arc::new(workers));
+        let old = self.workers.swap(Arc::new(workers));
+        let now = self.workers();
+        for gone in old.iter().filter(|w| !now.iter().any(|n| n.key == w.key)) {
+            self.policy.policy.forget(gone.key);
+        }
         self.update_capacity();
+    }
+
+    /// Voids what the policy learned about a worker's cache (it restarted or was re-admitted).
+    pub fn forget_worker(&self, key: u64) {
+        self.policy.policy.forget(key);
     }
 
     /// The policy (shared with the next snapshot when its settings are unchanged).
@@ -108,7 +117,7 @@ impl PoolRuntime {
             .collect();
         let decision = self.policy.policy.select(features, &views)?;
         let worker = workers.get(decision.index)?.clone();
-        self.policy.policy.observe(features, worker.key);
+        self.policy.policy.observe(features, &views[decision.index]);
         Some((worker, decision))
     }
 }

@@ -22,6 +22,12 @@ pub struct WorkerState {
     running: AtomicU64,
     kv_usage: AtomicU64,
     ejections: AtomicU64,
+    /// Prompt tokens routed here whose first token has not arrived (see [`PrefillGuard`]).
+    pending_prefill: Arc<AtomicU64>,
+    /// KV capacity in tokens as last polled; 0 = not reported.
+    kv_capacity: AtomicU64,
+    /// f64 bits of the polled `process_start_time_seconds`; 0 = not reported yet.
+    started_at: AtomicU64,
 }
 
 /// What a health event did to a worker.
@@ -49,6 +55,9 @@ impl WorkerState {
             running: AtomicU64::new(0f64.to_bits()),
             kv_usage: AtomicU64::new(0f64.to_bits()),
             ejections: AtomicU64::new(0),
+            pending_prefill: Arc::new(AtomicU64::new(0)),
+            kv_capacity: AtomicU64::new(0),
+            started_at: AtomicU64::new(0),
         }
     }
 
@@ -61,6 +70,8 @@ impl WorkerState {
             waiting: f64::from_bits(self.waiting.load(Ordering::Relaxed)),
             running: f64::from_bits(self.running.load(Ordering::Relaxed)),
             kv_usage: f64::from_bits(self.kv_usage.load(Ordering::Relaxed)),
+            pending_prefill: self.pending_prefill.load(Ordering::Acquire),
+            kv_capacity: Some(self.kv_capacity.load(Ordering::Relaxed)).filter(|&c| c > 0),
         }
     }
 
@@ -85,14 +96,30 @@ impl WorkerState {
         InFlightGuard(self.clone())
     }
 
-    /// Stores a successful poll.
-    pub fn record_load(&self, load: EngineLoad) {
+    /// Counts `tokens` of prefill pending here until the guard drops (first token, or the end).
+    pub fn start_prefill(&self, tokens: u64) -> PrefillGuard {
+        self.pending_prefill.fetch_add(tokens, Ordering::AcqRel);
+        PrefillGuard {
+            counter: self.pending_prefill.clone(),
+            tokens,
+        }
+    }
+
+    /// Stores a successful poll; true when it shows the engine restarted (a new start time or
+    /// a new KV capacity), so whatever was learned about its cache is void.
+    pub fn record_load(&self, load: EngineLoad) -> bool {
         self.waiting
             .store(load.waiting.to_bits(), Ordering::Relaxed);
         self.running
             .store(load.running.to_bits(), Ordering::Relaxed);
         self.kv_usage
             .store(load.kv_usage.to_bits(), Ordering::Relaxed);
+        let capacity = load.kv_capacity.unwrap_or(0);
+        let old_capacity = self.kv_capacity.swap(capacity, Ordering::Relaxed);
+        let started = load.started_at.map_or(0, f64::to_bits);
+        let old_started = self.started_at.swap(started, Ordering::Relaxed);
+        (old_capacity != 0 && old_capacity != capacity)
+            || (old_started != 0 && old_started != started)
     }
 
     /// A successful poll or request: re-admits after `readmit_after` in a row.
@@ -116,6 +143,19 @@ impl WorkerState {
             return HealthChange::Ejected;
         }
         HealthChange::None
+    }
+}
+
+/// Takes a request's prefill tokens off its worker's pending count when dropped.
+#[derive(Debug)]
+pub struct PrefillGuard {
+    counter: Arc<AtomicU64>,
+    tokens: u64,
+}
+
+impl Drop for PrefillGuard {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.tokens, Ordering::AcqRel);
     }
 }
 
@@ -171,13 +211,40 @@ mod tests {
     #[test]
     fn polled_load_reaches_the_view() {
         let w = WorkerState::new("http://a");
-        w.record_load(EngineLoad {
+        let load = EngineLoad {
             waiting: 2.0,
             running: 5.0,
             kv_usage: 0.4,
-        });
+            kv_capacity: Some(1_000),
+            started_at: Some(1.0),
+        };
+        assert!(!w.record_load(load), "the first poll is no restart");
+        assert!(!w.record_load(load));
         let v = w.view();
+        assert_eq!(v.kv_capacity, Some(1_000));
         assert_eq!((v.waiting, v.running, v.kv_usage), (2.0, 5.0, 0.4));
         assert_eq!(v.load(), 7.0);
+        let restarted = EngineLoad {
+            started_at: Some(2.0),
+            ..load
+        };
+        assert!(w.record_load(restarted), "a new start time is a restart");
+        let resized = EngineLoad {
+            kv_capacity: Some(2_000),
+            ..restarted
+        };
+        assert!(w.record_load(resized), "a new KV size is a restart");
+    }
+
+    #[test]
+    fn pending_prefill_follows_guards() {
+        let w = WorkerState::new("http://a");
+        let a = w.start_prefill(100);
+        let b = w.start_prefill(50);
+        assert_eq!(w.view().pending_prefill, 150);
+        drop(a);
+        assert_eq!(w.view().pending_prefill, 50);
+        drop(b);
+        assert_eq!(w.view().pending_prefill, 0);
     }
 }

@@ -1,0 +1,182 @@
+//! Tests of the per-worker prefix index.
+
+use super::*;
+use crate::routing::testkit::SplitMix64;
+
+fn sorted(mut v: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
+    v.sort_unstable();
+    v
+}
+
+/// A placement of `hashes` at 10 tokens a block, no extra KV, on a worker of `capacity` tokens.
+fn at(hashes: &[u64], capacity: u64) -> Placement<'_> {
+    Placement {
+        hashes,
+        block_tokens: 10.0,
+        extra_tokens: 0,
+        capacity: Some(capacity),
+    }
+}
+
+#[test]
+fn longest_run_per_worker() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.record(10, at(&[1, 2, 3, 4], 1_000));
+    idx.record(20, at(&[1, 2, 7], 1_000));
+    assert_eq!(sorted(idx.matches(&[1, 2, 3, 9])), vec![(10, 3), (20, 2)]);
+    assert_eq!(
+        sorted(idx.matches(&[1, 2, 3, 4, 5])),
+        vec![(10, 4), (20, 2)]
+    );
+    assert_eq!(
+        idx.matches(&[9, 2]),
+        vec![],
+        "runs start at the first block"
+    );
+    assert_eq!(idx.matches(&[]), vec![]);
+}
+
+#[test]
+fn each_worker_forgets_what_its_own_capacity_cannot_hold() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    // Worker 1 holds 3 blocks of 10 tokens, worker 2 holds 100.
+    idx.record(1, at(&[1, 2], 30));
+    idx.record(2, at(&[1, 2], 1_000));
+    idx.record(1, at(&[5, 6], 30)); // evicts 2, the least recent
+    idx.record(2, at(&[5, 6], 1_000));
+    assert_eq!(sorted(idx.matches(&[1, 2])), vec![(1, 1), (2, 2)]);
+    assert_eq!(sorted(idx.matches(&[5, 6])), vec![(1, 2), (2, 2)]);
+    let sizes = idx.sizes();
+    assert_eq!(sizes[0], (1, 3, 30, 30), "{sizes:?}");
+    assert_eq!(sizes[1], (2, 4, 40, 1_000), "{sizes:?}");
+}
+
+#[test]
+fn a_requests_answer_and_tail_push_older_prefixes_out() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.record(1, at(&[1, 2], 100));
+    // A request of 2 new blocks whose answer and tail take 80 tokens: 20 + 20 + 80 > 100.
+    idx.record(
+        1,
+        Placement {
+            extra_tokens: 80,
+            ..at(&[8, 9], 100)
+        },
+    );
+    assert_eq!(idx.matches(&[1, 2]), vec![], "the older prefix was evicted");
+    // The anonymous KV is older than the request's blocks, so it goes before them.
+    idx.record(1, at(&[3], 100));
+    assert_eq!(idx.matches(&[8, 9]), vec![(1, 2)]);
+}
+
+#[test]
+fn leading_blocks_outlive_deep_ones() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.record(1, at(&[1, 2, 3], 40));
+    idx.record(1, at(&[4], 40));
+    idx.record(1, at(&[1], 40)); // refreshes 1
+    idx.record(1, at(&[5], 40)); // evicts 3 (deepest of the oldest request)
+    assert_eq!(idx.matches(&[1, 2, 3]), vec![(1, 2)]);
+    idx.record(1, at(&[6], 40)); // evicts 2
+    assert_eq!(idx.matches(&[1, 2]), vec![(1, 1)]);
+    assert_eq!(idx.matches(&[4]), vec![(1, 1)]);
+}
+
+#[test]
+fn bounded_under_many_random_inserts() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    let mut rng = SplitMix64(7);
+    let mut hashes = Vec::with_capacity(10);
+    for _ in 0..50_000 {
+        hashes.clear();
+        // A small hash space so blocks repeat and get refreshed as well as inserted.
+        hashes.extend((0..10).map(|_| rng.below(5_000)));
+        let worker = rng.below(8);
+        idx.record(
+            worker,
+            Placement {
+                extra_tokens: rng.below(30),
+                ..at(&hashes, 500 + worker * 100)
+            },
+        );
+    }
+    let inner = idx.lock();
+    for (key, cache) in &inner.workers {
+        assert!(cache.used <= cache.capacity(), "worker {key}");
+        assert_eq!(
+            cache.used,
+            cache.lru.values().map(|e| e.tokens).sum::<u64>()
+        );
+        assert_eq!(
+            cache.ticks.len(),
+            cache.lru.values().filter(|e| e.hash.is_some()).count()
+        );
+    }
+    // The shared map holds exactly what the workers hold.
+    let held: usize = inner.holders.values().map(Vec::len).sum();
+    let per_worker: usize = inner.workers.values().map(|c| c.ticks.len()).sum();
+    assert_eq!(held, per_worker);
+}
+
+#[test]
+fn a_missed_prediction_shrinks_the_worker_and_a_surprise_grows_it_back() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    let hashes: Vec<u64> = (1..=10).collect();
+    idx.record(1, at(&hashes, 100));
+    assert_eq!(idx.sizes()[0].3, 100);
+    // Predicted 100 cached tokens, the worker had 0: capacity × 0.8, tail blocks dropped.
+    idx.correct(1, 100, 0, 10.0);
+    assert_eq!(idx.sizes()[0].3, 80);
+    assert_eq!(idx.matches(&hashes), vec![(1, 8)]);
+    // Within two blocks of the prediction: nothing to learn.
+    idx.correct(1, 80, 70, 10.0);
+    assert_eq!(idx.sizes()[0].3, 80);
+    // More cached than predicted: grows, but never past the capacity the worker reports.
+    for _ in 0..20 {
+        idx.correct(1, 0, 100, 10.0);
+    }
+    assert_eq!(idx.sizes()[0].3, 100);
+    // A worker that reports no capacity may grow past the default.
+    idx.record(
+        2,
+        Placement {
+            capacity: None,
+            ..at(&[1], 0)
+        },
+    );
+    for _ in 0..5 {
+        idx.correct(2, 0, 100, 10.0);
+    }
+    assert!(idx.sizes()[1].3 > DEFAULT_WORKER_TOKENS);
+}
+
+#[test]
+fn forgetting_a_worker_removes_only_its_blocks() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.record(1, at(&[1, 2], 100));
+    idx.record(2, at(&[1, 2], 100));
+    idx.forget(1);
+    assert_eq!(idx.matches(&[1, 2]), vec![(2, 2)]);
+    idx.forget(2);
+    assert!(idx.is_empty());
+    assert!(idx.sizes().is_empty());
+}
+
+#[test]
+fn unknown_capacity_takes_the_default_and_oversize_blocks_do_not_stay() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.record(1, at(&[1, 2], 0));
+    // A zero capacity is "unknown": the default applies.
+    assert_eq!(idx.matches(&[1]), vec![(1, 1)]);
+    idx.record(
+        1,
+        Placement {
+            block_tokens: 1e9,
+            ..at(&[3], 5)
+        },
+    );
+    assert!(
+        idx.matches(&[3]).is_empty(),
+        "a block larger than the cache"
+    );
+}
