@@ -1,8 +1,10 @@
-//! Routing policies compared on one seeded workload: 4 sim engine workers (H100, Llama-3-8B) behind
-//! one `infergate gateway`, once per policy (`prefix`, `round_robin`, `least_load`), workers and
-//! gateway fresh for each so every policy starts with cold caches. Groups of sessions share long
-//! system prompts; arrivals are open-loop at a fixed rate with Zipf-like group popularity. Measured:
-//! the engines' prefix-cache hit rate, client-side TTFT, requests per worker and peak running.
+//! Routing policies compared on seeded workloads: 4 sim engine workers (H100, Llama-3-8B) behind
+//! one `infergate gateway`, once per policy (`prefix`, `round_robin`, `least_load`, and an oracle
+//! that hashes each request's group), workers and gateway fresh for each so every policy starts
+//! with cold caches. Groups of sessions share long system prompts. Scenarios: KV room and KV
+//! pressure (open-loop Poisson arrivals, Zipf group popularity), and saturated (a closed loop of
+//! 32 clients against small KV caches, every worker's KV nearly full). Measured: the engines'
+//! prefix-cache hit rate, req/s, client-side TTFT, requests per worker, peak running, KV usage.
 //! Run with `cargo bench --bench routing`.
 #![forbid(unsafe_code)]
 
@@ -28,50 +30,79 @@ use serde_json::json;
 
 /// Engine workers behind the gateway.
 const WORKERS: usize = 4;
-/// Groups of sessions, each with its own system prompt.
-const GROUPS: usize = 16;
 /// Sessions per group.
 const SESSIONS: usize = 32;
 /// Size of each group's system prompt in bytes (≈1,500 cl100k tokens of common words).
 const SYSTEM_BYTES: usize = 6 * 1024;
-/// Zipf exponent of group popularity (group k has weight 1/(k+1)^s).
-const ZIPF_S: f64 = 1.0;
-/// Open-loop arrival rate, requests per second (Poisson arrivals).
-const RATE: f64 = 20.0;
-/// Arrivals per policy run.
-const DURATION: Duration = Duration::from_secs(20);
-/// Tokens generated per request (`ignore_eos`).
-const MAX_TOKENS: u32 = 16;
 /// Workload seed; every policy sees the same requests at the same offsets.
 const SEED: u64 = 0x1f3a_5eed;
-/// How often the engines' `/metrics` are polled for running requests.
+/// How often the engines' `/metrics` are polled for running requests and KV usage.
 const POLL: Duration = Duration::from_millis(100);
 /// KV blocks per worker in the cache-pressure scenario: room for ~8 of the 16 system prompts
 /// (~1,500 tokens = ~94 blocks of 16 each), fewer while requests run.
 const PRESSURE_BLOCKS: &str = "768";
+/// KV blocks per worker in the saturated scenario: 6,144 tokens, so 32 concurrent 1,500-token
+/// chats over 4 workers keep every worker's KV nearly full with a queue waiting.
+const SATURATED_BLOCKS: &str = "384";
 
-/// A worker setup the three policies are compared on.
+/// How the workload is sent.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Poisson arrivals at this rate (requests/s) for this long.
+    Open(f64, Duration),
+    /// This many clients, each sending its next request when its last one ends, until this many
+    /// requests have been sent.
+    Closed(usize, usize),
+}
+
+/// A worker setup and load the policies are compared on.
 struct Scenario {
     name: &'static str,
     engine_args: &'static [&'static str],
+    /// Groups of sessions, each with its own system prompt.
+    groups: usize,
+    /// Zipf exponent of group popularity (group k has weight 1/(k+1)^s).
+    zipf: f64,
+    load: Load,
+    /// Tokens generated per request (`ignore_eos`).
+    max_tokens: u32,
 }
 
-const SCENARIOS: [Scenario; 2] = [
+const SCENARIOS: [Scenario; 3] = [
     Scenario {
-        name: "default KV",
+        name: "KV room",
         engine_args: &[],
+        groups: 16,
+        zipf: 1.0,
+        load: Load::Open(20.0, Duration::from_secs(20)),
+        max_tokens: 16,
     },
     Scenario {
         name: "KV pressure (768 blocks)",
         engine_args: &["--num-gpu-blocks-override", PRESSURE_BLOCKS],
+        groups: 16,
+        zipf: 1.0,
+        load: Load::Open(20.0, Duration::from_secs(20)),
+        max_tokens: 16,
+    },
+    Scenario {
+        name: "saturated (384 blocks, 32 clients)",
+        engine_args: &["--num-gpu-blocks-override", SATURATED_BLOCKS],
+        groups: 8,
+        zipf: 0.0,
+        load: Load::Closed(32, 400),
+        max_tokens: 32,
     },
 ];
 
-const POLICIES: [&str; 3] = ["prefix", "round_robin", "least_load"];
+/// Policies compared; `oracle` is a consistent hash of the request's group (`policy: session`
+/// with `x-session-id` set to the group): a static placement that knows the groups.
+const POLICIES: [&str; 4] = ["prefix", "round_robin", "least_load", "oracle"];
 
-/// One request of the workload, due at `at` after the start.
+/// One request of the workload, due at `at` after the start (open loop).
 struct Arrival {
     at: Duration,
+    group: usize,
     body: Bytes,
 }
 
@@ -86,6 +117,10 @@ struct Outcome {
 /// One policy run, summarized.
 struct RunResult {
     outcomes: Vec<Outcome>,
+    /// Wall time of the replay, seconds.
+    wall: f64,
+    /// Mean over polls of the workers' mean `vllm:kv_cache_usage_perc`.
+    kv_mean: f64,
     hits: f64,
     queries: f64,
     peak_running: f64,
@@ -103,17 +138,11 @@ async fn main() {
 
 async fn run() -> Result<(), BoxError> {
     let bin = common::infergate_bin();
-    let workload = Arc::new(workload());
-    eprintln!(
-        "{} requests per run ({RATE} req/s for {}s), {GROUPS} groups × {SESSIONS} sessions, \
-         {SYSTEM_BYTES}-byte system prompts, {WORKERS} workers",
-        workload.len(),
-        DURATION.as_secs()
-    );
     let mut table = Table::new(&[
         "workers",
         "policy",
         "ok / failed",
+        "req/s",
         "prefix-cache hit rate",
         "TTFT p50 ms",
         "TTFT p90 ms",
@@ -121,11 +150,20 @@ async fn run() -> Result<(), BoxError> {
         "requests per worker",
         "max / mean",
         "peak running (one worker)",
+        "KV usage mean",
         "routing decisions",
     ]);
     let mut notes = Vec::new();
     let mut prompt_tokens = None;
     for scenario in &SCENARIOS {
+        let workload = Arc::new(workload(scenario));
+        eprintln!(
+            "{}: {} requests per run, {} groups × {SESSIONS} sessions, \
+             {SYSTEM_BYTES}-byte system prompts, {WORKERS} workers",
+            scenario.name,
+            workload.len(),
+            scenario.groups,
+        );
         for policy in POLICIES {
             eprintln!("{}: {policy} ...", scenario.name);
             let r = run_policy(&bin, scenario, policy, workload.clone()).await?;
@@ -137,6 +175,7 @@ async fn run() -> Result<(), BoxError> {
                 scenario.name.to_string(),
                 format!("`{policy}`"),
                 format!("{ok} / {}", r.outcomes.len() - ok),
+                format!("{:.1}", ok as f64 / r.wall),
                 format!("{:.1}%", 100.0 * r.hits / r.queries),
                 ms(percentile(&ttft, 50.0)),
                 ms(percentile(&ttft, 90.0)),
@@ -148,6 +187,7 @@ async fn run() -> Result<(), BoxError> {
                     .join(" / "),
                 format!("{:.2}", max as f64 / mean),
                 format!("{:.0}", r.peak_running),
+                format!("{:.2}", r.kv_mean),
                 r.decisions.clone(),
             ]);
             if let Some(e) = r.outcomes.iter().find_map(|o| o.error.as_ref()) {
@@ -174,11 +214,13 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The seeded request list: Poisson arrivals, Zipf group, uniform session, fresh user turn.
-fn workload() -> Vec<Arrival> {
+/// The seeded request list: Poisson arrivals (or as many requests as the closed loop sends),
+/// Zipf group, uniform session, fresh user turn.
+fn workload(scn: &Scenario) -> Vec<Arrival> {
     let mut rng = Rng::new(SEED);
     let vocab = vocabulary();
-    let prompts: Vec<String> = (0..GROUPS)
+    let groups = scn.groups;
+    let prompts: Vec<String> = (0..groups)
         .map(|g| {
             let mut p = format!("You are the assistant of team {g}. Follow these notes.");
             for i in 1.. {
@@ -194,17 +236,26 @@ fn workload() -> Vec<Arrival> {
             p
         })
         .collect();
-    let weights: Vec<f64> = (0..GROUPS)
-        .map(|k| 1.0 / ((k + 1) as f64).powf(ZIPF_S))
+    let weights: Vec<f64> = (0..groups)
+        .map(|k| 1.0 / ((k + 1) as f64).powf(scn.zipf))
         .collect();
     let total: f64 = weights.iter().sum();
-    let mut turns = vec![0u32; GROUPS * SESSIONS];
+    let mut turns = vec![0u32; groups * SESSIONS];
     let mut at = Duration::ZERO;
     let mut out = Vec::new();
     loop {
-        at += Duration::from_secs_f64(-(1.0 - rng.unit()).ln() / RATE);
-        if at >= DURATION {
-            return out;
+        match scn.load {
+            Load::Open(rate, duration) => {
+                at += Duration::from_secs_f64(-(1.0 - rng.unit()).ln() / rate);
+                if at >= duration {
+                    return out;
+                }
+            }
+            Load::Closed(_, requests) => {
+                if out.len() >= requests {
+                    return out;
+                }
+            }
         }
         let mut pick = rng.unit() * total;
         let group = weights
@@ -213,7 +264,7 @@ fn workload() -> Vec<Arrival> {
                 pick -= w;
                 pick < 0.0
             })
-            .unwrap_or(GROUPS - 1);
+            .unwrap_or(groups - 1);
         let session = rng.below(SESSIONS);
         let turn = &mut turns[group * SESSIONS + session];
         *turn += 1;
@@ -224,13 +275,13 @@ fn workload() -> Vec<Arrival> {
                 {"role": "system", "content": prompts[group]},
                 {"role": "user", "content": format!("Session {session}, turn {turn}: {}?", question.join(" "))},
             ],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": scn.max_tokens,
             "ignore_eos": true,
             "stream": true,
-            "user": format!("g{group}-s{session}"),
         });
         out.push(Arrival {
             at,
+            group,
             body: Bytes::from(body.to_string()),
         });
     }
@@ -288,14 +339,23 @@ async fn run_policy(
         client.request(req).await?.into_body().collect().await?;
     }
     let dir = TempDir::new("routing");
-    let gateway = start_gateway(bin, &dir, &urls, policy).await?;
+    let oracle = policy == "oracle";
+    let gw_policy = if oracle { "session" } else { policy };
+    let gateway = start_gateway(bin, &dir, &urls, gw_policy).await?;
 
     let before = scrape_cache(&urls).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let poller = tokio::spawn(peak_running(urls.clone(), stop.clone()));
-    let outcomes = replay(&client, &gateway.url, workload).await;
+    let started = Instant::now();
+    let outcomes = match scenario.load {
+        Load::Open(..) => replay(&client, &gateway.url, workload, oracle).await,
+        Load::Closed(clients, _) => {
+            replay_closed(&client, &gateway.url, workload, oracle, clients).await
+        }
+    };
+    let wall = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let peak = poller.await?;
+    let (peak, kv_mean) = poller.await?;
     let after = scrape_cache(&urls).await?;
     let (_, gw_metrics) = common::get(&format!("{}/metrics", gateway.url)).await?;
     let decisions =
@@ -317,6 +377,8 @@ async fn run_policy(
         e.stop().await;
     }
     Ok(RunResult {
+        wall,
+        kv_mean,
         hits: after.0 - before.0,
         queries: after.1 - before.1,
         peak_running: peak,
@@ -344,7 +406,12 @@ fn post(url: &str, body: Bytes) -> Result<Request<Full<Bytes>>, BoxError> {
 }
 
 /// Sends every arrival at its offset (open loop) and waits for all answers.
-async fn replay(client: &HttpClient, gateway: &str, workload: Arc<Vec<Arrival>>) -> Vec<Outcome> {
+async fn replay(
+    client: &HttpClient,
+    gateway: &str,
+    workload: Arc<Vec<Arrival>>,
+    oracle: bool,
+) -> Vec<Outcome> {
     let start = tokio::time::Instant::now();
     let url = format!("{gateway}/v1/chat/completions");
     let mut tasks = Vec::with_capacity(workload.len());
@@ -352,21 +419,7 @@ async fn replay(client: &HttpClient, gateway: &str, workload: Arc<Vec<Arrival>>)
         tokio::time::sleep_until(start + workload[i].at).await;
         let (client, url, workload) = (client.clone(), url.clone(), workload.clone());
         tasks.push(tokio::spawn(async move {
-            let started = Instant::now();
-            match one_stream(&client, &url, workload[i].body.clone(), started).await {
-                Ok((ttft, worker)) => Outcome {
-                    ok: true,
-                    ttft,
-                    worker,
-                    error: None,
-                },
-                Err(e) => Outcome {
-                    ok: false,
-                    ttft: f64::NAN,
-                    worker: None,
-                    error: Some(e.to_string()),
-                },
-            }
+            send(&client, &url, &workload[i], oracle).await
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());
@@ -376,14 +429,73 @@ async fn replay(client: &HttpClient, gateway: &str, workload: Arc<Vec<Arrival>>)
     out
 }
 
+/// `clients` tasks each send the next unsent request when their last one ends (closed loop).
+async fn replay_closed(
+    client: &HttpClient,
+    gateway: &str,
+    workload: Arc<Vec<Arrival>>,
+    oracle: bool,
+    clients: usize,
+) -> Vec<Outcome> {
+    let url = format!("{gateway}/v1/chat/completions");
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (client, url, workload, next) =
+            (client.clone(), url.clone(), workload.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(arrival) = workload.get(i) else {
+                    return done;
+                };
+                done.push(send(&client, &url, arrival, oracle).await);
+            }
+        }));
+    }
+    let mut out = Vec::with_capacity(workload.len());
+    for t in tasks {
+        out.extend(t.await.expect("a client task panicked"));
+    }
+    out
+}
+
+/// One request of the workload, timed; the oracle's requests name their group as the session.
+async fn send(client: &HttpClient, url: &str, arrival: &Arrival, oracle: bool) -> Outcome {
+    let started = Instant::now();
+    let session = oracle.then(|| format!("g{}", arrival.group));
+    match one_stream(client, url, arrival.body.clone(), session, started).await {
+        Ok((ttft, worker)) => Outcome {
+            ok: true,
+            ttft,
+            worker,
+            error: None,
+        },
+        Err(e) => Outcome {
+            ok: false,
+            ttft: f64::NAN,
+            worker: None,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
 /// One streamed request read to `[DONE]`: TTFT (first `data:` event) and the serving worker.
 async fn one_stream(
     client: &HttpClient,
     url: &str,
     body: Bytes,
+    session: Option<String>,
     started: Instant,
 ) -> Result<(f64, Option<String>), BoxError> {
-    let res = client.request(post(url, body)?).await?;
+    let mut req = post(url, body)?;
+    if let Some(s) = session
+        && let Ok(v) = hyper::header::HeaderValue::from_str(&s)
+    {
+        req.headers_mut().insert("x-session-id", v);
+    }
+    let res = client.request(req).await?;
     let status = res.status();
     let worker = res
         .headers()
@@ -423,18 +535,21 @@ async fn scrape_cache(urls: &[String]) -> Result<(f64, f64), BoxError> {
     Ok((hits, queries))
 }
 
-/// Polls every engine's `vllm:num_requests_running` until `stop`; the highest one worker showed.
-async fn peak_running(urls: Vec<String>, stop: Arc<AtomicBool>) -> f64 {
-    let mut peak: f64 = 0.0;
+/// Polls every engine's `/metrics` until `stop`: the highest `vllm:num_requests_running` one
+/// worker showed, and the mean over polls of the workers' mean `vllm:kv_cache_usage_perc`.
+async fn peak_running(urls: Vec<String>, stop: Arc<AtomicBool>) -> (f64, f64) {
+    let (mut peak, mut kv_sum, mut kv_n): (f64, f64, f64) = (0.0, 0.0, 0.0);
     while !stop.load(Ordering::Relaxed) {
         for url in &urls {
             if let Ok((_, text)) = common::get(&format!("{url}/metrics")).await {
                 peak = peak.max(metric_sum(&text, "vllm:num_requests_running"));
+                kv_sum += metric_sum(&text, "vllm:kv_cache_usage_perc");
+                kv_n += 1.0;
             }
         }
         tokio::time::sleep(POLL).await;
     }
-    peak
+    (peak, if kv_n > 0.0 { kv_sum / kv_n } else { 0.0 })
 }
 
 /// Starts `infergate gateway` with one pool of `urls` routed by `policy`.

@@ -2,9 +2,10 @@
 //! the live gateway and the offline simulator. One file per policy; `build` makes one from config.
 //!
 //! Which to use when:
-//! - `prefix`: requests share long prompt prefixes (system
-//!   prompts, multi-turn chats, few-shot templates) and the engines cache prefixes. Sends a prefix
-//!   where its KV blocks already are, within a load bound; replicas agree through hashing.
+//! - `prefix`: requests share long prompt prefixes (system prompts, multi-turn chats, few-shot
+//!   templates) and the engines cache prefixes. Picks the worker with the lowest expected cost in
+//!   prompt tokens of work (see `prefix`), load counted relative to the pool; replicas agree
+//!   through hashing.
 //! - `session`: the cache that matters is per user/conversation and clients send `x-session-id`
 //!   (or `user`); simpler than `prefix` and stable across restarts of the gateway.
 //! - `least_load`: no reuse between requests (embeddings, one-off prompts) or very uneven request
