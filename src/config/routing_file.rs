@@ -100,28 +100,35 @@ fn check(entry: &RoutingEntry, places: &HashMap<String, Location>, sink: &mut Si
     clean
 }
 
-/// Where routing v2 moved what a removed `prefix` knob used to do.
-const REMOVED: [(&str, &str); 4] = [
+/// A removed `prefix` knob: its name, whether a config sets it, and where routing v2 moved it.
+type Removed = (&'static str, fn(&PrefixConfig) -> bool, &'static str);
+
+/// Every removed `prefix` knob.
+const REMOVED: [Removed; 4] = [
     (
         "load_factor",
+        |c| c.load_factor.is_some(),
         "`load_factor` was removed in routing v2: load now counts relative to the pool inside one \
          cost; use `balance_tolerance` (default 0.25) for how much busier than its peers a \
          prefix holder may be",
     ),
     (
         "max_kv_usage",
+        |c| c.max_kv_usage.is_some(),
         "`max_kv_usage` was removed in routing v2: KV is weighed against the request's new KV \
          relative to peers, never as a veto; bound a saturated pool with the admission stage \
          (`admission.max_in_flight_per_worker`, `max_queue` in infergate.yaml)",
     ),
     (
         "max_waiting",
+        |c| c.max_waiting.is_some(),
         "`max_waiting` was removed in routing v2: queues count relative to peers inside one \
          cost; bound a saturated pool with the admission stage (`admission.max_queue`, \
          `max_wait` in infergate.yaml)",
     ),
     (
         "index_capacity",
+        |c| c.index_capacity.is_some(),
         "`index_capacity` was removed in routing v2: the index is sized per worker from its KV \
          capacity (`vllm:cache_config_info`); `default_worker_kv_tokens` sizes it for workers \
          that do not export one",
@@ -131,15 +138,9 @@ const REMOVED: [(&str, &str); 4] = [
 /// Every parameter of a prefix policy that is out of range or removed, with the rule it breaks.
 fn prefix_problems(config: &PrefixConfig) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
-    let set = [
-        config.load_factor.is_some(),
-        config.max_kv_usage.is_some(),
-        config.max_waiting.is_some(),
-        config.index_capacity.is_some(),
-    ];
-    for ((key, message), set) in REMOVED.iter().zip(set) {
-        if set {
-            problems.push((*key, (*message).to_string()));
+    for (key, is_set, message) in REMOVED {
+        if is_set(config) {
+            problems.push((key, message.to_string()));
         }
     }
     let tol = config.balance_tolerance;

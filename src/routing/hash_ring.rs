@@ -19,6 +19,14 @@ pub fn score(key: u64, worker_key: u64) -> u64 {
     xxh3_64(&buf)
 }
 
+/// splitmix64's step: spreads a counter into a well-mixed 64-bit key.
+pub fn mix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Rank of a worker for a key: higher is preferred. The worker key breaks score ties.
 fn rank(key: u64, w: &WorkerView) -> (u64, u64) {
     (score(key, w.key), w.key)

@@ -110,7 +110,7 @@ impl CacheAware {
             (None, Some(session)) => (session, RouteReason::Session),
             (None, None) => {
                 let n = self.turn.fetch_add(1, Ordering::Relaxed);
-                (splitmix(n), RouteReason::LeastLoad)
+                (hash_ring::mix(n), RouteReason::LeastLoad)
             }
         }
     }
@@ -244,14 +244,6 @@ impl RoutingPolicy for CacheAware {
             .map(|(key, blocks, _, _)| (key, blocks))
             .collect()
     }
-}
-
-/// splitmix64: spreads a counter into a well-mixed tie-break key.
-fn splitmix(n: u64) -> u64 {
-    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -91,10 +91,8 @@ pub(super) struct Fleet {
     heap: BinaryHeap<Reverse<(At, u64, Event)>>,
     next_seq: u64,
     arrivals: HashMap<u64, PlannedRequest>,
-    live: HashMap<u64, Live>,
-    /// What routing needs back from each live request: its features, the cached tokens it
-    /// predicted, and the prefill still counted as pending on its worker.
-    routed: HashMap<u64, Routed>,
+    /// Requests routed and not ended: their record so far, and what routing needs back.
+    live: HashMap<u64, (Live, Routed)>,
     records: Vec<RequestRecord>,
     views: Vec<WorkerView>,
     notes: Vec<(u64, Note)>,
@@ -130,7 +128,6 @@ impl Fleet {
             next_seq: 0,
             arrivals: HashMap::new(),
             live: HashMap::new(),
-            routed: HashMap::new(),
             records: Vec::new(),
             notes: Vec::new(),
             now: 0.0,
@@ -193,7 +190,7 @@ impl Fleet {
         }
         // Whatever the engines never finished (it cannot happen unless a request is stuck).
         let end = self.end;
-        let mut stuck: Vec<(u64, Live)> = self.live.drain().collect();
+        let mut stuck: Vec<(u64, Live)> = self.live.drain().map(|(id, (l, _))| (id, l)).collect();
         stuck.sort_by_key(|(id, _)| *id);
         for (id, live) in stuck {
             let name = &self.workers[live.worker].name;
@@ -324,16 +321,13 @@ impl Fleet {
         let w = decision.index;
         self.policy.observe(&features, &self.views[w]);
         self.workers[w].pending_prefill += decision.prefill;
-        self.routed.insert(
-            req.id,
-            Routed {
-                features,
-                predicted_cached: decision.predicted_cached,
-                prefill: decision.prefill,
-            },
-        );
         let live = Live::new(arrival, w, req.tenant, prompt_tokens, req.output_tokens);
-        self.live.insert(req.id, live);
+        let routed = Routed {
+            features,
+            predicted_cached: decision.predicted_cached,
+            prefill: decision.prefill,
+        };
+        self.live.insert(req.id, (live, routed));
         let prompt = match &self.chat_wrap {
             Some((before, after)) => {
                 let mut p = Vec::with_capacity(before.len() + req.prompt.len() + after.len());
@@ -428,7 +422,7 @@ impl Fleet {
         for &(id, note) in &notes {
             let ended = match note {
                 Note::Tokens(n) => {
-                    let ttft = self.live.get_mut(&id).and_then(|l| l.tokens(now, n));
+                    let ttft = self.live.get_mut(&id).and_then(|(l, _)| l.tokens(now, n));
                     if ttft.is_some() {
                         self.prefill_done(id);
                     }
@@ -442,10 +436,10 @@ impl Fleet {
                 Note::Error => (400, None),
             };
             self.prefill_done(id);
-            let Some(live) = self.live.remove(&id) else {
+            let Some((live, routed)) = self.live.remove(&id) else {
                 continue;
             };
-            if let (Some(routed), Some(info)) = (self.routed.remove(&id), ended.1.as_ref()) {
+            if let Some(info) = ended.1.as_ref() {
                 self.policy.feedback(
                     &routed.features,
                     self.workers[live.worker].key,
@@ -467,10 +461,7 @@ impl Fleet {
 
     /// The request's first token came out (or it ended): its prefill is no longer pending.
     fn prefill_done(&mut self, id: u64) {
-        let Some(routed) = self.routed.get_mut(&id) else {
-            return;
-        };
-        if let Some(live) = self.live.get(&id) {
+        if let Some((live, routed)) = self.live.get_mut(&id) {
             let w = &mut self.workers[live.worker];
             w.pending_prefill = w.pending_prefill.saturating_sub(routed.prefill);
             routed.prefill = 0;
@@ -502,7 +493,8 @@ fn features(req: &PlannedRequest, prompt_tokens: u64) -> RequestFeatures {
     }
 }
 
-/// Routing state of one live request (see `Fleet::routed`).
+/// What routing needs back from a live request: its features, the cached tokens it predicted,
+/// and the prefill still counted as pending on its worker.
 struct Routed {
     features: RequestFeatures,
     predicted_cached: u64,
