@@ -44,6 +44,7 @@ fn add(core: &mut EngineCore, i: u64) {
             ..SamplingParams::default()
         },
         sink: Box::new(NullSink),
+        prefix_keys: None,
     });
 }
 

@@ -62,6 +62,9 @@ pub struct EngineArgs {
     /// Disable reuse of cached KV blocks across requests.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Do not serve `GET /kv/events` (routers fall back to their approximate index).
+    #[arg(long)]
+    pub no_kv_events: bool,
     /// Use exactly this many KV blocks instead of the memory-derived budget.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use crate::kv_events::{KvEventBatch, KvEventLog};
+
 /// Index of one KV block in the cache.
 pub type BlockId = u32;
 
@@ -44,6 +46,8 @@ pub struct BlockManager {
     cached: HashMap<u64, BlockId>,
     prefix_caching: bool,
     stats: CacheStats,
+    /// Router keys anchored on cached blocks, when KV events are on.
+    events: Option<KvEventLog>,
 }
 
 /// Chained content hashes of every full block of `tokens`: block i hashes block i-1's hash
@@ -97,11 +101,47 @@ impl BlockManager {
             cached: HashMap::new(),
             prefix_caching,
             stats: CacheStats::default(),
+            events: None,
         };
         for id in 0..num_blocks as u32 {
             m.push_back(id);
         }
         m
+    }
+
+    /// Turns on KV events: router keys can be anchored on cached blocks and their residency read
+    /// with [`take_events`](Self::take_events).
+    pub fn enable_events(&mut self) {
+        if self.prefix_caching {
+            self.events = Some(KvEventLog::default());
+        }
+    }
+
+    /// Whether KV events are on.
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Anchors a router `key` on the block cached under `hash`; nothing when it is not cached.
+    pub fn anchor_key(&mut self, hash: u64, key: u64) {
+        if let Some(log) = &mut self.events
+            && self.cached.contains_key(&hash)
+        {
+            log.attach(hash, key);
+        }
+    }
+
+    /// Net change of resident router keys since the last call (empty when events are off).
+    pub fn take_events(&mut self) -> KvEventBatch {
+        self.events
+            .as_mut()
+            .map(KvEventLog::take)
+            .unwrap_or_default()
+    }
+
+    /// The event log (tests and snapshots).
+    pub fn events(&self) -> Option<&KvEventLog> {
+        self.events.as_ref()
     }
 
     /// Tokens per block.
@@ -188,6 +228,9 @@ impl BlockManager {
             if let Some(h) = block.hash.take() {
                 if self.cached.get(&h) == Some(&id) {
                     self.cached.remove(&h);
+                    if let Some(log) = &mut self.events {
+                        log.evicted(h);
+                    }
                 }
                 self.stats.evictions += 1;
             }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::block_manager::CacheStats;
 use crate::clock::Clock;
+use crate::kv_events::KvEventHub;
 use crate::metrics::EngineMetrics;
 use crate::roofline::StepCost;
 use crate::scheduler::{ScheduledSeq, Scheduler};
@@ -44,6 +45,7 @@ pub struct EngineCore {
     entries: Vec<ScheduledSeq>,
     last_stats: CacheStats,
     last_end: Option<f64>,
+    kv_events: Option<Arc<KvEventHub>>,
 }
 
 impl EngineCore {
@@ -66,7 +68,13 @@ impl EngineCore {
             entries: Vec::new(),
             last_stats: CacheStats::default(),
             last_end: None,
+            kv_events: None,
         }
+    }
+
+    /// Publishes the scheduler's KV events (router key residency) to `hub` after every step.
+    pub fn publish_kv_events(&mut self, hub: Arc<KvEventHub>) {
+        self.kv_events = Some(hub);
     }
 
     /// The scheduler (read-only: tests, simulator reports).
@@ -259,6 +267,9 @@ impl EngineCore {
         m.prefix_hits
             .inc_by((stats.hit_tokens - self.last_stats.hit_tokens) as f64);
         self.last_stats = stats;
+        if let Some(hub) = &self.kv_events {
+            hub.publish(self.sched.kv.take_events());
+        }
     }
 }
 

@@ -212,6 +212,7 @@ impl Harness {
             prompt,
             params,
             sink,
+            prefix_keys: None,
         });
         client
     }
@@ -675,6 +676,7 @@ fn the_engine_loop_serves_until_every_sender_is_gone() {
                 prompt: prompt(i as u32, 20),
                 params: fixed_length(10, i),
                 sink,
+                prefix_keys: None,
             };
             submit.send(req).unwrap();
             client

@@ -12,6 +12,7 @@ use crate::backend::sim::SimBackend;
 use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
+use crate::kv_events::KvEventHub;
 use crate::metrics::EngineMetrics;
 use crate::model::forward::Model;
 use crate::openai::ChatTemplate;
@@ -71,6 +72,8 @@ pub struct Engine {
     pub max_waiting: usize,
     /// Queue into the core thread.
     pub submit: mpsc::Sender<NewRequest>,
+    /// KV events for `/kv/events`; `None` with `--no-kv-events` or without prefix caching.
+    pub kv_events: Option<Arc<KvEventHub>>,
 }
 
 impl Engine {
@@ -289,22 +292,30 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     };
     let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
     metrics.set_cache_config(num_blocks, args.block_size, !args.no_prefix_caching);
+    let mut kv = BlockManager::new(num_blocks, args.block_size, !args.no_prefix_caching);
+    let kv_events = (!args.no_kv_events && !args.no_prefix_caching).then(|| {
+        kv.enable_events();
+        Arc::new(KvEventHub::new())
+    });
     let sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: batched,
             chunked_prefill: chunked,
         },
-        BlockManager::new(num_blocks, args.block_size, !args.no_prefix_caching),
+        kv,
     );
     let pending = Arc::new(AtomicUsize::new(0));
-    let core = EngineCore::new(
+    let mut core = EngineCore::new(
         sched,
         parts.backend,
         Arc::new(RealClock::new()),
         metrics.clone(),
         pending.clone(),
     );
+    if let Some(hub) = &kv_events {
+        core.publish_kv_events(hub.clone());
+    }
     let (submit, requests) = mpsc::channel();
     std::thread::Builder::new()
         .name("engine-core".into())
@@ -328,6 +339,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         max_body_bytes: args.max_body_bytes,
         pending,
         max_waiting: args.max_waiting_requests,
+        kv_events,
         submit,
     })
 }

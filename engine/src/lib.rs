@@ -9,6 +9,7 @@ pub mod clock;
 pub mod core;
 pub mod generation;
 pub mod gguf;
+pub mod kv_events;
 pub mod launch;
 pub mod metrics;
 pub mod model;

@@ -201,6 +201,7 @@ impl Scheduler {
             }
             seq.num_computed = computed;
             seq.num_registered_blocks = hit;
+            anchor_keys(&mut self.kv, seq, hit);
             let Some(seq) = self.waiting.pop_front() else {
                 break;
             };
@@ -248,6 +249,7 @@ impl Scheduler {
                     full,
                 );
                 seq.num_registered_blocks = full;
+                anchor_keys(&mut self.kv, seq, full);
             }
         }
     }
@@ -273,10 +275,28 @@ impl Scheduler {
             self.kv.free(&mut seq.block_table);
             seq.num_computed = 0;
             seq.num_registered_blocks = 0;
+            seq.anchors_attached = 0;
             seq.preemptions += 1;
             self.batch.preempted += 1;
             self.waiting.push_front(seq);
         }
+    }
+}
+
+/// Anchors the router keys of `seq` whose blocks lie within its first `registered` blocks, now
+/// cached (KV events).
+fn anchor_keys(kv: &mut BlockManager, seq: &mut Sequence, registered: usize) {
+    if !kv.events_enabled() {
+        return;
+    }
+    while let Some(&(block, key)) = seq.key_anchors.get(seq.anchors_attached) {
+        if block >= registered {
+            break;
+        }
+        if let Some(&hash) = seq.block_hashes.get(block) {
+            kv.anchor_key(hash, key);
+        }
+        seq.anchors_attached += 1;
     }
 }
 

@@ -38,6 +38,7 @@ fn seq(id: u64, prompt: Vec<u32>, max_tokens: usize) -> Sequence {
             ..SamplingParams::default()
         },
         sink: Box::new(NullSink),
+        prefix_keys: None,
     };
     Sequence::new(req, BS, 0.0)
 }
@@ -620,4 +621,61 @@ fn random_workloads_always_progress_and_finish() {
         }
         assert_eq!(s.kv.num_free_blocks(), num_blocks, "case {case}");
     }
+}
+
+/// A waiting sequence carrying router keys over a canonical prompt of 4 bytes per token, one key
+/// per 8 bytes (2 tokens): key j ends at token 2(j+1).
+fn keyed_seq(id: u64, prompt: Vec<u32>, keys: Vec<u64>) -> Sequence {
+    let canonical_bytes = prompt.len() * 4;
+    let mut s = seq(id, prompt, 1);
+    s.key_anchors = crate::kv_events::PrefixKeys {
+        block_bytes: 8,
+        canonical_bytes,
+        keys,
+    }
+    .anchors(s.prompt_len, BS);
+    s
+}
+
+fn run_to_end(s: &mut Scheduler) {
+    for _ in 0..100 {
+        if s.is_idle() {
+            return;
+        }
+        step(s);
+    }
+    panic!("did not finish");
+}
+
+#[test]
+fn kv_events_follow_the_prefix_cache_and_its_evictions() {
+    let mut s = scheduler(6, 4, 64, true);
+    s.kv.enable_events();
+    // 12 tokens = 3 full blocks; keys of 2 tokens end at tokens 2, 4, ..., 12. Key 1 ends before
+    // the first full block, so nothing can anchor it; keys 2..6 anchor on blocks 0,0,1,1,2.
+    s.add(keyed_seq(1, toks(0, 12), vec![1, 2, 3, 4, 5, 6]));
+    run_to_end(&mut s);
+    let mut stored = s.kv.take_events().stored;
+    stored.sort_unstable();
+    assert_eq!(stored, vec![2, 3, 4, 5, 6]);
+    // A second request with the same 8-token prefix hits blocks 0 and 1 and anchors nothing new.
+    s.add(keyed_seq(2, toks(0, 8), vec![1, 2, 3, 4]));
+    run_to_end(&mut s);
+    assert!(s.kv.take_events().is_empty());
+    // A 6-block prompt needs every block: the cached ones are evicted.
+    s.add(seq(3, toks(1000, 24), 1));
+    run_to_end(&mut s);
+    let mut removed = s.kv.take_events().removed;
+    removed.sort_unstable();
+    assert_eq!(removed, vec![2, 3, 4, 5, 6]);
+    assert_eq!(s.kv.events().map(|l| l.resident().count()), Some(0));
+}
+
+#[test]
+fn kv_events_are_off_unless_enabled() {
+    let mut s = scheduler(6, 4, 64, true);
+    s.add(keyed_seq(1, toks(0, 12), vec![1, 2, 3]));
+    run_to_end(&mut s);
+    assert!(s.kv.take_events().is_empty());
+    assert!(s.kv.events().is_none());
 }

@@ -1,6 +1,7 @@
 //! One request's state inside the engine: its tokens, KV block table, progress and timings.
 
 use crate::block_manager::{BlockId, extend_block_hashes};
+use crate::kv_events::PrefixKeys;
 use crate::request::SamplingParams;
 use crate::roofline::ExecPath;
 
@@ -74,6 +75,8 @@ pub struct NewRequest {
     pub params: SamplingParams,
     /// Destination of generated tokens.
     pub sink: Box<dyn EventSink>,
+    /// The router's keys for this prompt, when it sent them (KV events).
+    pub prefix_keys: Option<PrefixKeys>,
 }
 
 /// Engine-side state of one request.
@@ -116,6 +119,10 @@ pub struct Sequence {
     pub pending_tokens: Vec<u32>,
     /// Destination of events.
     pub sink: Box<dyn EventSink>,
+    /// `(block index, router key)` anchors, ordered by block (KV events).
+    pub key_anchors: Vec<(usize, u64)>,
+    /// Leading anchors already attached to the cache.
+    pub anchors_attached: usize,
 }
 
 impl Sequence {
@@ -127,6 +134,11 @@ impl Sequence {
             .params
             .seed
             .unwrap_or(req.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let key_anchors = req
+            .prefix_keys
+            .as_ref()
+            .map(|k| k.anchors(req.prompt.len(), block_size))
+            .unwrap_or_default();
         Self {
             id: req.id,
             prompt_len: req.prompt.len(),
@@ -147,6 +159,8 @@ impl Sequence {
             finish: None,
             pending_tokens: Vec::new(),
             sink: req.sink,
+            key_anchors,
+            anchors_attached: 0,
         }
     }
 

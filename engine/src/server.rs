@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::args::EngineArgs;
 use crate::generation::{ChannelSink, EVENT_BUFFER, Generation};
+use crate::kv_events::{KvEventHub, PREFIX_KEYS_HEADER, PrefixKeys, event_line};
 use crate::launch::{Engine, build_engine};
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseMeta};
 use crate::sequence::NewRequest;
@@ -166,15 +167,95 @@ async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResB
             )
         }
         (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", String::new()),
+        (&Method::GET, "/kv/events") => match &state.engine.kv_events {
+            Some(hub) => kv_events_stream(hub),
+            None => error_response(&ApiError::not_found(
+                "KV events are off on this worker (--no-kv-events or --no-prefix-caching)",
+            )),
+        },
         (&Method::GET, "/metrics") => full(
             StatusCode::OK,
             "text/plain; version=0.0.4",
             state.engine.metrics.render(),
         ),
-        (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health" | "/metrics") => {
-            error_response(&ApiError::method_not_allowed())
-        }
+        (
+            _,
+            "/v1/completions"
+            | "/v1/chat/completions"
+            | "/v1/models"
+            | "/health"
+            | "/metrics"
+            | "/kv/events",
+        ) => error_response(&ApiError::method_not_allowed()),
         _ => error_response(&ApiError::not_found(format!("no route for {path}"))),
+    }
+}
+
+/// A quiet stream sends this line this often, so a subscriber can tell a live worker from a hung one.
+const KV_EVENTS_HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// `GET /kv/events`: an NDJSON snapshot of the resident router keys, then their changes.
+///
+/// A subscriber that falls behind the hub's buffer is cut off; it resubscribes and starts again
+/// from a new snapshot, so it never misses a change silently.
+fn kv_events_stream(hub: &Arc<KvEventHub>) -> Response<ResBody> {
+    let (snapshot, mut events) = hub.subscribe();
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        if tx
+            .send(Bytes::from(event_line("snapshot", &snapshot)))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut heartbeat = tokio::time::interval(KV_EVENTS_HEARTBEAT);
+        heartbeat.tick().await;
+        loop {
+            let line = tokio::select! {
+                batch = events.recv() => match batch {
+                    Ok(b) => {
+                        let mut line = String::new();
+                        if !b.stored.is_empty() {
+                            line.push_str(&event_line("stored", &b.stored));
+                        }
+                        if !b.removed.is_empty() {
+                            line.push_str(&event_line("removed", &b.removed));
+                        }
+                        line
+                    }
+                    // Lagged or closed: end the stream; the subscriber starts over.
+                    Err(_) => return,
+                },
+                _ = heartbeat.tick() => event_line("heartbeat", &[]),
+            };
+            if tx.send(Bytes::from(line)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut res = Response::new(BoxBody::new(ChannelBody(rx)));
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    res
+}
+
+/// A response body fed by a channel; it ends when the sender is dropped.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(hyper::body::Frame::data(b))))
     }
 }
 
@@ -195,6 +276,14 @@ async fn generate(
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let prefix_keys = if engine.kv_events.is_some() {
+        req.headers()
+            .get(PREFIX_KEYS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(PrefixKeys::parse)
+    } else {
+        None
+    };
 
     let body = Limited::new(req.into_body(), engine.max_body_bytes)
         .collect()
@@ -305,6 +394,7 @@ async fn generate(
         prompt: prompt_tokens,
         params: sampling.clone(),
         sink: Box::new(ChannelSink::new(tx, stop.clone())),
+        prefix_keys,
     };
     if engine.submit.send(new).is_err() {
         engine.pending.fetch_sub(1, Ordering::AcqRel);

@@ -158,6 +158,19 @@ pub struct Feedback {
     pub cached_tokens: Option<u64>,
 }
 
+/// What a worker's KV event stream said about the prefix keys it holds (precise mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency<'a> {
+    /// Every key resident now (a new subscription): replaces what was known.
+    Snapshot(&'a [u64]),
+    /// Keys that became resident.
+    Stored(&'a [u64]),
+    /// Keys that are no longer resident.
+    Removed(&'a [u64]),
+    /// The stream ended: what is known stays, but is a guess again from now on.
+    Lost,
+}
+
 /// A routing policy. `select` has no effect beyond choosing (round-robin's turn counter aside);
 /// what the policy learns it learns in `observe` (the choice) and `feedback` (the answer).
 pub trait RoutingPolicy: Send + Sync {
@@ -169,6 +182,8 @@ pub trait RoutingPolicy: Send + Sync {
     fn feedback(&self, _req: &RequestFeatures, _worker_key: u64, _fb: Feedback) {}
     /// Forgets what it learned about a worker (restarted, re-admitted or removed).
     fn forget(&self, _worker_key: u64) {}
+    /// Applies a worker's KV events (precise mode). Cache-oblivious policies ignore them.
+    fn residency(&self, _worker_key: u64, _update: Residency<'_>) {}
     /// Per worker: (key, prefix blocks indexed), for metrics. Empty for cache-oblivious policies.
     fn index_sizes(&self) -> Vec<(u64, usize)> {
         Vec::new()

@@ -34,8 +34,8 @@ use super::features::{DEFAULT_BLOCK_BYTES, DEFAULT_BYTES_PER_TOKEN};
 use super::hash_ring;
 use super::prefix_index::{Placement, PrefixIndex};
 use super::{
-    Decision, Feedback, LossReason, PrefixConfig, RequestFeatures, RouteReason, RoutingPolicy,
-    WorkerView,
+    Decision, Feedback, LossReason, PrefixConfig, RequestFeatures, Residency, RouteReason,
+    RoutingPolicy, WorkerView,
 };
 
 /// Requests of load a whole-prefix hit outweighs on an idle pool.
@@ -235,6 +235,11 @@ impl RoutingPolicy for CacheAware {
 
     fn forget(&self, worker_key: u64) {
         self.index.forget(worker_key);
+    }
+
+    fn residency(&self, worker_key: u64, update: Residency<'_>) {
+        let block_tokens = DEFAULT_BLOCK_BYTES as f64 / self.bytes_per_token();
+        self.index.apply(worker_key, update, block_tokens);
     }
 
     fn index_sizes(&self) -> Vec<(u64, usize)> {

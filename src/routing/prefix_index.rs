@@ -11,9 +11,17 @@
 //! predicted, that worker's effective capacity shrinks (other gateway replicas, or work the
 //! gateway cannot see, share the cache); when it reports more, it grows back. A restarted or
 //! re-admitted worker is forgotten whole.
+//!
+//! A worker that streams KV events (`GET /kv/events`, our engine) is *precise*: its snapshot
+//! replaces what was guessed, `stored` keys are added even when another gateway routed them, and
+//! `removed` keys go at once. Routed requests still add their blocks before the engine confirms
+//! them, so a burst within one prefill keeps to the worker it chose; the capacity bound stays as
+//! a backstop, without the guessed answer KV and without feedback scaling (the events are exact).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
+
+use crate::routing::Residency;
 
 /// Capacity assumed for a worker that does not export its KV size, in tokens.
 pub const DEFAULT_WORKER_TOKENS: u64 = 262_144;
@@ -47,6 +55,8 @@ struct WorkerCache {
     used: u64,
     lru: BTreeMap<u64, Entry>,
     ticks: HashMap<u64, u64>,
+    /// Fed by the worker's KV events.
+    precise: bool,
 }
 
 impl WorkerCache {
@@ -58,6 +68,7 @@ impl WorkerCache {
             used: 0,
             lru: BTreeMap::new(),
             ticks: HashMap::new(),
+            precise: false,
         }
     }
 
@@ -97,6 +108,53 @@ struct Inner {
 }
 
 impl Inner {
+    /// Makes `hash` the most recent block of `worker`, adding it (weighing `tokens`) if new.
+    fn touch(&mut self, worker: u64, hash: u64, tokens: u64) {
+        self.tick += 1;
+        let tick = self.tick;
+        let Some(cache) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        match cache.ticks.insert(hash, tick) {
+            Some(old) => {
+                if let Some(entry) = cache.lru.remove(&old) {
+                    cache.lru.insert(tick, entry);
+                }
+            }
+            None => {
+                cache.lru.insert(
+                    tick,
+                    Entry {
+                        hash: Some(hash),
+                        tokens,
+                    },
+                );
+                cache.used += tokens;
+                self.holders.entry(hash).or_default().push(worker);
+            }
+        }
+    }
+
+    /// Removes `hash` from `worker`.
+    fn remove(&mut self, worker: u64, hash: u64) {
+        let Some(cache) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if let Some(tick) = cache.ticks.remove(&hash) {
+            if let Some(entry) = cache.lru.remove(&tick) {
+                cache.used = cache.used.saturating_sub(entry.tokens);
+            }
+            unhold(&mut self.holders, hash, worker);
+        }
+    }
+
+    /// The cache of `worker`, created empty if new.
+    fn cache(&mut self, worker: u64, default: u64) -> &mut WorkerCache {
+        self.workers
+            .entry(worker)
+            .or_insert_with(|| WorkerCache::new(default))
+    }
+
     /// Drops `worker`'s least recently used entries until it fits its capacity.
     fn evict(&mut self, worker: u64) {
         let Some(cache) = self.workers.get_mut(&worker) else {
@@ -113,6 +171,14 @@ impl Inner {
                 cache.ticks.remove(&hash);
                 unhold(&mut self.holders, hash, worker);
             }
+        }
+    }
+}
+
+fn forget_in(inner: &mut Inner, worker: u64) {
+    if let Some(cache) = inner.workers.remove(&worker) {
+        for hash in cache.ticks.into_keys() {
+            unhold(&mut inner.holders, hash, worker);
         }
     }
 }
@@ -172,16 +238,15 @@ impl PrefixIndex {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let default = self.default_capacity;
-        let cache = inner
-            .workers
-            .entry(worker)
-            .or_insert_with(|| WorkerCache::new(default));
+        inner.tick += 1;
+        let tick = inner.tick;
+        let cache = inner.cache(worker, default);
         cache.set_base(placement.capacity, default);
         let block_tokens = placement.block_tokens.max(1.0).round() as u64;
-        if placement.extra_tokens > 0 {
-            inner.tick += 1;
+        // A precise worker's events account for what it really holds; only guesses add KV.
+        if placement.extra_tokens > 0 && !cache.precise {
             cache.lru.insert(
-                inner.tick,
+                tick,
                 Entry {
                     hash: None,
                     tokens: placement.extra_tokens,
@@ -190,26 +255,7 @@ impl PrefixIndex {
             cache.used += placement.extra_tokens;
         }
         for &hash in placement.hashes.iter().rev() {
-            inner.tick += 1;
-            let tick = inner.tick;
-            match cache.ticks.insert(hash, tick) {
-                Some(old) => {
-                    if let Some(entry) = cache.lru.remove(&old) {
-                        cache.lru.insert(tick, entry);
-                    }
-                }
-                None => {
-                    cache.lru.insert(
-                        tick,
-                        Entry {
-                            hash: Some(hash),
-                            tokens: block_tokens,
-                        },
-                    );
-                    cache.used += block_tokens;
-                    inner.holders.entry(hash).or_default().push(worker);
-                }
-            }
+            inner.touch(worker, hash, block_tokens);
         }
         inner.evict(worker);
     }
@@ -250,6 +296,9 @@ impl PrefixIndex {
         let Some(cache) = guard.workers.get_mut(&worker) else {
             return;
         };
+        if cache.precise {
+            return;
+        }
         if predicted > slack && actual < predicted / 2 {
             cache.scale = (cache.scale * SHRINK).max(MIN_SCALE);
         } else if actual > predicted + slack {
@@ -260,15 +309,50 @@ impl PrefixIndex {
         guard.evict(worker);
     }
 
-    /// Forgets everything about `worker` (restarted, re-admitted or removed).
-    pub fn forget(&self, worker: u64) {
+    /// Applies a worker's KV events; its entries are exact from its first snapshot on.
+    pub fn apply(&self, worker: u64, update: Residency<'_>, block_tokens: f64) {
+        let tokens = block_tokens.max(1.0).round() as u64;
+        let default = self.default_capacity;
         let mut guard = self.lock();
         let inner = &mut *guard;
-        if let Some(cache) = inner.workers.remove(&worker) {
-            for hash in cache.ticks.into_keys() {
-                unhold(&mut inner.holders, hash, worker);
+        match update {
+            Residency::Snapshot(keys) => {
+                forget_in(inner, worker);
+                let cache = inner.cache(worker, default);
+                cache.precise = true;
+                for &k in keys {
+                    inner.touch(worker, k, tokens);
+                }
+            }
+            Residency::Stored(keys) => {
+                inner.cache(worker, default);
+                for &k in keys {
+                    inner.touch(worker, k, tokens);
+                }
+            }
+            Residency::Removed(keys) => {
+                for &k in keys {
+                    inner.remove(worker, k);
+                }
+            }
+            Residency::Lost => {
+                if let Some(cache) = inner.workers.get_mut(&worker) {
+                    cache.precise = false;
+                }
+                return;
             }
         }
+        inner.evict(worker);
+    }
+
+    /// Whether `worker`'s entries come from its KV events.
+    pub fn is_precise(&self, worker: u64) -> bool {
+        self.lock().workers.get(&worker).is_some_and(|c| c.precise)
+    }
+
+    /// Forgets everything about `worker` (restarted, re-admitted or removed).
+    pub fn forget(&self, worker: u64) {
+        forget_in(&mut self.lock(), worker);
     }
 
     /// Per worker: (key, blocks held, tokens accounted, effective capacity in tokens).

@@ -1,6 +1,7 @@
 //! Tests of the per-worker prefix index.
 
 use super::*;
+use crate::routing::Residency;
 use crate::routing::testkit::SplitMix64;
 
 fn sorted(mut v: Vec<(u64, usize)>) -> Vec<(u64, usize)> {
@@ -179,4 +180,63 @@ fn unknown_capacity_takes_the_default_and_oversize_blocks_do_not_stay() {
         idx.matches(&[3]).is_empty(),
         "a block larger than the cache"
     );
+}
+
+#[test]
+fn a_snapshot_replaces_guesses_and_events_keep_it_exact() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    // The gateway guessed worker 10 holds 1,2,3; its engine says it holds 1 and 5 only.
+    idx.record(10, at(&[1, 2, 3], 1_000));
+    idx.apply(10, Residency::Snapshot(&[1, 5]), 10.0);
+    assert!(idx.is_precise(10));
+    assert_eq!(idx.matches(&[1, 2, 3]), vec![(10, 1)]);
+    // Another gateway's request stored 2 and 3 there: this one learns it without routing it.
+    idx.apply(10, Residency::Stored(&[2, 3]), 10.0);
+    assert_eq!(idx.matches(&[1, 2, 3]), vec![(10, 3)]);
+    // The engine evicted 2: the run stops at 1 at once, not when the LRU guesses so.
+    idx.apply(10, Residency::Removed(&[2]), 10.0);
+    assert_eq!(idx.matches(&[1, 2, 3]), vec![(10, 1)]);
+    // Removing what it does not hold, or from a worker it does not know, is harmless.
+    idx.apply(10, Residency::Removed(&[99]), 10.0);
+    idx.apply(77, Residency::Removed(&[1]), 10.0);
+    assert_eq!(idx.matches(&[1]), vec![(10, 1)]);
+}
+
+#[test]
+fn a_precise_worker_takes_no_guessed_kv_and_no_feedback_scaling() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.apply(10, Residency::Snapshot(&[]), 10.0);
+    idx.record(
+        10,
+        Placement {
+            hashes: &[1, 2],
+            block_tokens: 10.0,
+            extra_tokens: 500,
+            capacity: Some(1_000),
+        },
+    );
+    let (_, blocks, used, cap) = idx.sizes()[0];
+    assert_eq!(
+        (blocks, used, cap),
+        (2, 20, 1_000),
+        "no anonymous answer KV"
+    );
+    // A predicted hit that the answer denies does not shrink a precise worker's capacity.
+    idx.correct(10, 200, 0, 10.0);
+    assert_eq!(idx.sizes()[0].3, 1_000);
+}
+
+#[test]
+fn a_lost_stream_keeps_what_is_known_as_a_guess() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    idx.apply(10, Residency::Snapshot(&[1, 2]), 10.0);
+    idx.apply(10, Residency::Lost, 10.0);
+    assert!(!idx.is_precise(10));
+    assert_eq!(idx.matches(&[1, 2]), vec![(10, 2)]);
+    // A new snapshot makes it precise again; forgetting the worker drops everything.
+    idx.apply(10, Residency::Snapshot(&[1]), 10.0);
+    assert!(idx.is_precise(10));
+    idx.forget(10);
+    assert!(!idx.is_precise(10));
+    assert!(idx.is_empty());
 }

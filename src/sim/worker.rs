@@ -209,6 +209,7 @@ impl SimWorker {
                 ..SamplingParams::default()
             },
             sink: Box::new(RecordingSink::new(id, self.log.clone())),
+            prefix_keys: None,
         });
     }
 
