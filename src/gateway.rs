@@ -16,11 +16,13 @@ use crate::degrade::live::PoolDegradation;
 use crate::limits::{InProcessLimiter, Limiter};
 use crate::metrics::GatewayMetrics;
 use crate::routing;
+use crate::routing::PolicyConfig;
 use crate::tenants::KeyTable;
 use crate::upstream::{self, UpstreamClient};
+use crate::workers::kv_events;
 use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::{PolicyHolder, PoolRuntime};
-use crate::workers::state::WorkerState;
+use crate::workers::state::{KvEventsState, WorkerState};
 
 /// One compiled configuration and the pools built from it; requests hold it until they finish.
 pub struct Live {
@@ -391,6 +393,45 @@ impl Gateway {
                 .index_blocks
                 .with_label_values(&[&pool.name, &w.url])
                 .set(blocks as f64);
+            let live = w.kv_events() == KvEventsState::Live;
+            self.metrics
+                .kv_events_live
+                .with_label_values(&[&pool.name, &w.url])
+                .set(if live { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Opens a KV event subscription to each healthy worker of a cache-aware pool that has none
+    /// (precise mode); workers without events keep the approximate index.
+    fn open_kv_event_streams(
+        self: &Arc<Self>,
+        pool: &Arc<PoolRuntime>,
+        health: &config::HealthConfig,
+    ) {
+        if !matches!(pool.policy().config, PolicyConfig::Prefix(_)) {
+            return;
+        }
+        for worker in pool.workers().iter() {
+            if !worker.is_healthy() || !worker.should_subscribe_kv_events() {
+                continue;
+            }
+            let gw = self.clone();
+            let name = pool.name.clone();
+            let worker = worker.clone();
+            let open_timeout = health.timeout;
+            // Our engine beats every 2 s: three missed beats (or a slow poll) mean it is gone.
+            let silence = (health.poll_interval * 3).max(Duration::from_secs(6));
+            tokio::spawn(async move {
+                let client = gw.client.clone();
+                let current = move || {
+                    gw.live()
+                        .pools
+                        .iter()
+                        .find(|p| p.name == name)
+                        .map(|p| p.policy().clone())
+                };
+                kv_events::subscribe(client, worker, current, open_timeout, silence).await;
+            });
         }
     }
 
@@ -415,6 +456,9 @@ impl Gateway {
             }
             for t in tasks {
                 let _ = t.await;
+            }
+            for pool in &live.pools {
+                self.open_kv_event_streams(pool, &health);
             }
             let now = std::time::Instant::now();
             for (model, canary) in &live.canaries {

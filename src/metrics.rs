@@ -39,6 +39,9 @@ pub struct GatewayMetrics {
     pub cached_unreported: IntCounterVec,
     /// `infergate_routing_index_blocks{pool,worker}`: prefix blocks the index holds per worker.
     pub index_blocks: GaugeVec,
+    /// `infergate_routing_kv_events_live{pool,worker}`: 1 while routing reads the worker's KV
+    /// events (precise mode), 0 on the approximate index.
+    pub kv_events_live: GaugeVec,
     /// `infergate_worker_in_flight{pool,worker}`.
     pub worker_in_flight: GaugeVec,
     /// `infergate_worker_waiting{pool,worker}` (polled).
@@ -195,6 +198,10 @@ impl GatewayMetrics {
             index_blocks: gauge(
                 "infergate_routing_index_blocks",
                 "Prefix blocks the routing index holds for the worker.",
+            )?,
+            kv_events_live: gauge(
+                "infergate_routing_kv_events_live",
+                "1 while routing reads the worker's KV events (precise mode), 0 on the approximate index.",
             )?,
             worker_in_flight: gauge(
                 "infergate_worker_in_flight",

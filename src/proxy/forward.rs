@@ -13,10 +13,12 @@ use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::body::{BodyLimits, BodyReport, OnEnd, ProxyBody};
 use crate::proxy::usage::UsageTap;
+use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::upstream::UpstreamClient;
 use crate::workers::pool::PoolRuntime;
-use crate::workers::state::HealthChange;
+use crate::workers::state::{HealthChange, KvEventsState};
+use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 
 /// Timeouts and retry budget of forwarding.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,7 +99,8 @@ pub async fn forward(
         let guard = worker.start_request();
         // Until its first token, this request's uncached prompt is queued work on the worker.
         let prefill = worker.start_prefill(decision.prefill);
-        let req = build_request(&worker.url, &out)?;
+        let precise = worker.kv_events() == KvEventsState::Live;
+        let req = build_request(&worker.url, &out, precise)?;
         let sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)).await;
         let res = match sent {
             Err(_) => {
@@ -247,7 +250,12 @@ fn note_failure(
     }
 }
 
-fn build_request(base: &str, out: &Outbound<'_>) -> Result<Request<Full<Bytes>>, GatewayError> {
+/// The upstream request; `prefix_keys` adds the routing keys for a worker with KV events.
+fn build_request(
+    base: &str,
+    out: &Outbound<'_>,
+    prefix_keys: bool,
+) -> Result<Request<Full<Bytes>>, GatewayError> {
     let uri: hyper::Uri = format!("{base}{}", out.path)
         .parse()
         .map_err(|e| GatewayError::Internal(format!("bad worker URL {base}: {e}")))?;
@@ -259,6 +267,16 @@ fn build_request(base: &str, out: &Outbound<'_>) -> Result<Request<Full<Bytes>>,
         .header("x-request-id", out.request_id);
     if let Some(tp) = out.traceparent {
         req = req.header("traceparent", tp);
+    }
+    if prefix_keys && !out.features.prefix_hashes.is_empty() {
+        req = req.header(
+            PREFIX_KEYS_HEADER,
+            PrefixKeys::header_value(
+                DEFAULT_BLOCK_BYTES,
+                out.features.prompt_bytes,
+                &out.features.prefix_hashes,
+            ),
+        );
     }
     req.body(Full::new(out.body.clone()))
         .map_err(|e| GatewayError::Internal(format!("cannot build the upstream request: {e}")))

@@ -2,7 +2,7 @@
 //! last polled from its `/metrics`, and its health with ejection after consecutive failures.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::routing::WorkerView;
 use crate::workers::load_metrics::EngineLoad;
@@ -28,7 +28,28 @@ pub struct WorkerState {
     kv_capacity: AtomicU64,
     /// f64 bits of the polled `process_start_time_seconds`; 0 = not reported yet.
     started_at: AtomicU64,
+    /// Subscription to the worker's `/kv/events` (see [`KvEventsState`]).
+    kv_events: AtomicU8,
+    /// Polls left before a worker without KV events is asked again.
+    kv_events_backoff: AtomicU32,
 }
+
+/// Where the gateway stands with a worker's KV event stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KvEventsState {
+    /// Not subscribed; the next poll tries.
+    Idle = 0,
+    /// A subscription is being opened.
+    Connecting = 1,
+    /// Events flow: routing uses the worker's real residency.
+    Live = 2,
+    /// The worker has no `/kv/events`; asked again after a while (it may be upgraded).
+    Unsupported = 3,
+}
+
+/// Polls between two asks of a worker that had no KV events.
+const KV_EVENTS_RETRY_POLLS: u32 = 30;
 
 /// What a health event did to a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +79,51 @@ impl WorkerState {
             pending_prefill: Arc::new(AtomicU64::new(0)),
             kv_capacity: AtomicU64::new(0),
             started_at: AtomicU64::new(0),
+            kv_events: AtomicU8::new(KvEventsState::Idle as u8),
+            kv_events_backoff: AtomicU32::new(0),
         }
+    }
+
+    /// The state of the worker's KV event subscription.
+    pub fn kv_events(&self) -> KvEventsState {
+        match self.kv_events.load(Ordering::Acquire) {
+            1 => KvEventsState::Connecting,
+            2 => KvEventsState::Live,
+            3 => KvEventsState::Unsupported,
+            _ => KvEventsState::Idle,
+        }
+    }
+
+    /// Sets the subscription state; `Unsupported` starts the wait before the next ask.
+    pub fn set_kv_events(&self, state: KvEventsState) {
+        if state == KvEventsState::Unsupported {
+            self.kv_events_backoff
+                .store(KV_EVENTS_RETRY_POLLS, Ordering::Relaxed);
+        }
+        self.kv_events.store(state as u8, Ordering::Release);
+    }
+
+    /// Called once a poll: true when the caller should open a subscription now (it is then
+    /// `Connecting`, so only one caller wins).
+    pub fn should_subscribe_kv_events(&self) -> bool {
+        let state = self.kv_events();
+        if state == KvEventsState::Unsupported {
+            let left = self.kv_events_backoff.load(Ordering::Relaxed);
+            if left > 0 {
+                self.kv_events_backoff.store(left - 1, Ordering::Relaxed);
+                return false;
+            }
+        } else if state != KvEventsState::Idle {
+            return false;
+        }
+        self.kv_events
+            .compare_exchange(
+                state as u8,
+                KvEventsState::Connecting as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
     }
 
     /// The routing view of this worker now.
