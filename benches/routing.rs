@@ -1,10 +1,14 @@
 //! Routing policies compared on seeded workloads: 4 sim engine workers (H100, Llama-3-8B) behind
 //! one `infergate gateway`, once per policy (`prefix`, `round_robin`, `least_load`, and an oracle
 //! that hashes each request's group), workers and gateway fresh for each so every policy starts
-//! with cold caches. Groups of sessions share long system prompts. Scenarios: KV room and KV
-//! pressure (open-loop Poisson arrivals, Zipf group popularity), and saturated (a closed loop of
-//! 32 clients against small KV caches, every worker's KV nearly full). Measured: the engines'
-//! prefix-cache hit rate, req/s, client-side TTFT, requests per worker, peak running, KV usage.
+//! with cold caches. Groups of sessions share long system prompts. Scenarios: KV room and
+//! evictions (open-loop Poisson arrivals, Zipf group popularity; in evictions the four caches
+//! together hold ~10 of the 16 prompts), saturated (a closed loop of 32 clients against small KV
+//! caches, every worker's KV nearly full), hot prefix (60% of a closed loop on one group), and two
+//! gateway replicas in front of the same workers. `prefix` runs in precise mode (our engines' KV
+//! events) and as `prefix_approx` with the events off. Measured: the engines' prefix-cache hit
+//! rate, req/s, client-side TTFT, requests per worker, peak running, KV usage, and for two
+//! replicas the share of placements both replicas used for the same group.
 //! Run with `cargo bench --bench routing`.
 #![forbid(unsafe_code)]
 
@@ -38,9 +42,10 @@ const SYSTEM_BYTES: usize = 6 * 1024;
 const SEED: u64 = 0x1f3a_5eed;
 /// How often the engines' `/metrics` are polled for running requests and KV usage.
 const POLL: Duration = Duration::from_millis(100);
-/// KV blocks per worker in the cache-pressure scenario: room for ~8 of the 16 system prompts
-/// (~1,500 tokens = ~94 blocks of 16 each), fewer while requests run.
-const PRESSURE_BLOCKS: &str = "768";
+/// KV blocks per worker in the evictions scenario: 4,096 tokens, room for ~2.7 of the 16 system
+/// prompts (~1,500 tokens = ~94 blocks of 16 each), so the four caches together hold ~10 of 16
+/// and less while requests run.
+const EVICTION_BLOCKS: &str = "256";
 /// KV blocks per worker in the saturated scenario: 6,144 tokens, so 32 concurrent 1,500-token
 /// chats over 4 workers keep every worker's KV nearly full with a queue waiting.
 const SATURATED_BLOCKS: &str = "384";
@@ -66,9 +71,27 @@ struct Scenario {
     load: Load,
     /// Tokens generated per request (`ignore_eos`).
     max_tokens: u32,
+    /// Share of the traffic that goes to group 0 (the rest spread evenly), instead of Zipf.
+    hot: Option<f64>,
+    /// Gateway replicas in front of the same workers; requests alternate between them.
+    replicas: usize,
+    /// Policies compared.
+    policies: &'static [&'static str],
 }
 
-const SCENARIOS: [Scenario; 3] = [
+/// Every policy: `prefix` on our engines' KV events (precise mode), `prefix_approx` the same
+/// policy with the engines' events off (`--no-kv-events`, the approximate index, as in front of
+/// vLLM), and `oracle`, a consistent hash of the request's group (`policy: session` with
+/// `x-session-id` set to the group): a static placement that knows the groups.
+const ALL: &[&str] = &[
+    "prefix",
+    "prefix_approx",
+    "round_robin",
+    "least_load",
+    "oracle",
+];
+
+const SCENARIOS: [Scenario; 5] = [
     Scenario {
         name: "KV room",
         engine_args: &[],
@@ -76,14 +99,20 @@ const SCENARIOS: [Scenario; 3] = [
         zipf: 1.0,
         load: Load::Open(20.0, Duration::from_secs(20)),
         max_tokens: 16,
+        hot: None,
+        replicas: 1,
+        policies: &["prefix", "round_robin", "least_load", "oracle"],
     },
     Scenario {
-        name: "KV pressure (768 blocks)",
-        engine_args: &["--num-gpu-blocks-override", PRESSURE_BLOCKS],
+        name: "evictions (256 blocks)",
+        engine_args: &["--num-gpu-blocks-override", EVICTION_BLOCKS],
         groups: 16,
         zipf: 1.0,
         load: Load::Open(20.0, Duration::from_secs(20)),
         max_tokens: 16,
+        hot: None,
+        replicas: 1,
+        policies: ALL,
     },
     Scenario {
         name: "saturated (384 blocks, 32 clients)",
@@ -92,12 +121,33 @@ const SCENARIOS: [Scenario; 3] = [
         zipf: 0.0,
         load: Load::Closed(32, 400),
         max_tokens: 32,
+        hot: None,
+        replicas: 1,
+        policies: ALL,
+    },
+    Scenario {
+        name: "hot prefix (60% one group, 32 clients)",
+        engine_args: &[],
+        groups: 8,
+        zipf: 0.0,
+        load: Load::Closed(32, 400),
+        max_tokens: 32,
+        hot: Some(0.6),
+        replicas: 1,
+        policies: &["prefix", "round_robin", "least_load", "oracle"],
+    },
+    Scenario {
+        name: "two gateway replicas (KV room)",
+        engine_args: &[],
+        groups: 16,
+        zipf: 1.0,
+        load: Load::Open(20.0, Duration::from_secs(20)),
+        max_tokens: 16,
+        hot: None,
+        replicas: 2,
+        policies: &["prefix", "prefix_approx", "oracle"],
     },
 ];
-
-/// Policies compared; `oracle` is a consistent hash of the request's group (`policy: session`
-/// with `x-session-id` set to the group): a static placement that knows the groups.
-const POLICIES: [&str; 4] = ["prefix", "round_robin", "least_load", "oracle"];
 
 /// One request of the workload, due at `at` after the start (open loop).
 struct Arrival {
@@ -112,6 +162,9 @@ struct Outcome {
     ttft: f64,
     worker: Option<String>,
     error: Option<String>,
+    group: usize,
+    /// Gateway replica it was sent to.
+    replica: usize,
 }
 
 /// One policy run, summarized.
@@ -126,6 +179,34 @@ struct RunResult {
     peak_running: f64,
     decisions: String,
     per_worker: Vec<usize>,
+}
+
+/// Share of placements on a worker that the other replica also used for the same group.
+fn agreement(outcomes: &[Outcome]) -> Option<f64> {
+    use std::collections::{HashMap, HashSet};
+    let mut used: HashMap<(usize, usize), HashSet<&str>> = HashMap::new();
+    for o in outcomes.iter().filter(|o| o.ok) {
+        if let Some(w) = o.worker.as_deref() {
+            used.entry((o.replica, o.group)).or_default().insert(w);
+        }
+    }
+    if !used.keys().any(|&(r, _)| r == 1) {
+        return None;
+    }
+    let (mut agree, mut all) = (0usize, 0usize);
+    for o in outcomes.iter().filter(|o| o.ok) {
+        let Some(w) = o.worker.as_deref() else {
+            continue;
+        };
+        all += 1;
+        if used
+            .get(&(1 - o.replica.min(1), o.group))
+            .is_some_and(|set| set.contains(w))
+        {
+            agree += 1;
+        }
+    }
+    (all > 0).then(|| agree as f64 / all as f64)
 }
 
 #[tokio::main]
@@ -151,6 +232,7 @@ async fn run() -> Result<(), BoxError> {
         "max / mean",
         "peak running (one worker)",
         "KV usage mean",
+        "replica agreement",
         "routing decisions",
     ]);
     let mut notes = Vec::new();
@@ -164,7 +246,7 @@ async fn run() -> Result<(), BoxError> {
             workload.len(),
             scenario.groups,
         );
-        for policy in POLICIES {
+        for &policy in scenario.policies {
             eprintln!("{}: {policy} ...", scenario.name);
             let r = run_policy(&bin, scenario, policy, workload.clone()).await?;
             let ok = r.outcomes.iter().filter(|o| o.ok).count();
@@ -188,6 +270,7 @@ async fn run() -> Result<(), BoxError> {
                 format!("{:.2}", max as f64 / mean),
                 format!("{:.0}", r.peak_running),
                 format!("{:.2}", r.kv_mean),
+                agreement(&r.outcomes).map_or("—".into(), |a| format!("{:.1}%", 100.0 * a)),
                 r.decisions.clone(),
             ]);
             if let Some(e) = r.outcomes.iter().find_map(|o| o.error.as_ref()) {
@@ -237,7 +320,11 @@ fn workload(scn: &Scenario) -> Vec<Arrival> {
         })
         .collect();
     let weights: Vec<f64> = (0..groups)
-        .map(|k| 1.0 / ((k + 1) as f64).powf(scn.zipf))
+        .map(|k| match scn.hot {
+            Some(share) if k == 0 => share,
+            Some(share) => (1.0 - share) / (groups - 1).max(1) as f64,
+            None => 1.0 / ((k + 1) as f64).powf(scn.zipf),
+        })
         .collect();
     let total: f64 = weights.iter().sum();
     let mut turns = vec![0u32; groups * SESSIONS];
@@ -321,6 +408,9 @@ async fn run_policy(
     .map(String::from)
     .to_vec();
     engine_args.extend(scenario.engine_args.iter().map(|s| s.to_string()));
+    if policy == "prefix_approx" {
+        engine_args.push("--no-kv-events".into());
+    }
     let mut engines = Vec::new();
     for _ in 0..WORKERS {
         engines.push(Proc::start(bin, &engine_args, Some("infergate engine listening on ")).await?);
@@ -338,32 +428,53 @@ async fn run_policy(
         let req = post(&format!("{url}/v1/completions"), warm.to_string().into())?;
         client.request(req).await?.into_body().collect().await?;
     }
-    let dir = TempDir::new("routing");
     let oracle = policy == "oracle";
-    let gw_policy = if oracle { "session" } else { policy };
-    let gateway = start_gateway(bin, &dir, &urls, gw_policy).await?;
+    let gw_policy = match policy {
+        "oracle" => "session",
+        "prefix_approx" => "prefix",
+        p => p,
+    };
+    let (mut gateways, mut dirs) = (Vec::new(), Vec::new());
+    for r in 0..scenario.replicas {
+        let dir = TempDir::new(&format!("routing-r{r}"));
+        let gw = start_gateway(bin, &dir, &urls, gw_policy).await?;
+        dirs.push(dir);
+        if policy == "prefix" {
+            // Precise mode from the first request: wait for every worker's event stream.
+            wait_kv_events(&gw.url, WORKERS).await?;
+        }
+        gateways.push(gw);
+    }
+    let gateway_urls: Vec<String> = gateways.iter().map(|g| g.url.clone()).collect();
 
     let before = scrape_cache(&urls).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let poller = tokio::spawn(peak_running(urls.clone(), stop.clone()));
     let started = Instant::now();
     let outcomes = match scenario.load {
-        Load::Open(..) => replay(&client, &gateway.url, workload, oracle).await,
+        Load::Open(..) => replay(&client, &gateway_urls, workload, oracle).await,
         Load::Closed(clients, _) => {
-            replay_closed(&client, &gateway.url, workload, oracle, clients).await
+            replay_closed(&client, &gateway_urls, workload, oracle, clients).await
         }
     };
     let wall = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let (peak, kv_mean) = poller.await?;
     let after = scrape_cache(&urls).await?;
-    let (_, gw_metrics) = common::get(&format!("{}/metrics", gateway.url)).await?;
-    let decisions =
-        common::metric_by_label(&gw_metrics, "infergate_routing_decisions_total", "reason")
-            .into_iter()
-            .map(|(reason, n)| format!("{reason} {n:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+    let mut by_reason: BTreeMap<String, f64> = BTreeMap::new();
+    for url in &gateway_urls {
+        let (_, gw_metrics) = common::get(&format!("{url}/metrics")).await?;
+        for (reason, n) in
+            common::metric_by_label(&gw_metrics, "infergate_routing_decisions_total", "reason")
+        {
+            *by_reason.entry(reason).or_default() += n;
+        }
+    }
+    let decisions = by_reason
+        .into_iter()
+        .map(|(reason, n)| format!("{reason} {n:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ");
 
     let mut per_worker: BTreeMap<&str, usize> = urls.iter().map(|u| (u.as_str(), 0)).collect();
     for o in outcomes.iter().filter(|o| o.ok) {
@@ -372,7 +483,10 @@ async fn run_policy(
         }
     }
     let per_worker = urls.iter().map(|u| per_worker[u.as_str()]).collect();
-    gateway.stop().await;
+    for gateway in gateways {
+        gateway.stop().await;
+    }
+    drop(dirs);
     for e in engines {
         e.stop().await;
     }
@@ -408,18 +522,22 @@ fn post(url: &str, body: Bytes) -> Result<Request<Full<Bytes>>, BoxError> {
 /// Sends every arrival at its offset (open loop) and waits for all answers.
 async fn replay(
     client: &HttpClient,
-    gateway: &str,
+    gateways: &[String],
     workload: Arc<Vec<Arrival>>,
     oracle: bool,
 ) -> Vec<Outcome> {
     let start = tokio::time::Instant::now();
-    let url = format!("{gateway}/v1/chat/completions");
+    let urls: Vec<String> = gateways
+        .iter()
+        .map(|g| format!("{g}/v1/chat/completions"))
+        .collect();
     let mut tasks = Vec::with_capacity(workload.len());
     for i in 0..workload.len() {
         tokio::time::sleep_until(start + workload[i].at).await;
-        let (client, url, workload) = (client.clone(), url.clone(), workload.clone());
+        let replica = i % urls.len();
+        let (client, url, workload) = (client.clone(), urls[replica].clone(), workload.clone());
         tasks.push(tokio::spawn(async move {
-            send(&client, &url, &workload[i], oracle).await
+            send(&client, &url, &workload[i], oracle, replica).await
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());
@@ -432,17 +550,18 @@ async fn replay(
 /// `clients` tasks each send the next unsent request when their last one ends (closed loop).
 async fn replay_closed(
     client: &HttpClient,
-    gateway: &str,
+    gateways: &[String],
     workload: Arc<Vec<Arrival>>,
     oracle: bool,
     clients: usize,
 ) -> Vec<Outcome> {
-    let url = format!("{gateway}/v1/chat/completions");
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let (client, url, workload, next) =
-            (client.clone(), url.clone(), workload.clone(), next.clone());
+    for c in 0..clients {
+        // Each client keeps to one replica, as behind a connection-level load balancer.
+        let replica = c % gateways.len();
+        let url = format!("{}/v1/chat/completions", gateways[replica]);
+        let (client, workload, next) = (client.clone(), workload.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut done = Vec::new();
             loop {
@@ -450,7 +569,7 @@ async fn replay_closed(
                 let Some(arrival) = workload.get(i) else {
                     return done;
                 };
-                done.push(send(&client, &url, arrival, oracle).await);
+                done.push(send(&client, &url, arrival, oracle, replica).await);
             }
         }));
     }
@@ -462,22 +581,51 @@ async fn replay_closed(
 }
 
 /// One request of the workload, timed; the oracle's requests name their group as the session.
-async fn send(client: &HttpClient, url: &str, arrival: &Arrival, oracle: bool) -> Outcome {
+async fn send(
+    client: &HttpClient,
+    url: &str,
+    arrival: &Arrival,
+    oracle: bool,
+    replica: usize,
+) -> Outcome {
     let started = Instant::now();
     let session = oracle.then(|| format!("g{}", arrival.group));
-    match one_stream(client, url, arrival.body.clone(), session, started).await {
+    let (group, result) = (
+        arrival.group,
+        one_stream(client, url, arrival.body.clone(), session, started).await,
+    );
+    match result {
         Ok((ttft, worker)) => Outcome {
             ok: true,
             ttft,
             worker,
             error: None,
+            group,
+            replica,
         },
         Err(e) => Outcome {
             ok: false,
             ttft: f64::NAN,
             worker: None,
             error: Some(e.to_string()),
+            group,
+            replica,
         },
+    }
+}
+
+/// Waits until the gateway reads KV events from `workers` workers (precise mode is live).
+async fn wait_kv_events(gateway: &str, workers: usize) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, text) = common::get(&format!("{gateway}/metrics")).await?;
+        if metric_sum(&text, "infergate_routing_kv_events_live") >= workers as f64 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("the gateway never subscribed to every worker's KV events".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -30,6 +30,15 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
     drop(live);
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/admin/status") => status(&gw),
+        // Also here, so Prometheus can scrape the admin port (behind the admin key, if set).
+        (&Method::GET, "/metrics") => {
+            let mut r = json_response(StatusCode::OK, gw.metrics.render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
         (&Method::POST, "/admin/reload") => match gw.reload().await {
             Ok(()) => json_response(StatusCode::OK, json!({"reloaded": true}).to_string()),
             Err(errors) => json_response(

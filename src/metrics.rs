@@ -2,7 +2,8 @@
 //! config, worker labels from discovered URLs, never request ids, keys or prompts.
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::workers::state::WorkerState;
@@ -42,6 +43,14 @@ pub struct GatewayMetrics {
     /// `infergate_routing_kv_events_live{pool,worker}`: 1 while routing reads the worker's KV
     /// events (precise mode), 0 on the approximate index.
     pub kv_events_live: GaugeVec,
+    /// `infergate_connections_open`: client connections open on the public listener.
+    pub connections_open: IntGauge,
+    /// `infergate_connections_refused_total{reason}`: connections closed at accept by a cap.
+    pub connections_refused: IntCounterVec,
+    /// `infergate_accept_errors_total`: failed `accept()` calls (each followed by a back-off).
+    pub accept_errors: IntCounter,
+    /// `infergate_client_timeouts_total{reason}`: client connections closed by a timer.
+    pub client_timeouts: IntCounterVec,
     /// `infergate_worker_in_flight{pool,worker}`.
     pub worker_in_flight: GaugeVec,
     /// `infergate_worker_waiting{pool,worker}` (polled).
@@ -198,6 +207,32 @@ impl GatewayMetrics {
             index_blocks: gauge(
                 "infergate_routing_index_blocks",
                 "Prefix blocks the routing index holds for the worker.",
+            )?,
+            connections_open: {
+                let g = IntGauge::new(
+                    "infergate_connections_open",
+                    "Client connections open on the public listener.",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            connections_refused: counter(
+                "infergate_connections_refused_total",
+                "Client connections closed at accept because a connection cap was reached.",
+                &["reason"],
+            )?,
+            accept_errors: {
+                let c = IntCounter::new(
+                    "infergate_accept_errors_total",
+                    "Failed accept() calls on the public or admin listener; each backs off.",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            client_timeouts: counter(
+                "infergate_client_timeouts_total",
+                "Client connections closed by a timer (header_read, tls_handshake).",
+                &["reason"],
             )?,
             kv_events_live: gauge(
                 "infergate_routing_kv_events_live",

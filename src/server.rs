@@ -1,22 +1,25 @@
 //! Listeners and lifecycle: the public listener (plain or TLS), the admin listener, config reload
 //! triggers (file change, SIGHUP, admin), and the drain on SIGTERM / Ctrl-C.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use notify::Watcher;
 use tokio::net::TcpListener;
 
-use crate::config::TlsConfig;
+use crate::config::{ConnectionLimits, TlsConfig};
 use crate::error::ResBody;
 use crate::gateway::{ConfigSource, Gateway};
+use crate::metrics::GatewayMetrics;
 
 /// Bound listeners, ready to serve.
 pub struct Listeners {
@@ -104,6 +107,83 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     Ok(())
 }
 
+/// Open client connections, in all and per client IP, against the live `limits:`.
+#[derive(Default)]
+struct ConnectionCounts {
+    total: u32,
+    per_ip: HashMap<IpAddr, u32>,
+}
+
+/// Holds one connection's place in [`ConnectionCounts`] until dropped.
+struct ConnectionSlot {
+    counts: Arc<Mutex<ConnectionCounts>>,
+    ip: IpAddr,
+    gw: Arc<Gateway>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut c = self
+            .counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_ip.remove(&self.ip);
+            }
+        }
+        self.gw.metrics.connections_open.set(i64::from(c.total));
+    }
+}
+
+/// Takes a connection slot for `ip`, or says which cap refused it.
+fn take_slot(
+    gw: &Arc<Gateway>,
+    counts: &Arc<Mutex<ConnectionCounts>>,
+    ip: IpAddr,
+    limits: ConnectionLimits,
+) -> Result<ConnectionSlot, &'static str> {
+    let mut c = counts
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if c.total >= limits.max_connections {
+        return Err("max_connections");
+    }
+    let n = c.per_ip.entry(ip).or_insert(0);
+    if *n >= limits.max_connections_per_ip {
+        return Err("max_connections_per_ip");
+    }
+    *n += 1;
+    c.total += 1;
+    gw.metrics.connections_open.set(i64::from(c.total));
+    Ok(ConnectionSlot {
+        counts: counts.clone(),
+        ip,
+        gw: gw.clone(),
+    })
+}
+
+/// First and longest pause after a failed `accept()` (out of file descriptors, most often).
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// A connection builder with hyper's timers on: a header not complete within
+/// `header_read_timeout` (also the longest an idle keep-alive connection waits for its next
+/// request) closes the connection; HTTP/2 peers that stop answering pings are closed too.
+fn connection_builder(limits: ConnectionLimits, h2: bool) -> auto::Builder<TokioExecutor> {
+    let b = auto::Builder::new(TokioExecutor::new());
+    let mut b = if h2 { b.http2_only() } else { b.http1_only() };
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    b.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    b
+}
+
 async fn accept_loop(
     gw: Arc<Gateway>,
     listener: TcpListener,
@@ -111,14 +191,47 @@ async fn accept_loop(
     graceful: Arc<GracefulShutdown>,
     is_admin: bool,
 ) {
+    let counts = Arc::new(Mutex::new(ConnectionCounts::default()));
+    let mut backoff = ACCEPT_BACKOFF.0;
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff = ACCEPT_BACKOFF.0;
+                accepted
+            }
+            Err(e) => {
+                // EMFILE and friends do not go away by retrying at once: back off, so the
+                // connections already open keep their CPU.
+                gw.metrics.accept_errors.inc();
+                if backoff == ACCEPT_BACKOFF.0 {
+                    tracing::warn!(error = %e, "accept failed; backing off");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
+        };
+        let limits = gw.live().snapshot.connections;
+        let slot = if is_admin {
+            None
+        } else {
+            match take_slot(&gw, &counts, peer.ip(), limits) {
+                Ok(slot) => Some(slot),
+                Err(reason) => {
+                    // Refuse fast: closing costs less than serving a 503 to a flood.
+                    gw.metrics
+                        .connections_refused
+                        .with_label_values(&[reason])
+                        .inc();
+                    drop(stream);
+                    continue;
+                }
+            }
         };
         let _ = stream.set_nodelay(true);
-        let gw = gw.clone();
+        let gw_conn = gw.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let gw = gw.clone();
+            let gw = gw_conn.clone();
             async move {
                 let res: Response<ResBody> = if is_admin {
                     crate::admin::handle(gw, req).await
@@ -128,14 +241,30 @@ async fn accept_loop(
                 Ok::<_, Infallible>(res)
             }
         });
+        let metrics = gw.metrics.clone();
         match &tls {
             None => {
-                let conn = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    let _slot = slot;
+                    // hyper's header timer starts only once the protocol is known: sniff it here,
+                    // under the same deadline, so a silent or trickling client cannot wait forever.
+                    let h2 = match sniff_h2(&stream, limits.header_read_timeout).await {
+                        Some(h2) => h2,
+                        None => {
+                            metrics
+                                .client_timeouts
+                                .with_label_values(&["header_read"])
+                                .inc();
+                            return;
+                        }
+                    };
+                    let conn = connection_builder(limits, h2)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .into_owned();
+                    if let Err(e) = watcher.watch(conn).await {
+                        note_connection_error(&metrics, e.as_ref());
+                    }
                 });
             }
             Some(acceptor) => {
@@ -144,8 +273,9 @@ async fn accept_loop(
                 // for them to let go of it.
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let tls_stream = match tokio::time::timeout(
-                        Duration::from_secs(10),
+                        limits.header_read_timeout,
                         acceptor.accept(stream),
                     )
                     .await
@@ -155,15 +285,70 @@ async fn accept_loop(
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
                         }
-                        Err(_) => return,
+                        Err(_) => {
+                            metrics
+                                .client_timeouts
+                                .with_label_values(&["tls_handshake"])
+                                .inc();
+                            return;
+                        }
                     };
-                    let conn = auto::Builder::new(TokioExecutor::new())
+                    let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let conn = connection_builder(limits, h2)
                         .serve_connection(TokioIo::new(tls_stream), svc)
                         .into_owned();
-                    let _ = watcher.watch(conn).await;
+                    if let Err(e) = watcher.watch(conn).await {
+                        note_connection_error(&metrics, e.as_ref());
+                    }
                 });
             }
         }
+    }
+}
+
+/// The HTTP/2 client preface (prior knowledge, `h2c`).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a plain connection speaks HTTP/2, from its first bytes (without consuming them);
+/// `None` when the client has not said enough within `within`.
+async fn sniff_h2(stream: &tokio::net::TcpStream, within: Duration) -> Option<bool> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 24];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(true);
+        }
+        // A partial preface: wait for more bytes (peek returns at once while data is queued).
+        tokio::time::timeout_at(deadline, stream.readable())
+            .await
+            .ok()?
+            .ok()?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Counts a client connection that ended on hyper's header timer.
+fn note_connection_error(
+    metrics: &GatewayMetrics,
+    e: &(dyn std::error::Error + Send + Sync + 'static),
+) {
+    if e.downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout)
+    {
+        metrics
+            .client_timeouts
+            .with_label_values(&["header_read"])
+            .inc();
     }
 }
 

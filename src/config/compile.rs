@@ -101,6 +101,7 @@ pub(super) fn compile(
         forward: sections::forward(&mut sink, raw.forward.as_ref()),
         drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
         max_body_bytes: sections::max_body_bytes(&mut sink, raw.limits.as_ref()),
+        connections: sections::connections(&mut sink, raw.limits.as_ref()),
         models,
         pools: pool_specs,
         tenants: tenant_list.tenants,

@@ -25,8 +25,8 @@ use std::path::Path;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use snapshot::{
-    AdminConfig, AdmissionSpec, Dialect, ForwardConfig, HealthConfig, LogConfig, LogFormat,
-    ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,
+    AdminConfig, AdmissionSpec, ConnectionLimits, Dialect, ForwardConfig, HealthConfig, LogConfig,
+    LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,
 };
 
 use compile::PolicySource;

@@ -88,6 +88,9 @@ pub(super) struct RawDrain {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
     pub max_body_bytes: Option<Spanned<usize>>,
+    pub header_read_timeout: Option<Text>,
+    pub max_connections: Option<Spanned<u32>>,
+    pub max_connections_per_ip: Option<Spanned<u32>>,
 }
 
 /// One entry of `models:`.

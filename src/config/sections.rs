@@ -9,7 +9,9 @@ use serde_saphyr::Spanned;
 
 use super::error::Sink;
 use super::raw::{RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawTls, Text};
-use super::snapshot::{AdminConfig, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig};
+use super::snapshot::{
+    AdminConfig, ConnectionLimits, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig,
+};
 use super::values::{parse_duration, parse_socket_addr};
 
 /// `health:` with defaults 250ms / 1s / 3 / 2.
@@ -87,6 +89,31 @@ pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> us
             default
         }
         Some(n) => n.value,
+    }
+}
+
+/// `limits:` for client connections: header read timeout 10 s, 16,384 connections in all and
+/// 1,024 per client IP.
+pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: duration(
+            sink,
+            raw.and_then(|l| l.header_read_timeout.as_ref()),
+            "limits.header_read_timeout",
+            Duration::from_secs(10),
+        ),
+        max_connections: at_least_one(
+            sink,
+            raw.and_then(|l| l.max_connections.as_ref()),
+            "limits.max_connections",
+            16_384,
+        ),
+        max_connections_per_ip: at_least_one(
+            sink,
+            raw.and_then(|l| l.max_connections_per_ip.as_ref()),
+            "limits.max_connections_per_ip",
+            1_024,
+        ),
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub drain_grace: Duration,
     /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).
     pub max_body_bytes: usize,
+    /// Client connection timeouts and caps (`limits:`).
+    pub connections: ConnectionLimits,
     /// Models clients may ask for, in file order.
     pub models: Vec<ModelRoute>,
     /// Worker pools, in file order; `ModelRoute::pool` indexes this.
@@ -160,6 +162,19 @@ pub struct HealthConfig {
     pub eject_after: u32,
     /// Consecutive successful polls that re-admit an ejected worker. Default 2.
     pub readmit_after: u32,
+}
+
+/// Client connection limits of the public listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Time a client has to send a request's whole header block, from the moment the gateway
+    /// waits for one: a slow header gets 408 and the connection closes, and an idle keep-alive
+    /// connection closes after the same time. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// Open client connections in all; past it new ones are closed at once. Default 16,384.
+    pub max_connections: u32,
+    /// Open connections from one client IP. Default 1,024.
+    pub max_connections_per_ip: u32,
 }
 
 /// Timeouts and retries of forwarded requests.

@@ -1,0 +1,137 @@
+//! Edge hardening, client connections: a header trickled byte by byte and an idle keep-alive
+//! connection are closed by the header timer, and connections past the per-IP cap are refused at
+//! accept, while normal clients keep being served. Raw sockets on loopback, as an attacker would.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::gateway::{Gateway, TempDir, config_yaml, routing_yaml};
+use common::{Engine, get};
+use hyper::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn gateway(tag: &str, limits: &str) -> (Engine, TempDir, Gateway) {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new(tag);
+    dir.write_config(&config_yaml(&[&engine.url], limits));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    (engine, dir, gw)
+}
+
+/// Waits (at most `within`) for the server to close `sock`; returns how long that took and the
+/// bytes it sent before closing.
+async fn closed_within(sock: &mut TcpStream, within: Duration) -> (Duration, Vec<u8>) {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at((started + within).into(), sock.read(&mut buf)).await {
+            Err(_) => panic!("connection still open after {within:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return (started.elapsed(), got),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+async fn healthz_ok(gw: &Gateway) {
+    let (status, body) = get(&gw.at("/healthz")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn a_trickled_header_and_an_idle_connection_are_closed_by_the_header_timer() {
+    let (_engine, _dir, gw) =
+        gateway("edge-slowloris", "limits: {header_read_timeout: 1s}\n").await;
+    let mut idle = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // One header byte every 100 ms, forever, in the background.
+    let trickle = tokio::spawn(async move {
+        let mut n = 0u64;
+        loop {
+            if slow.write_all(b"a").await.is_err() {
+                return (n, slow);
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // Meanwhile a normal client is served.
+    healthz_ok(&gw).await;
+    let (after, _) = closed_within(&mut idle, Duration::from_secs(5)).await;
+    assert!(
+        after >= Duration::from_millis(500),
+        "closed after {after:?}"
+    );
+    let (written, mut slow) = tokio::time::timeout(Duration::from_secs(5), trickle)
+        .await
+        .expect("the trickled connection was closed within 5 s")
+        .expect("trickle task");
+    assert!(written < 50, "{written} bytes trickled before the close");
+    closed_within(&mut slow, Duration::from_secs(1)).await;
+    healthz_ok(&gw).await;
+    let timeouts = gw
+        .metric("infergate_client_timeouts_total{reason=\"header_read\"}")
+        .await;
+    assert!(timeouts >= 2.0, "{timeouts} header timeouts counted");
+}
+
+#[tokio::test]
+async fn connections_past_the_per_ip_cap_are_refused_at_accept() {
+    let (_engine, _dir, gw) = gateway(
+        "edge-conncap",
+        "limits: {header_read_timeout: 60s, max_connections_per_ip: 4}\n",
+    )
+    .await;
+    // The start-up readiness probes' connections must be gone before counting.
+    common::gateway::eventually("no connection open", Duration::from_secs(5), || async {
+        let text = admin_metrics(&gw).await;
+        (common::find_metric(&text, "infergate_connections_open") == Some(0.0)).then_some(())
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(gw.addr).await.expect("connect"));
+    }
+    // Accepted in order: wait until the gateway counts all four before the fifth.
+    common::gateway::eventually("four connections open", Duration::from_secs(5), || async {
+        let text = admin_metrics(&gw).await;
+        (common::find_metric(&text, "infergate_connections_open") == Some(4.0)).then_some(())
+    })
+    .await;
+    let mut fifth = TcpStream::connect(gw.addr).await.expect("connect");
+    let (after, sent) = closed_within(&mut fifth, Duration::from_secs(2)).await;
+    assert!(
+        sent.is_empty(),
+        "the refused connection got bytes: {sent:?}"
+    );
+    assert!(after < Duration::from_secs(2));
+    let text = admin_metrics(&gw).await;
+    assert_eq!(
+        common::find_metric(
+            &text,
+            "infergate_connections_refused_total{reason=\"max_connections_per_ip\"}"
+        ),
+        Some(1.0)
+    );
+    // Closing one frees its place.
+    drop(held.pop());
+    common::gateway::eventually("a place is free again", Duration::from_secs(5), || async {
+        let text = admin_metrics(&gw).await;
+        (common::find_metric(&text, "infergate_connections_open") == Some(3.0)).then_some(())
+    })
+    .await;
+    healthz_ok(&gw).await;
+}
+
+/// The gateway's metrics from the admin listener (which has no per-IP cap).
+async fn admin_metrics(gw: &Gateway) -> String {
+    let (status, text) = get(&gw.admin_at("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    text
+}
