@@ -72,6 +72,15 @@ impl EngineCore {
         }
     }
 
+    /// The KV events since the last call, for a caller that applies them itself (the simulator);
+    /// empty when a hub publishes them or events are off.
+    pub fn take_kv_events(&mut self) -> crate::kv_events::KvEventBatch {
+        if self.kv_events.is_some() {
+            return crate::kv_events::KvEventBatch::default();
+        }
+        self.sched.kv.take_events()
+    }
+
     /// Publishes the scheduler's KV events (router key residency) to `hub` after every step.
     pub fn publish_kv_events(&mut self, hub: Arc<KvEventHub>) {
         self.kv_events = Some(hub);

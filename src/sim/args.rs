@@ -53,6 +53,10 @@ pub struct SimArgs {
     /// Disable the engines' prefix cache.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Route on the engines' KV events (precise mode, as in front of `infergate engine`) instead
+    /// of the approximate index alone (as in front of vLLM).
+    #[arg(long)]
+    pub kv_events: bool,
     /// Endpoint the simulated clients call: `chat` wraps prompts in the chat template as the
     /// engine does (like `infergate bench`'s default); `completions` sends them as they are.
     #[arg(long, default_value = "chat", value_parser = ["chat", "completions"])]
@@ -98,6 +102,7 @@ impl SimArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             chunked_prefill: !self.no_chunked_prefill,
             prefix_caching: !self.no_prefix_caching,
+            kv_events: self.kv_events,
             chat_template: self.endpoint == "chat",
             latency_multiplier: self.fault_latency_multiplier,
             num_gpu_blocks_override: self.num_gpu_blocks_override,

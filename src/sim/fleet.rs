@@ -17,8 +17,9 @@ use crate::report::RequestRecord;
 use crate::routing::features::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS, prefix_hashes, session_hash,
 };
-use crate::routing::{Feedback, RequestFeatures, RoutingPolicy, WorkerView};
+use crate::routing::{Feedback, RequestFeatures, Residency, RoutingPolicy, WorkerView};
 use crate::workload::{PlannedRequest, Requests};
+use infergate_engine::kv_events::PrefixKeys;
 
 /// A simulated time, ordered totally so it can key the heap.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,6 +114,10 @@ impl Fleet {
         clients: Clients,
         max_queue: usize,
     ) -> Self {
+        // Workers with KV events are precise from the start (an empty snapshot each).
+        for w in workers.iter().filter(|w| w.kv_events()) {
+            policy.residency(w.key, Residency::Snapshot(&[]));
+        }
         Self {
             views: Vec::with_capacity(workers.len()),
             workers,
@@ -322,6 +327,12 @@ impl Fleet {
         self.policy.observe(&features, &self.views[w]);
         self.workers[w].pending_prefill += decision.prefill;
         let live = Live::new(arrival, w, req.tenant, prompt_tokens, req.output_tokens);
+        // Our engines take the router's keys with the request (KV events).
+        let keys = self.workers[w].kv_events().then(|| PrefixKeys {
+            block_bytes: DEFAULT_BLOCK_BYTES,
+            canonical_bytes: features.prompt_bytes,
+            keys: features.prefix_hashes.clone(),
+        });
         let routed = Routed {
             features,
             predicted_cached: decision.predicted_cached,
@@ -338,7 +349,7 @@ impl Fleet {
             }
             None => req.prompt,
         };
-        self.workers[w].submit(req.id, prompt, req.output_tokens);
+        self.workers[w].submit(req.id, prompt, req.output_tokens, keys);
         Some(w)
     }
 
@@ -393,6 +404,16 @@ impl Fleet {
     fn step_end(&mut self, w: usize, t: f64) {
         self.workers[w].busy = false;
         self.handle_notes(w);
+        // Events reach the policy as the step ends: the simulator has no stream lag.
+        let batch = self.workers[w].take_kv_events();
+        let key = self.workers[w].key;
+        if !batch.stored.is_empty() {
+            self.policy.residency(key, Residency::Stored(&batch.stored));
+        }
+        if !batch.removed.is_empty() {
+            self.policy
+                .residency(key, Residency::Removed(&batch.removed));
+        }
         // Slots freed by this step go to waiters first, so they join the worker's next step.
         self.fill_slots(t);
         if !self.workers[w].busy && self.workers[w].has_work() {

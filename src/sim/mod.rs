@@ -53,6 +53,8 @@ pub struct SimConfig {
     pub chunked_prefill: bool,
     /// Reuse cached KV blocks of shared prefixes (default true).
     pub prefix_caching: bool,
+    /// Engines publish KV events and routing applies them (precise mode).
+    pub kv_events: bool,
     /// KV blocks per worker instead of the memory budget's.
     pub num_gpu_blocks_override: Option<usize>,
     /// Most requests queued over the fleet (routed, never yet scheduled); beyond, 429. 0 = unbounded.
@@ -88,6 +90,7 @@ impl Default for SimConfig {
             max_num_batched_tokens: 8192,
             chunked_prefill: true,
             prefix_caching: true,
+            kv_events: false,
             num_gpu_blocks_override: None,
             max_queue: 0,
             admission_per_worker: 0,

@@ -223,3 +223,28 @@ fn one_hour_of_sixteen_workers_at_fifty_per_second() {
     println!("{}", r.report.render_text());
     println!("wall {:.1} s, {} steps", r.wall_seconds, r.steps);
 }
+
+#[test]
+fn kv_events_mode_routes_on_the_engines_residency_as_well_as_the_index() {
+    // Small caches that must evict: the simulator's one router sees every request, so its
+    // approximate index is already close to the engines' real residency; the events keep it so.
+    let (w, o) = chat();
+    let fleet = |kv_events| SimConfig {
+        num_gpu_blocks_override: Some(200),
+        kv_events,
+        ..small_fleet()
+    };
+    let hit = |cfg: &SimConfig, name| {
+        simulate(cfg, &w, &o, &policy(name))
+            .expect("runs")
+            .report
+            .extra["prefix_cache_hit_rate"]
+    };
+    let (precise, approx) = (hit(&fleet(true), "prefix"), hit(&fleet(false), "prefix"));
+    let rr = hit(&fleet(true), "round_robin");
+    assert!(precise > rr + 0.1, "precise {precise} vs round_robin {rr}");
+    assert!(
+        (precise - approx).abs() < 0.05,
+        "precise {precise} vs approximate {approx}"
+    );
+}

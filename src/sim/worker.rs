@@ -9,6 +9,7 @@ use infergate_engine::backend::sim::SimBackend;
 use infergate_engine::block_manager::BlockManager;
 use infergate_engine::clock::{Clock, VirtualClock};
 use infergate_engine::core::EngineCore;
+use infergate_engine::kv_events::{KvEventBatch, PrefixKeys};
 use infergate_engine::metrics::EngineMetrics;
 use infergate_engine::presets;
 use infergate_engine::request::SamplingParams;
@@ -34,6 +35,7 @@ pub(super) struct WorkerSpec {
     num_blocks: usize,
     block_size: usize,
     prefix_caching: bool,
+    kv_events: bool,
     model: String,
 }
 
@@ -87,6 +89,7 @@ impl WorkerSpec {
             num_blocks,
             block_size: cfg.block_size,
             prefix_caching: cfg.prefix_caching,
+            kv_events: cfg.kv_events,
             model: cfg.model.clone(),
         })
     }
@@ -144,7 +147,10 @@ impl SimWorker {
             MEAN_OUTPUT_TOKENS,
             spec.block_size,
         );
-        let kv = BlockManager::new(spec.num_blocks, spec.block_size, spec.prefix_caching);
+        let mut kv = BlockManager::new(spec.num_blocks, spec.block_size, spec.prefix_caching);
+        if spec.kv_events {
+            kv.enable_events();
+        }
         let sched = Scheduler::new(spec.sched, kv);
         let clock = Arc::new(VirtualClock::new());
         let metrics = Arc::new(EngineMetrics::new(&spec.model).map_err(|e| e.to_string())?);
@@ -196,7 +202,13 @@ impl SimWorker {
     }
 
     /// Hands a request to the worker; it reaches the engine at the next step start.
-    pub(super) fn submit(&mut self, id: u64, prompt: Vec<u32>, output_tokens: u32) {
+    pub(super) fn submit(
+        &mut self,
+        id: u64,
+        prompt: Vec<u32>,
+        output_tokens: u32,
+        prefix_keys: Option<PrefixKeys>,
+    ) {
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.in_flight += 1;
         self.inbox.push(NewRequest {
@@ -209,8 +221,18 @@ impl SimWorker {
                 ..SamplingParams::default()
             },
             sink: Box::new(RecordingSink::new(id, self.log.clone())),
-            prefix_keys: None,
+            prefix_keys,
         });
+    }
+
+    /// Whether this worker's engine publishes KV events.
+    pub(super) fn kv_events(&self) -> bool {
+        self.core.scheduler().kv.events_enabled()
+    }
+
+    /// The net change of resident router keys since the last call (empty without events).
+    pub(super) fn take_kv_events(&mut self) -> KvEventBatch {
+        self.core.take_kv_events()
     }
 
     /// True while requests wait in the inbox or the engine has anything to do.
