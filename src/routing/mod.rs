@@ -161,7 +161,7 @@ pub struct Feedback {
 /// What a worker's KV event stream said about the prefix keys it holds (precise mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Residency<'a> {
-    /// Every key resident now (a new subscription): replaces what was known.
+    /// Every key resident now (a new subscription); guesses it lacks stay until refuted.
     Snapshot(&'a [u64]),
     /// Keys that became resident.
     Stored(&'a [u64]),

@@ -12,11 +12,14 @@
 //! gateway cannot see, share the cache); when it reports more, it grows back. A restarted or
 //! re-admitted worker is forgotten whole.
 //!
-//! A worker that streams KV events (`GET /kv/events`, our engine) is *precise*: its snapshot
-//! replaces what was guessed, `stored` keys are added even when another gateway routed them, and
-//! `removed` keys go at once. Routed requests still add their blocks before the engine confirms
-//! them, so a burst within one prefill keeps to the worker it chose; the capacity bound stays as
-//! a backstop, without the guessed answer KV and without feedback scaling (the events are exact).
+//! A worker that streams KV events (`GET /kv/events`, our engine) is *precise*: its snapshot and
+//! `stored` keys are added even when another gateway routed them, and `removed` keys go at once.
+//! Routed requests still add their blocks before the engine confirms them, so a burst within one
+//! prefill keeps to the worker it chose; a snapshot therefore adds to what is known instead of
+//! replacing it (requests sent before the stream opened, or still in prefill, are not in it yet).
+//! A guess the engine never confirms is corrected by feedback, exactly: the blocks an answer
+//! says were not cached are dropped from that worker. The capacity bound stays as a backstop,
+//! without the guessed answer KV and without feedback scaling.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
@@ -317,7 +320,6 @@ impl PrefixIndex {
         let inner = &mut *guard;
         match update {
             Residency::Snapshot(keys) => {
-                forget_in(inner, worker);
                 let cache = inner.cache(worker, default);
                 cache.precise = true;
                 for &k in keys {
@@ -343,6 +345,19 @@ impl PrefixIndex {
             }
         }
         inner.evict(worker);
+    }
+
+    /// A precise worker's answer said only `cached_blocks` of `hashes` were cached: the rest is
+    /// not there, whatever was guessed.
+    pub fn refute(&self, worker: u64, hashes: &[u64], cached_blocks: usize) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if !inner.workers.get(&worker).is_some_and(|c| c.precise) {
+            return;
+        }
+        for &h in hashes.iter().skip(cached_blocks) {
+            inner.remove(worker, h);
+        }
     }
 
     /// Whether `worker`'s entries come from its KV events.

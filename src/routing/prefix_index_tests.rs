@@ -183,12 +183,20 @@ fn unknown_capacity_takes_the_default_and_oversize_blocks_do_not_stay() {
 }
 
 #[test]
-fn a_snapshot_replaces_guesses_and_events_keep_it_exact() {
+fn a_snapshot_adds_to_guesses_and_events_keep_it_exact() {
     let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
-    // The gateway guessed worker 10 holds 1,2,3; its engine says it holds 1 and 5 only.
+    // The gateway routed 1,2,3 to worker 10 before the stream opened; the snapshot has 1 and 5.
     idx.record(10, at(&[1, 2, 3], 1_000));
     idx.apply(10, Residency::Snapshot(&[1, 5]), 10.0);
     assert!(idx.is_precise(10));
+    assert_eq!(
+        idx.matches(&[1, 2, 3]),
+        vec![(10, 3)],
+        "a request still in prefill is not in the snapshot yet: the guess stays"
+    );
+    assert_eq!(idx.matches(&[5]), vec![(10, 1)]);
+    // Its answer said only one block was cached: the unconfirmed guess goes, exactly.
+    idx.refute(10, &[1, 2, 3], 1);
     assert_eq!(idx.matches(&[1, 2, 3]), vec![(10, 1)]);
     // Another gateway's request stored 2 and 3 there: this one learns it without routing it.
     idx.apply(10, Residency::Stored(&[2, 3]), 10.0);
