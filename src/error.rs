@@ -28,6 +28,8 @@ pub enum GatewayError {
     NotFound(String),
     /// Body over the limit (413).
     PayloadTooLarge(usize),
+    /// The body did not arrive within the body read timeout (408).
+    BodyTimeout(std::time::Duration),
     /// Wrong method for the route (405).
     MethodNotAllowed,
     /// Missing or unknown API key (401).
@@ -84,6 +86,7 @@ impl GatewayError {
             Self::NeverFits(_) => StatusCode::BAD_REQUEST,
             Self::Degraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NoHealthyWorker(_) | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
@@ -119,6 +122,12 @@ impl GatewayError {
             Self::PayloadTooLarge(limit) => {
                 ApiError::payload_too_large(format!("request body exceeds {limit} bytes"))
             }
+            Self::BodyTimeout(limit) => with_kind(
+                &format!("the request body did not arrive within {limit:?}"),
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                None,
+            ),
             Self::MethodNotAllowed => ApiError::method_not_allowed(),
             Self::NoHealthyWorker(pool) => {
                 ApiError::unavailable(format!("no healthy worker in pool `{pool}`"), 1)
@@ -165,6 +174,7 @@ impl GatewayError {
             Self::BadRequest { .. }
             | Self::NotFound(_)
             | Self::PayloadTooLarge(_)
+            | Self::BodyTimeout(_)
             | Self::Forbidden(_)
             | Self::NeverFits(_)
             | Self::MethodNotAllowed => "validation",

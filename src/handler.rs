@@ -129,9 +129,16 @@ async fn proxy(
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
 
     let limit = snapshot.max_body_bytes;
-    let body = Limited::new(body, limit)
-        .collect()
+    let deadline = snapshot.connections.body_read_timeout;
+    let body = tokio::time::timeout(deadline, Limited::new(body, limit).collect())
         .await
+        .map_err(|_| {
+            gw.metrics
+                .client_timeouts
+                .with_label_values(&["body_read"])
+                .inc();
+            GatewayError::BodyTimeout(deadline)
+        })?
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
                 GatewayError::PayloadTooLarge(limit)

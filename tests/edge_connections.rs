@@ -135,3 +135,53 @@ async fn admin_metrics(gw: &Gateway) -> String {
     assert_eq!(status, StatusCode::OK);
     text
 }
+
+/// Reads what the server sends until it closes (at most `within`), as text.
+async fn answer_then_close(sock: &mut TcpStream, within: Duration) -> (Duration, String) {
+    let (after, bytes) = closed_within(sock, within).await;
+    (after, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test]
+async fn a_short_or_endless_body_gets_408_at_the_body_deadline() {
+    let (_engine, _dir, gw) = gateway("edge-body", "limits: {body_read_timeout: 1s}\n").await;
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    // Shorter than its Content-Length, then silence.
+    let mut short = TcpStream::connect(gw.addr).await.expect("connect");
+    short
+        .write_all(format!("{head}Content-Length: 100\r\n\r\n{{\"model\":").as_bytes())
+        .await
+        .expect("write");
+    // Chunked, one small chunk every 100 ms, never ending.
+    let mut endless = TcpStream::connect(gw.addr).await.expect("connect");
+    endless
+        .write_all(format!("{head}Transfer-Encoding: chunked\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let (mut reader, mut writer) = endless.into_split();
+    let trickle = tokio::spawn(async move {
+        while writer.write_all(b"1\r\n \r\n").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    healthz_ok(&gw).await;
+    let (after, text) = answer_then_close(&mut short, Duration::from_secs(5)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("did not arrive within"), "{text}");
+    assert!(
+        after >= Duration::from_millis(500),
+        "answered after {after:?}"
+    );
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the endless body's connection stayed open");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    trickle.abort();
+    healthz_ok(&gw).await;
+    let n = gw
+        .metric("infergate_client_timeouts_total{reason=\"body_read\"}")
+        .await;
+    assert_eq!(n, 2.0);
+}

@@ -89,6 +89,7 @@ pub(super) struct RawDrain {
 pub(super) struct RawLimits {
     pub max_body_bytes: Option<Spanned<usize>>,
     pub header_read_timeout: Option<Text>,
+    pub body_read_timeout: Option<Text>,
     pub max_connections: Option<Spanned<u32>>,
     pub max_connections_per_ip: Option<Spanned<u32>>,
 }

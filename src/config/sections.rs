@@ -93,7 +93,7 @@ pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> us
 }
 
 /// `limits:` for client connections: header read timeout 10 s, 16,384 connections in all and
-/// 1,024 per client IP.
+/// 4,096 per client IP, body read timeout 30 s.
 pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: duration(
@@ -101,6 +101,12 @@ pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> Conne
             raw.and_then(|l| l.header_read_timeout.as_ref()),
             "limits.header_read_timeout",
             Duration::from_secs(10),
+        ),
+        body_read_timeout: duration(
+            sink,
+            raw.and_then(|l| l.body_read_timeout.as_ref()),
+            "limits.body_read_timeout",
+            Duration::from_secs(30),
         ),
         max_connections: at_least_one(
             sink,
@@ -112,7 +118,7 @@ pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> Conne
             sink,
             raw.and_then(|l| l.max_connections_per_ip.as_ref()),
             "limits.max_connections_per_ip",
-            1_024,
+            4_096,
         ),
     }
 }

@@ -171,9 +171,13 @@ pub struct ConnectionLimits {
     /// waits for one: a slow header gets 408 and the connection closes, and an idle keep-alive
     /// connection closes after the same time. Default 10 s.
     pub header_read_timeout: Duration,
+    /// Time a client has to send a request's whole body once its headers are in; past it the
+    /// request gets 408 and the connection closes. Default 30 s.
+    pub body_read_timeout: Duration,
     /// Open client connections in all; past it new ones are closed at once. Default 16,384.
     pub max_connections: u32,
-    /// Open connections from one client IP. Default 1,024.
+    /// Open connections from one client IP. Default 4,096 (behind a proxy or NAT every client
+    /// shares its address: raise it there).
     pub max_connections_per_ip: u32,
 }
 
