@@ -60,6 +60,8 @@ pub enum GatewayError {
     Draining,
     /// The worker could not be reached or failed before answering (502).
     UpstreamUnavailable(String),
+    /// The worker was ejected while the request waited for its first byte (503).
+    WorkerEjected(String),
     /// The worker did not answer in time (504).
     UpstreamTimeout(String),
     /// A bug or resource failure inside the gateway (500).
@@ -88,7 +90,9 @@ impl GatewayError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoHealthyWorker(_) | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoHealthyWorker(_) | Self::Draining | Self::WorkerEjected(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -133,6 +137,11 @@ impl GatewayError {
                 ApiError::unavailable(format!("no healthy worker in pool `{pool}`"), 1)
             }
             Self::Draining => ApiError::unavailable("the gateway is shutting down", 1),
+            // The worker's URL stays in the logs: clients are not told internal addresses.
+            Self::WorkerEjected(_) => ApiError::unavailable(
+                "the worker serving this request stopped answering and was ejected; no other worker took it",
+                1,
+            ),
             Self::UpstreamUnavailable(m) | Self::UpstreamTimeout(m) | Self::Internal(m) => {
                 let mut e = ApiError::internal(m);
                 e.status = self.status();
@@ -180,9 +189,10 @@ impl GatewayError {
             | Self::MethodNotAllowed => "validation",
             Self::Draining => "draining",
             Self::Degraded { .. } => "degraded",
-            Self::NoHealthyWorker(_) | Self::UpstreamUnavailable(_) | Self::UpstreamTimeout(_) => {
-                "upstream"
-            }
+            Self::NoHealthyWorker(_)
+            | Self::WorkerEjected(_)
+            | Self::UpstreamUnavailable(_)
+            | Self::UpstreamTimeout(_) => "upstream",
             Self::Internal(_) => "internal",
         }
     }

@@ -144,3 +144,48 @@ async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
     }
     assert_eq!(on_a, 2, "round robin over two healthy workers");
 }
+
+/// A hung worker (SIGSTOP: it accepts nothing and answers nothing) is ejected by its failed
+/// polls; the requests already waiting on it are retried on the other worker at once, long
+/// before the 60 s first-byte timeout.
+#[tokio::test]
+async fn requests_waiting_on_a_hung_worker_move_when_it_is_ejected() {
+    let a = Engine::start(&["--gpu", "h100"]).await;
+    let b = Engine::start(&["--gpu", "h100"]).await;
+    let dir = TempDir::new("hung");
+    dir.write_config(&config_yaml(
+        &[&a.url, &b.url],
+        "health: {poll_interval: 100ms, timeout: 300ms, eject_after: 2, readmit_after: 2}\n\
+         forward: {retries: 2, first_byte_timeout: 60s}\n",
+    ));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    common::gateway::send_signal(a.pid(), "STOP");
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let url = gw.at("/v1/chat/completions");
+        tasks.push(tokio::spawn(async move {
+            post_json(&url, &chat("Be brief.", &format!("Question {i}"), 2, false)).await
+        }));
+    }
+    let mut served_by = Vec::new();
+    for t in tasks {
+        let (status, headers, res) = t.await.expect("request task");
+        assert_eq!(status, StatusCode::OK, "{res}");
+        served_by.push(worker_of(&headers));
+    }
+    let took = started.elapsed();
+    common::gateway::send_signal(a.pid(), "CONT");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert!(served_by.iter().all(|w| *w == b.url), "{served_by:?}");
+    let moved = gw
+        .metric(&format!(
+            "infergate_upstream_errors_total{{pool=\"{POOL}\",kind=\"ejected\"}}"
+        ))
+        .await;
+    assert!(
+        moved >= 1.0,
+        "{moved} requests moved off the ejected worker"
+    );
+}

@@ -101,7 +101,23 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker.url, &out, precise)?;
-        let sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)).await;
+        // A worker ejected while we wait (hung, or dead without closing) will not answer: stop
+        // waiting at once instead of at the first-byte timeout.
+        let ejected = worker.next_ejection();
+        tokio::pin!(ejected);
+        ejected.as_mut().enable();
+        let sent = tokio::select! {
+            sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)) => sent,
+            () = &mut ejected => {
+                metrics
+                    .upstream_errors
+                    .with_label_values(&[&pool.name, "ejected"])
+                    .inc();
+                tried.push(worker.key);
+                last_err = GatewayError::WorkerEjected(worker.url.clone());
+                continue;
+            }
+        };
         let res = match sent {
             Err(_) => {
                 // The worker may still be running it: retrying would run it twice.

@@ -32,6 +32,8 @@ pub struct WorkerState {
     kv_events: AtomicU8,
     /// Polls left before a worker without KV events is asked again.
     kv_events_backoff: AtomicU32,
+    /// Wakes the requests waiting on this worker's first byte when it is ejected.
+    ejected: tokio::sync::Notify,
 }
 
 /// Where the gateway stands with a worker's KV event stream.
@@ -81,6 +83,7 @@ impl WorkerState {
             started_at: AtomicU64::new(0),
             kv_events: AtomicU8::new(KvEventsState::Idle as u8),
             kv_events_backoff: AtomicU32::new(0),
+            ejected: tokio::sync::Notify::new(),
         }
     }
 
@@ -150,6 +153,11 @@ impl WorkerState {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    /// Resolves at this worker's next ejection (create it before sending, so none is missed).
+    pub fn next_ejection(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ejected.notified()
+    }
+
     /// Times this worker was ejected.
     pub fn ejections(&self) -> u64 {
         self.ejections.load(Ordering::Relaxed)
@@ -205,6 +213,7 @@ impl WorkerState {
         if self.is_healthy() && n >= eject_after.max(1) {
             self.healthy.store(false, Ordering::Release);
             self.ejections.fetch_add(1, Ordering::Relaxed);
+            self.ejected.notify_waiters();
             return HealthChange::Ejected;
         }
         HealthChange::None

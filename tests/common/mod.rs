@@ -146,6 +146,11 @@ impl Engine {
         }
     }
 
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("engine still running")
+    }
+
     /// The URL of `path` on this engine.
     pub fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
