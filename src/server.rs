@@ -370,17 +370,18 @@ fn spawn_reload_triggers(gw: &Arc<Gateway>) {
         });
     }
     if let ConfigSource::File(_) = gw.source() {
-        let dirs: Vec<PathBuf> = gw
-            .live()
-            .snapshot
-            .files
+        let files: Vec<PathBuf> = gw.live().snapshot.files.clone();
+        let mut dirs: Vec<PathBuf> = files
             .iter()
             .filter_map(|f| f.parent().map(PathBuf::from))
             .collect();
+        dirs.sort();
+        dirs.dedup();
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
         let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             if let Ok(ev) = ev
                 && !matches!(ev.kind, notify::EventKind::Access(_))
+                && ev.paths.iter().any(|p| is_config_change(p, &files))
             {
                 let _ = tx.try_send(());
             }
@@ -408,6 +409,18 @@ fn spawn_reload_triggers(gw: &Arc<Gateway>) {
             }
         });
     }
+}
+
+/// Whether a change at `path` in a watched directory concerns the config: one of its `files`
+/// (notify names them as the watched directory joined with the file name), or a Kubernetes
+/// ConfigMap's atomic swap (`..data`, `..2024_01_01_...`). Anything else there, such as the
+/// gateway's own log file, is not a reason to reload.
+fn is_config_change(path: &std::path::Path, files: &[PathBuf]) -> bool {
+    files.iter().any(|f| f == path)
+        || path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".."))
 }
 
 async fn shutdown_signal() {

@@ -245,3 +245,34 @@ async fn config_edits_apply_live_and_broken_files_are_rejected_without_failing_r
     );
     assert!(requests >= 30, "only {requests} requests ran");
 }
+
+/// A file the gateway does not read, changing in the config directory (its own log, an editor's
+/// swap file), triggers no reload; an edit of the config itself still does.
+#[tokio::test]
+async fn only_the_config_files_themselves_trigger_a_reload() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("reload-noise");
+    dir.write_config(&config_yaml(&[&engine.url], ""));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let config_dir = dir.config().parent().expect("config dir").to_path_buf();
+    let log = config_dir.join("gateway.log");
+    for i in 0..20 {
+        std::fs::write(&log, format!("line {i}\n")).expect("write log");
+        std::fs::write(config_dir.join(".infergate.yaml.swp"), "x").expect("write swap");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give a wrongly triggered reload its 150 ms settle time and more, then count.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        reloads(&gw).await.0,
+        0,
+        "noise in the directory reloaded the config"
+    );
+    // A real edit of the config file still reloads.
+    dir.write_config(&format!("{}# edited\n", config_yaml(&[&engine.url], "")));
+    eventually("the edit reloaded", Duration::from_secs(10), || async {
+        (reloads(&gw).await.0 == 1).then_some(())
+    })
+    .await;
+}
