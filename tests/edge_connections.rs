@@ -185,3 +185,57 @@ async fn a_short_or_endless_body_gets_408_at_the_body_deadline() {
         .await;
     assert_eq!(n, 2.0);
 }
+
+/// An HTTP/2 client that opens streams and never reads them (its window stays at zero) does not
+/// pin worker slots: after `forward.idle_timeout` without the client taking a frame, the gateway
+/// drops the upstream, and a normal client is served throughout.
+#[tokio::test]
+async fn an_http2_client_that_stops_reading_releases_its_worker_slots() {
+    use http_body_util::Full;
+    use hyper::Request;
+    use hyper::body::Bytes;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let (engine, _dir, gw) = gateway("edge-h2-stall", "forward: {idle_timeout: 1s}\n").await;
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let body = common::gateway::chat("Tell a long story.", "Go on.", 2000, true).to_string();
+    let mut unread = Vec::new();
+    for _ in 0..4 {
+        let req = Request::post(gw.at("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+            .expect("request");
+        sender.ready().await.expect("h2 ready");
+        let res = sender.send_request(req).await.expect("response head");
+        assert_eq!(res.status(), StatusCode::OK);
+        unread.push(res);
+    }
+    healthz_ok(&gw).await;
+    common::gateway::eventually(
+        "the stalled streams' slots are released",
+        Duration::from_secs(15),
+        || async {
+            let w = gw.worker_status(&engine.url).await;
+            (w["in_flight"].as_u64() == Some(0)).then_some(())
+        },
+    )
+    .await;
+    let stalled = gw
+        .metric("infergate_client_timeouts_total{reason=\"client_stalled\"}")
+        .await;
+    assert_eq!(stalled, 4.0);
+    // The engine stopped generating for them too (its streams were closed).
+    common::gateway::eventually(
+        "the engine runs nothing",
+        Duration::from_secs(10),
+        || async { (engine.metric("vllm:num_requests_running").await == 0.0).then_some(()) },
+    )
+    .await;
+    drop(unread);
+}

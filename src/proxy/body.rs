@@ -287,6 +287,70 @@ impl Body for ProxyBody {
     }
 }
 
+/// A response body fed by a task that polls a [`ProxyBody`], one frame ahead of the client.
+///
+/// hyper polls a response body only when it can write: a client that stops reading (a zero
+/// HTTP/2 window, a full TCP buffer) would leave the upstream body, its worker slot and its timers
+/// unpolled forever. The task notices instead: when the client has not taken a frame for `stall`,
+/// it drops the upstream (releasing the worker, accounted as a client that went away) and the
+/// response ends in an error, which resets the HTTP/2 stream or closes the HTTP/1 connection.
+pub struct ClientPaced {
+    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ClientPaced {
+    /// Starts the task that pumps `body`; `metrics` counts stalled clients.
+    pub fn new(body: ProxyBody, stall: Duration, metrics: Arc<GatewayMetrics>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stalled.clone();
+        tokio::spawn(async move {
+            let mut body = std::pin::pin!(body);
+            loop {
+                // A client that leaves while the worker is silent (a long prefill) is noticed now,
+                // not at the worker's next frame.
+                let frame = tokio::select! {
+                    frame = http_body_util::BodyExt::frame(&mut body) => frame,
+                    () = tx.closed() => return,
+                };
+                let Some(frame) = frame else { return };
+                match tokio::time::timeout(stall, tx.reserve()).await {
+                    Ok(Ok(permit)) => permit.send(frame),
+                    // The client went away: dropping the body accounts for it.
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        flag.store(true, std::sync::atomic::Ordering::Release);
+                        metrics
+                            .client_timeouts
+                            .with_label_values(&["client_stalled"])
+                            .inc();
+                        return;
+                    }
+                }
+            }
+        });
+        Self { rx, stalled }
+    }
+}
+
+impl Body for ClientPaced {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(None) if self.stalled.load(std::sync::atomic::Ordering::Acquire) => {
+                Poll::Ready(Some(Err("the client stopped reading the response".into())))
+            }
+            other => other,
+        }
+    }
+}
+
 impl Drop for ProxyBody {
     fn drop(&mut self) {
         // The client went away (or the response was discarded): account what happened.

@@ -11,7 +11,7 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::body::{BodyLimits, BodyReport, OnEnd, ProxyBody};
+use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody};
 use crate::proxy::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
@@ -189,6 +189,7 @@ pub async fn forward(
                 .observe(out.started.elapsed().as_secs_f64());
             pool.degrade.record_ttft(out.started.elapsed());
         }
+        let body = ClientPaced::new(body, settings.idle_timeout, metrics.clone());
         let mut response = Response::new(body.boxed());
         *response.status_mut() = parts.status;
         copy_headers(&parts.headers, response.headers_mut());
