@@ -189,8 +189,14 @@ pub async fn forward(
                 .observe(out.started.elapsed().as_secs_f64());
             pool.degrade.record_ttft(out.started.elapsed());
         }
-        let body = ClientPaced::new(body, settings.idle_timeout, metrics.clone());
-        let mut response = Response::new(body.boxed());
+        // A stream must be paced by its client (one that stops reading would pin the worker);
+        // a whole answer is one or a few frames that fit the socket buffers, so it goes direct.
+        let body = if is_stream {
+            ClientPaced::new(body, settings.idle_timeout, metrics.clone()).boxed()
+        } else {
+            body.boxed()
+        };
+        let mut response = Response::new(body);
         *response.status_mut() = parts.status;
         copy_headers(&parts.headers, response.headers_mut());
         let h = response.headers_mut();
