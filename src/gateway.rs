@@ -78,6 +78,8 @@ pub struct Gateway {
     pub limiter: Arc<dyn Limiter>,
     extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
+    /// Set when the drain's grace is over: streams and requests still waiting end now.
+    grace_over: tokio::sync::watch::Sender<bool>,
     source: ConfigSource,
     spawned: HashMap<String, Vec<String>>,
     reload_status: Mutex<ReloadStatus>,
@@ -110,6 +112,7 @@ impl Gateway {
             limiter: Arc::new(InProcessLimiter::new()),
             extra_tenants,
             draining: AtomicBool::new(false),
+            grace_over: tokio::sync::watch::channel(false).0,
             source,
             spawned,
             reload_status: Mutex::new(ReloadStatus::default()),
@@ -128,6 +131,17 @@ impl Gateway {
     /// Where the config comes from.
     pub fn source(&self) -> &ConfigSource {
         &self.source
+    }
+
+    /// Ends what is still in flight at the end of the drain's grace: each stream gets an SSE
+    /// error event and `[DONE]`, each request still waiting for its worker a 503.
+    pub fn end_grace(&self) {
+        self.grace_over.send_replace(true);
+    }
+
+    /// A receiver that sees [`end_grace`](Self::end_grace).
+    pub fn grace_over(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.grace_over.subscribe()
     }
 
     /// True once a drain started.

@@ -265,6 +265,7 @@ async fn proxy(
         traceparent: parts.headers.get("traceparent"),
         started: ctx.started,
         hide_usage_chunk: valid.stream && !valid.client_wants_usage,
+        grace_over: gw.grace_over(),
         on_end: Some(Box::new({
             let version = version.clone();
             let metrics = gw.metrics.clone();

@@ -98,11 +98,21 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     let _ = admin.await;
     let grace = gw.live().snapshot.drain_grace;
     let graceful = Arc::try_unwrap(graceful).map_err(|_| "graceful shutdown still shared")?;
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(?grace, "grace period over; exiting with requests in flight");
+    let shutdown = graceful.shutdown();
+    tokio::pin!(shutdown);
+    if tokio::time::timeout(grace, &mut shutdown).await.is_err() {
+        // Streams get an error event and `[DONE]`, waiting requests a 503; then they close.
+        tracing::warn!(
+            ?grace,
+            "grace period over; ending the requests still in flight"
+        );
+        gw.end_grace();
+        if tokio::time::timeout(Duration::from_secs(1), &mut shutdown)
+            .await
+            .is_err()
+        {
+            tracing::warn!("exiting with connections still open");
+        }
     }
     Ok(())
 }

@@ -148,3 +148,42 @@ async fn sigterm_lets_the_stream_in_flight_finish_and_exits_zero() {
         gw.stderr()
     );
 }
+
+/// A stream longer than the drain's grace ends, at the grace, with an SSE error event and
+/// `[DONE]` (never a bare EOF), and the gateway exits within the grace plus a second or two.
+#[tokio::test]
+async fn at_the_end_of_the_grace_a_stream_gets_an_error_event_and_done() {
+    let (_engine, _dir, mut gw) = slow_setup("drain-cut", "drain: {grace: 1s}\n").await;
+    let mut s = open_stream(&gw.at("/v1/chat/completions"), &long_chat(4000)).await;
+    assert_eq!(s.status, StatusCode::OK);
+    let first = s.next_event().await.expect("first event");
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    let mut events = vec![first];
+    while let Some(ev) = s.next_event().await {
+        events.push(ev);
+    }
+    let ended = signalled.elapsed();
+    assert!(
+        ended < Duration::from_secs(4),
+        "the stream ran {ended:?} past SIGTERM"
+    );
+    let n = events.len();
+    assert!(n >= 3, "{events:?}");
+    assert_eq!(
+        events[n - 1].data.as_deref(),
+        Some("[DONE]"),
+        "no [DONE]: {:?}",
+        &events[n - 2..]
+    );
+    let err = events[n - 2].json().expect("the error event is JSON");
+    let message = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("shutting down"), "{err}");
+    let exit = gw.wait_exit(Duration::from_secs(5)).await;
+    assert!(exit.success(), "{exit}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "exited {:?} after SIGTERM",
+        signalled.elapsed()
+    );
+}

@@ -287,6 +287,16 @@ impl Body for ProxyBody {
     }
 }
 
+/// Resolves once the drain's grace is over (never, if the sender is gone without it).
+pub async fn grace_ended(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    if rx.wait_for(|over| *over).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// How long a stream's last error event may wait for its client at the end of the grace.
+const GRACE_END_WRITE: Duration = Duration::from_millis(500);
+
 /// A response body fed by a task that polls a [`ProxyBody`], one frame ahead of the client.
 ///
 /// hyper polls a response body only when it can write: a client that stops reading (a zero
@@ -301,7 +311,14 @@ pub struct ClientPaced {
 
 impl ClientPaced {
     /// Starts the task that pumps `body`; `metrics` counts stalled clients.
-    pub fn new(body: ProxyBody, stall: Duration, metrics: Arc<GatewayMetrics>) -> Self {
+    /// At the end of a drain's grace (`grace_over`), the client gets an SSE error event and
+    /// `[DONE]` instead of a cut connection.
+    pub fn new(
+        body: ProxyBody,
+        stall: Duration,
+        metrics: Arc<GatewayMetrics>,
+        mut grace_over: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stalled.clone();
@@ -313,6 +330,13 @@ impl ClientPaced {
                 let frame = tokio::select! {
                     frame = http_body_util::BodyExt::frame(&mut body) => frame,
                     () = tx.closed() => return,
+                    () = grace_ended(&mut grace_over) => {
+                        let end = Frame::data(GatewayError::Draining.sse_event());
+                        if let Ok(Ok(permit)) = tokio::time::timeout(GRACE_END_WRITE, tx.reserve()).await {
+                            permit.send(Ok(end));
+                        }
+                        return;
+                    }
                 };
                 let Some(frame) = frame else { return };
                 match tokio::time::timeout(stall, tx.reserve()).await {

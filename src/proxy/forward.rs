@@ -11,7 +11,7 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody};
+use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use crate::proxy::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
@@ -55,6 +55,8 @@ pub struct Outbound<'a> {
     pub hide_usage_chunk: bool,
     /// Account phase hook, called once when the response body ends.
     pub on_end: Option<OnEnd>,
+    /// Turns true when the drain's grace is over.
+    pub grace_over: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Headers that belong to one connection and are never forwarded.
@@ -106,7 +108,9 @@ pub async fn forward(
         let ejected = worker.next_ejection();
         tokio::pin!(ejected);
         ejected.as_mut().enable();
+        let mut grace_over = out.grace_over.clone();
         let sent = tokio::select! {
+            () = grace_ended(&mut grace_over) => return Err(GatewayError::Draining),
             sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)) => sent,
             () = &mut ejected => {
                 metrics
@@ -192,7 +196,13 @@ pub async fn forward(
         // A stream must be paced by its client (one that stops reading would pin the worker);
         // a whole answer is one or a few frames that fit the socket buffers, so it goes direct.
         let body = if is_stream {
-            ClientPaced::new(body, settings.idle_timeout, metrics.clone()).boxed()
+            ClientPaced::new(
+                body,
+                settings.idle_timeout,
+                metrics.clone(),
+                out.grace_over.clone(),
+            )
+            .boxed()
         } else {
             body.boxed()
         };
