@@ -84,6 +84,8 @@ pub struct Gateway {
     spawned: HashMap<String, Vec<String>>,
     reload_status: Mutex<ReloadStatus>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// `--listen` / `--admin-listen` given on the command line, re-applied to every reload.
+    listen_overrides: Mutex<(Option<std::net::SocketAddr>, Option<std::net::SocketAddr>)>,
 }
 
 impl Gateway {
@@ -117,10 +119,68 @@ impl Gateway {
             spawned,
             reload_status: Mutex::new(ReloadStatus::default()),
             reload_lock: tokio::sync::Mutex::new(()),
+            listen_overrides: Mutex::new((None, None)),
         });
         let live = gw.build_live(snapshot, None);
         gw.live.store(Arc::new(live));
         Ok(gw)
+    }
+
+    /// Keeps the command line's `--listen` / `--admin-listen`, so a reload compares like with
+    /// like.
+    pub fn keep_listen_overrides(
+        &self,
+        o: (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>),
+    ) {
+        *self
+            .listen_overrides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = o;
+    }
+
+    /// A reloaded snapshot with the command line's addresses, or why it cannot apply live:
+    /// listeners and TLS are bound once, at start.
+    fn check_restart_only(&self, mut snapshot: Snapshot) -> Result<Snapshot, ConfigErrors> {
+        let (listen, admin) = *self
+            .listen_overrides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = listen {
+            snapshot.listen = l;
+        }
+        if let Some(a) = admin {
+            snapshot.admin.listen = a;
+        }
+        let now = self.live().snapshot.clone();
+        let mut changed = Vec::new();
+        if snapshot.listen != now.listen {
+            changed.push(format!("`listen` ({} → {})", now.listen, snapshot.listen));
+        }
+        if snapshot.admin.listen != now.admin.listen {
+            changed.push(format!(
+                "`admin.listen` ({} → {})",
+                now.admin.listen, snapshot.admin.listen
+            ));
+        }
+        if snapshot.tls != now.tls {
+            changed.push("`tls`".to_string());
+        }
+        if changed.is_empty() {
+            return Ok(snapshot);
+        }
+        let file = match &self.source {
+            ConfigSource::File(p) => p.clone(),
+            ConfigSource::Embedded => PathBuf::new(),
+        };
+        Err(ConfigErrors(vec![config::ConfigError {
+            file,
+            line: None,
+            column: None,
+            message: format!(
+                "{} changed: restart the gateway to apply it; the running config keeps serving",
+                changed.join(", ")
+            ),
+        }]))
     }
 
     /// The configuration and pools now in force.
@@ -190,7 +250,8 @@ impl Gateway {
                     })
             }
             ConfigSource::Embedded => Ok((*self.live().snapshot).clone()),
-        };
+        }
+        .and_then(|s| self.check_restart_only(s));
         let mut status = self.reload_status.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(snapshot) => {

@@ -61,6 +61,7 @@ pub async fn run(
     demo_key: bool,
 ) -> Result<(), String> {
     let (mut snapshot, source) = loaded;
+    let overrides = (args.listen, args.admin_listen);
     if let Some(listen) = args.listen {
         snapshot.listen = listen;
     }
@@ -138,7 +139,7 @@ pub async fn run(
         });
         demo = Some(key);
     }
-    let result = serve_gateway(snapshot, source, spawned, extra, demo).await;
+    let result = serve_gateway(snapshot, source, spawned, extra, demo, overrides).await;
     if let Some(s) = supervisor {
         s.shutdown().await;
     }
@@ -151,10 +152,12 @@ async fn serve_gateway(
     spawned: HashMap<String, Vec<String>>,
     extra_tenants: Vec<TenantSpec>,
     demo_key: Option<String>,
+    overrides: (Option<SocketAddr>, Option<SocketAddr>),
 ) -> Result<(), String> {
     let first_model = snapshot.models.first().map(|m| m.name.clone());
     let tls = snapshot.tls.is_some();
     let gw = Gateway::new(snapshot, source, spawned, extra_tenants)?;
+    gw.keep_listen_overrides(overrides);
     let listeners = crate::server::bind(&gw).await?;
     let public = listeners.public.local_addr().map_err(|e| e.to_string())?;
     let admin = listeners.admin.local_addr().map_err(|e| e.to_string())?;

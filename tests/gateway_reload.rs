@@ -276,3 +276,34 @@ async fn only_the_config_files_themselves_trigger_a_reload() {
     })
     .await;
 }
+
+/// Listeners are bound once: a reload that moves `listen` is refused with a message saying a
+/// restart is needed, and the gateway keeps serving on its address.
+#[tokio::test]
+async fn a_reload_that_moves_the_listener_is_refused_and_says_restart() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("reload-listen");
+    let config = config_yaml(&[&engine.url], "");
+    dir.write_config(&config);
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let path = dir.config().to_string_lossy().into_owned();
+    // No --listen on the command line: the file's address is the one in force.
+    let gw = Gateway::launch(&["gateway", "--config", &path], &[]).await;
+    dir.write_config(&config.replace(
+        "listen: \"127.0.0.1:0\"\nadmin",
+        "listen: \"127.0.0.1:1\"\nadmin",
+    ));
+    eventually("the reload refused", Duration::from_secs(10), || async {
+        let (ok, failed, last) = reloads(&gw).await;
+        (failed == 1).then_some((ok, last))
+    })
+    .await;
+    let (ok, failed, last) = reloads(&gw).await;
+    assert_eq!((ok, failed), (0, 1));
+    assert!(
+        last.contains("`listen`") && last.contains("restart"),
+        "{last}"
+    );
+    let (status, _) = common::get(&gw.at("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+}
