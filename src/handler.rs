@@ -37,13 +37,79 @@ struct RequestCtx {
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBody> {
     let mut ctx = accept(&req);
     let path = req.uri().path().to_string();
-    let res = match (req.method(), path.as_str()) {
+    let res = match hygiene(&req) {
+        Err(e) => Err(e),
+        Ok(()) => route(&gw, req, &path, &mut ctx).await,
+    };
+    let (mut res, err) = match res {
+        Ok(r) => (r, None),
+        Err(e) => (e.into_response(), Some(e)),
+    };
+    account(&gw, &ctx, &res, err.as_ref());
+    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    res
+}
+
+/// Requests no well-behaved client sends, refused before any work: HTTP/1.1 without `Host`
+/// (RFC 9112 §3.2) and more than one `Authorization` header (which one would count?).
+fn hygiene(req: &Request<Incoming>) -> Result<(), GatewayError> {
+    if req.version() == hyper::Version::HTTP_11 && !req.headers().contains_key(hyper::header::HOST)
+    {
+        return Err(GatewayError::bad_request(
+            "an HTTP/1.1 request must carry a Host header",
+            None,
+        ));
+    }
+    if req
+        .headers()
+        .get_all(hyper::header::AUTHORIZATION)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(GatewayError::bad_request(
+            "more than one Authorization header",
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a `traceparent` is well-formed W3C Trace Context (`00-<32 hex>-<16 hex>-<2 hex>`,
+/// ids not all zero; a later version may append fields). A malformed one is not forwarded.
+fn valid_traceparent(v: &[u8]) -> bool {
+    let hex = |b: &[u8]| !b.is_empty() && b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let nonzero = |b: &[u8]| b.iter().any(|&c| c != b'0');
+    if v.len() < 55 || (v.len() > 55 && (v[..2] == *b"00" || v[55] != b'-')) {
+        return false;
+    }
+    let (version, trace, parent, flags) = (&v[0..2], &v[3..35], &v[36..52], &v[53..55]);
+    v[2] == b'-'
+        && v[35] == b'-'
+        && v[52] == b'-'
+        && hex(version)
+        && version != b"ff"
+        && hex(trace)
+        && nonzero(trace)
+        && hex(parent)
+        && nonzero(parent)
+        && hex(flags)
+}
+
+/// Routes a request that passed [`hygiene`].
+async fn route(
+    gw: &Arc<Gateway>,
+    req: Request<Incoming>,
+    path: &str,
+    ctx: &mut RequestCtx,
+) -> Result<Response<ResBody>, GatewayError> {
+    match (req.method(), path) {
         (&Method::POST, "/v1/chat/completions") => {
-            proxy(&gw, req, Endpoint::ChatCompletions, &mut ctx).await
+            proxy(gw, req, Endpoint::ChatCompletions, ctx).await
         }
-        (&Method::POST, "/v1/completions") => {
-            proxy(&gw, req, Endpoint::Completions, &mut ctx).await
-        }
+        (&Method::POST, "/v1/completions") => proxy(gw, req, Endpoint::Completions, ctx).await,
         (&Method::GET, "/v1/models") => Ok(models(&gw)),
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
         (&Method::GET, "/readyz") => Ok(if gw.is_ready() {
@@ -63,16 +129,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
             Err(GatewayError::MethodNotAllowed)
         }
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
-    };
-    let (mut res, err) = match res {
-        Ok(r) => (r, None),
-        Err(e) => (e.into_response(), Some(e)),
-    };
-    account(&gw, &ctx, &res, err.as_ref());
-    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
-        res.headers_mut().insert("x-request-id", v);
     }
-    res
 }
 
 /// Accept: a request id (the client's, or a fresh one) and the arrival time.
@@ -262,7 +319,10 @@ async fn proxy(
         stream: valid.stream,
         features: &valid.features,
         request_id: &ctx.request_id,
-        traceparent: parts.headers.get("traceparent"),
+        traceparent: parts
+            .headers
+            .get("traceparent")
+            .filter(|v| valid_traceparent(v.as_bytes())),
         started: ctx.started,
         hide_usage_chunk: valid.stream && !valid.client_wants_usage,
         grace_over: gw.grace_over(),
@@ -659,4 +719,35 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
         .tenant_requests
         .with_label_values(&[tenant, outcome])
         .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_traceparent;
+
+    #[test]
+    fn traceparent_is_checked_against_the_w3c_format() {
+        let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(ok));
+        // A later version may append fields after a dash.
+        assert!(valid_traceparent(
+            b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"
+        ));
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x"[..],
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01",
+            b"junk",
+            &[b'a'; 8192][..],
+        ] {
+            assert!(
+                !valid_traceparent(bad),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 }

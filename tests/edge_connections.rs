@@ -239,3 +239,45 @@ async fn an_http2_client_that_stops_reading_releases_its_worker_slots() {
     .await;
     drop(unread);
 }
+
+/// One raw HTTP/1.1 exchange on a fresh connection: the status line and the body.
+async fn raw(gw: &Gateway, request: &str) -> (String, String) {
+    let mut sock = TcpStream::connect(gw.addr).await.expect("connect");
+    sock.write_all(request.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let status = text.lines().next().unwrap_or_default().to_owned();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn requests_no_client_should_send_get_a_json_400() {
+    let (_engine, _dir, gw) = gateway("edge-hygiene", "").await;
+    let (status, body) = raw(&gw, "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    assert!(body.contains("Host"), "{body}");
+    let (status, body) = raw(
+        &gw,
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error body");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Authorization")
+    );
+    // An unknown path with quotes and backslashes still answers valid JSON.
+    let (status, body) = raw(
+        &gw,
+        "GET /no%22such\\\"path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+    serde_json::from_str::<serde_json::Value>(&body).expect("the 404 body is valid JSON");
+    healthz_ok(&gw).await;
+}
