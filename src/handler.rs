@@ -110,7 +110,7 @@ async fn route(
             proxy(gw, req, Endpoint::ChatCompletions, ctx).await
         }
         (&Method::POST, "/v1/completions") => proxy(gw, req, Endpoint::Completions, ctx).await,
-        (&Method::GET, "/v1/models") => Ok(models(&gw)),
+        (&Method::GET, "/v1/models") => Ok(models(gw)),
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
         (&Method::GET, "/readyz") => Ok(if gw.is_ready() {
             json_response(StatusCode::OK, "{\"ready\":true}")
