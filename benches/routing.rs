@@ -590,27 +590,18 @@ async fn send(
 ) -> Outcome {
     let started = Instant::now();
     let session = oracle.then(|| format!("g{}", arrival.group));
-    let (group, result) = (
-        arrival.group,
-        one_stream(client, url, arrival.body.clone(), session, started).await,
-    );
-    match result {
-        Ok((ttft, worker)) => Outcome {
-            ok: true,
-            ttft,
-            worker,
-            error: None,
-            group,
-            replica,
-        },
-        Err(e) => Outcome {
-            ok: false,
-            ttft: f64::NAN,
-            worker: None,
-            error: Some(e.to_string()),
-            group,
-            replica,
-        },
+    let result = one_stream(client, url, arrival.body.clone(), session, started).await;
+    let (ttft, worker, error) = match result {
+        Ok((ttft, worker)) => (ttft, worker, None),
+        Err(e) => (f64::NAN, None, Some(e.to_string())),
+    };
+    Outcome {
+        ok: error.is_none(),
+        ttft,
+        worker,
+        error,
+        group: arrival.group,
+        replica,
     }
 }
 

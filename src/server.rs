@@ -128,7 +128,7 @@ struct ConnectionCounts {
 struct ConnectionSlot {
     counts: Arc<Mutex<ConnectionCounts>>,
     ip: IpAddr,
-    gw: Arc<Gateway>,
+    metrics: Arc<GatewayMetrics>,
 }
 
 impl Drop for ConnectionSlot {
@@ -144,7 +144,7 @@ impl Drop for ConnectionSlot {
                 c.per_ip.remove(&self.ip);
             }
         }
-        self.gw.metrics.connections_open.set(i64::from(c.total));
+        self.metrics.connections_open.set(i64::from(c.total));
     }
 }
 
@@ -171,7 +171,7 @@ fn take_slot(
     Ok(ConnectionSlot {
         counts: counts.clone(),
         ip,
-        gw: gw.clone(),
+        metrics: gw.metrics.clone(),
     })
 }
 

@@ -13,16 +13,13 @@ use common::gateway::{
     worker_of,
 };
 use common::{Engine, post_json};
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
+use hyper::{Method, StatusCode};
 use infergate::routing::features::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS, canonical_chat, prefix_hashes,
 };
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 use serde_json::Value;
-use tokio::net::TcpStream;
 
 /// A small KV cache (64 blocks × 16 tokens) that a few long prompts fill.
 const SMALL_KV: &[&str] = &["--gpu", "h100", "--num-gpu-blocks-override", "64"];
@@ -235,20 +232,11 @@ async fn read_events(
     mut until: impl FnMut(&Value) -> bool,
     mut during: impl AsyncFnMut(),
 ) {
-    let uri: hyper::Uri = format!("{url}/kv/events").parse().expect("URL");
-    let authority = uri.authority().expect("authority").to_string();
-    let tcp = TcpStream::connect(&authority).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    let res = common::open(Method::GET, &format!("{url}/kv/events"), None)
         .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let req = Request::get("/kv/events")
-        .header("host", authority)
-        .body(Empty::<Bytes>::new())
-        .expect("request");
-    let res = sender.send_request(req).await.expect("response");
-    assert_eq!(res.status(), StatusCode::OK);
-    let mut body = res.into_body();
+        .expect("subscribe");
+    assert_eq!(res.status, StatusCode::OK);
+    let mut body = res.body;
     let mut buf = Vec::new();
     let mut first = true;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -230,9 +230,8 @@ impl RoutingPolicy for CacheAware {
             let block_tokens = self.sizes(req).block_tokens;
             self.index
                 .correct(worker_key, fb.predicted_cached, actual, block_tokens);
-            if self.index.is_precise(worker_key)
-                && actual + 2 * block_tokens as u64 <= fb.predicted_cached
-            {
+            // Exact correction for a precise worker (`refute` is a no-op for the others).
+            if actual + 2 * block_tokens as u64 <= fb.predicted_cached {
                 let blocks = (actual as f64 / block_tokens.max(1.0)) as usize;
                 self.index.refute(worker_key, &req.prefix_hashes, blocks);
             }

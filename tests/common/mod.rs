@@ -267,15 +267,18 @@ impl Drop for ConnTask {
 }
 
 /// An open HTTP/1.1 exchange on its own connection; dropping it closes the socket.
-struct Exchange {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Incoming,
+pub struct Exchange {
+    /// Response status.
+    pub status: StatusCode,
+    /// Response headers.
+    pub headers: HeaderMap,
+    /// The response body, read as it arrives.
+    pub body: Incoming,
     _conn: ConnTask,
 }
 
 /// Sends one request on a fresh connection and returns once the response head arrived.
-async fn open(
+pub async fn open(
     method: Method,
     url: &str,
     body: Option<Bytes>,
