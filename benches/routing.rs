@@ -30,7 +30,10 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use infergate::routing::features::session_hash;
+use infergate::routing::hash_ring;
 use serde_json::json;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Engine workers behind the gateway.
 const WORKERS: usize = 4;
@@ -81,8 +84,10 @@ struct Scenario {
 
 /// Every policy: `prefix` on our engines' KV events (precise mode), `prefix_approx` the same
 /// policy with the engines' events off (`--no-kv-events`, the approximate index, as in front of
-/// vLLM), and `oracle`, a consistent hash of the request's group (`policy: session` with
-/// `x-session-id` set to the group): a static placement that knows the groups.
+/// vLLM), and `oracle`, a static placement that knows the groups: each group pinned to one
+/// worker, assigned by popularity so the workers' shares are as even as a static map allows
+/// (`policy: session`, with an `x-session-id` per group chosen to hash to its worker, so the
+/// oracle is the same whatever ports the run's workers get).
 const ALL: &[&str] = &[
     "prefix",
     "prefix_approx",
@@ -297,6 +302,46 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Popularity of each group (unnormalised).
+fn group_weights(scn: &Scenario) -> Vec<f64> {
+    (0..scn.groups)
+        .map(|k| match scn.hot {
+            Some(share) if k == 0 => share,
+            Some(share) => (1.0 - share) / (scn.groups - 1).max(1) as f64,
+            None => 1.0 / ((k + 1) as f64).powf(scn.zipf),
+        })
+        .collect()
+}
+
+/// The oracle's session name per group, and the worker index it pins the group to: groups,
+/// most popular first, each go to the worker with the least popularity so far; the name is the
+/// first `g{group}-{n}` whose rendezvous hash (the gateway's `session` policy over the worker
+/// URLs) puts it on that worker.
+fn oracle_sessions(scn: &Scenario, worker_urls: &[String]) -> Vec<(String, usize)> {
+    let weights = group_weights(scn);
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]));
+    let keys: Vec<u64> = worker_urls.iter().map(|u| xxh3_64(u.as_bytes())).collect();
+    let mut share = vec![0.0f64; keys.len()];
+    let mut out = vec![(String::new(), 0); weights.len()];
+    for g in order {
+        let target = (0..keys.len())
+            .min_by(|&a, &b| share[a].total_cmp(&share[b]))
+            .unwrap_or(0);
+        share[target] += weights[g];
+        let name = (0u32..)
+            .map(|n| format!("g{g}-{n}"))
+            .find(|name| {
+                let key = session_hash(name);
+                (0..keys.len()).max_by_key(|&w| (hash_ring::score(key, keys[w]), keys[w]))
+                    == Some(target)
+            })
+            .unwrap_or_default();
+        out[g] = (name, target);
+    }
+    out
+}
+
 /// The seeded request list: Poisson arrivals (or as many requests as the closed loop sends),
 /// Zipf group, uniform session, fresh user turn.
 fn workload(scn: &Scenario) -> Vec<Arrival> {
@@ -319,13 +364,7 @@ fn workload(scn: &Scenario) -> Vec<Arrival> {
             p
         })
         .collect();
-    let weights: Vec<f64> = (0..groups)
-        .map(|k| match scn.hot {
-            Some(share) if k == 0 => share,
-            Some(share) => (1.0 - share) / (groups - 1).max(1) as f64,
-            None => 1.0 / ((k + 1) as f64).powf(scn.zipf),
-        })
-        .collect();
+    let weights = group_weights(scn);
     let total: f64 = weights.iter().sum();
     let mut turns = vec![0u32; groups * SESSIONS];
     let mut at = Duration::ZERO;
@@ -428,7 +467,7 @@ async fn run_policy(
         let req = post(&format!("{url}/v1/completions"), warm.to_string().into())?;
         client.request(req).await?.into_body().collect().await?;
     }
-    let oracle = policy == "oracle";
+    let oracle = (policy == "oracle").then(|| Arc::new(oracle_sessions(scenario, &urls)));
     let gw_policy = match policy {
         "oracle" => "session",
         "prefix_approx" => "prefix",
@@ -452,9 +491,9 @@ async fn run_policy(
     let poller = tokio::spawn(peak_running(urls.clone(), stop.clone()));
     let started = Instant::now();
     let outcomes = match scenario.load {
-        Load::Open(..) => replay(&client, &gateway_urls, workload, oracle).await,
+        Load::Open(..) => replay(&client, &gateway_urls, workload, oracle.clone()).await,
         Load::Closed(clients, _) => {
-            replay_closed(&client, &gateway_urls, workload, oracle, clients).await
+            replay_closed(&client, &gateway_urls, workload, oracle.clone(), clients).await
         }
     };
     let wall = started.elapsed().as_secs_f64();
@@ -483,6 +522,17 @@ async fn run_policy(
         }
     }
     let per_worker = urls.iter().map(|u| per_worker[u.as_str()]).collect();
+    if let Some(pins) = &oracle {
+        // The oracle is only an oracle if the gateway put every group where it was pinned.
+        let strays = outcomes
+            .iter()
+            .filter(|o| o.worker.as_deref() != Some(urls[pins[o.group].1].as_str()))
+            .filter(|o| o.ok)
+            .count();
+        if strays > 0 {
+            return Err(format!("{strays} oracle requests left their pinned worker").into());
+        }
+    }
     for gateway in gateways {
         gateway.stop().await;
     }
@@ -524,7 +574,7 @@ async fn replay(
     client: &HttpClient,
     gateways: &[String],
     workload: Arc<Vec<Arrival>>,
-    oracle: bool,
+    oracle: Option<Oracle>,
 ) -> Vec<Outcome> {
     let start = tokio::time::Instant::now();
     let urls: Vec<String> = gateways
@@ -536,8 +586,16 @@ async fn replay(
         tokio::time::sleep_until(start + workload[i].at).await;
         let replica = i % urls.len();
         let (client, url, workload) = (client.clone(), urls[replica].clone(), workload.clone());
+        let oracle = oracle.clone();
         tasks.push(tokio::spawn(async move {
-            send(&client, &url, &workload[i], oracle, replica).await
+            send(
+                &client,
+                &url,
+                &workload[i],
+                oracle.as_deref().map(Vec::as_slice),
+                replica,
+            )
+            .await
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());
@@ -552,7 +610,7 @@ async fn replay_closed(
     client: &HttpClient,
     gateways: &[String],
     workload: Arc<Vec<Arrival>>,
-    oracle: bool,
+    oracle: Option<Oracle>,
     clients: usize,
 ) -> Vec<Outcome> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -562,6 +620,7 @@ async fn replay_closed(
         let replica = c % gateways.len();
         let url = format!("{}/v1/chat/completions", gateways[replica]);
         let (client, workload, next) = (client.clone(), workload.clone(), next.clone());
+        let oracle = oracle.clone();
         tasks.push(tokio::spawn(async move {
             let mut done = Vec::new();
             loop {
@@ -569,7 +628,16 @@ async fn replay_closed(
                 let Some(arrival) = workload.get(i) else {
                     return done;
                 };
-                done.push(send(&client, &url, arrival, oracle, replica).await);
+                done.push(
+                    send(
+                        &client,
+                        &url,
+                        arrival,
+                        oracle.as_deref().map(Vec::as_slice),
+                        replica,
+                    )
+                    .await,
+                );
             }
         }));
     }
@@ -580,16 +648,21 @@ async fn replay_closed(
     out
 }
 
-/// One request of the workload, timed; the oracle's requests name their group as the session.
+/// The oracle's session name and pinned worker index per group.
+type Oracle = Arc<Vec<(String, usize)>>;
+
+/// One request of the workload, timed; the oracle's requests carry their group's session.
 async fn send(
     client: &HttpClient,
     url: &str,
     arrival: &Arrival,
-    oracle: bool,
+    oracle: Option<&[(String, usize)]>,
     replica: usize,
 ) -> Outcome {
     let started = Instant::now();
-    let session = oracle.then(|| format!("g{}", arrival.group));
+    let session = oracle
+        .and_then(|o| o.get(arrival.group))
+        .map(|(s, _)| s.clone());
     let result = one_stream(client, url, arrival.body.clone(), session, started).await;
     let (ttft, worker, error) = match result {
         Ok((ttft, worker)) => (ttft, worker, None),
@@ -705,6 +778,8 @@ async fn start_gateway(
             "listen: \"127.0.0.1:0\"\n\
              admin: {{listen: \"127.0.0.1:0\"}}\n\
              log: {{format: text, level: warn}}\n\
+             metrics: {{public: true}}\n\
+             debug_headers: true\n\
              policies: policies\n\
              models:\n  - {{name: llama-3-8b, pool: fleet}}\n\
              pools:\n  - name: fleet\n    dialect: infergate\n    workers:\n{workers}"

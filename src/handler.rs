@@ -117,7 +117,7 @@ async fn route(
         } else {
             json_response(StatusCode::SERVICE_UNAVAILABLE, "{\"ready\":false}")
         }),
-        (&Method::GET, "/metrics") => {
+        (&Method::GET, "/metrics") if gw.live().snapshot.metrics_public => {
             let mut r = json_response(StatusCode::OK, gw.metrics.render());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
@@ -309,6 +309,7 @@ async fn proxy(
         total_timeout: f.total_timeout,
         retries: f.retries,
         eject_after: snapshot.health.eject_after,
+        debug_headers: snapshot.debug_headers,
     };
     // Shadow: mirror a sampled share to the shadow model's pool; the client never waits for it.
     let shadow_tx = mirror(gw, &live, &valid, endpoint, &ctx.request_id);
@@ -656,21 +657,12 @@ fn models(gw: &Gateway) -> Response<ResBody> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     // A model that only serves as another model's non-stable version is reached through the
-    // split, not asked for directly: it is not listed.
-    let version_only = |name: &str| {
-        !live.snapshot.canaries.contains_key(name)
-            && live.snapshot.canaries.values().any(|spec| {
-                spec.versions
-                    .iter()
-                    .enumerate()
-                    .any(|(i, v)| i != spec.stable && v.model == name)
-            })
-    };
+    // split, not asked for directly (unless the config says `direct: true`): it is not listed.
     let data: Vec<serde_json::Value> = live
         .snapshot
         .models
         .iter()
-        .filter(|m| !version_only(&m.name))
+        .filter(|m| m.direct || !live.snapshot.is_version_only(&m.name))
         .map(|m| {
             serde_json::json!({
                 "id": m.name, "object": "model", "created": created, "owned_by": "infergate",

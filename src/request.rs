@@ -117,6 +117,7 @@ pub fn validate(
     };
     let route = snapshot
         .model(&model)
+        .filter(|r| r.direct || !snapshot.is_version_only(&r.name))
         .ok_or_else(|| GatewayError::NotFound(format!("The model `{model}` does not exist.")))?;
     if !tier.allows_model(&model) {
         return Err(GatewayError::Forbidden(format!(

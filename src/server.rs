@@ -107,7 +107,9 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
             "grace period over; ending the requests still in flight"
         );
         gw.end_grace();
-        if tokio::time::timeout(Duration::from_secs(1), &mut shutdown)
+        // Half a second for the final events and 503s to be written; a connection idle or still
+        // sending its head has no answer coming and does not hold the exit.
+        if tokio::time::timeout(END_OF_GRACE_FLUSH, &mut shutdown)
             .await
             .is_err()
         {
@@ -116,6 +118,9 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     }
     Ok(())
 }
+
+/// How long, past the grace, the requests it ended get to write their last bytes.
+const END_OF_GRACE_FLUSH: Duration = Duration::from_millis(500);
 
 /// Open client connections, in all and per client IP, against the live `limits:`.
 #[derive(Default)]

@@ -106,7 +106,10 @@ pub async fn run(
                 SupervisorConfig {
                     exe,
                     ready_timeout: Duration::from_secs(60),
-                    stop_grace: Duration::from_secs(10),
+                    // The gateway has drained (its grace) before the workers are stopped, so
+                    // they have nothing left to finish: half a second, and `up` exits within
+                    // its grace plus a second.
+                    stop_grace: Duration::from_millis(500),
                     backoff_min: Duration::from_millis(200),
                     backoff_max: Duration::from_secs(10),
                 },

@@ -16,7 +16,8 @@ use hyper::StatusCode;
 use serde_json::json;
 
 use canary_support::{
-    Analysis, Observer, SETTLE, Split, Traffic, ask, canary_weight, last_decision, version_weight,
+    Analysis, CANARY_MODEL, Observer, SETTLE, Split, Traffic, ask, ask_model, canary_weight,
+    last_decision, version_weight,
 };
 use common::gateway::{chat, eventually};
 use common::open_stream;
@@ -233,6 +234,11 @@ async fn the_kill_switch_wins_mid_ramp_until_resumed() {
     assert_eq!(decision, "rollback", "{state}");
     assert!(reason.contains("pager says no"), "{reason}");
     assert_all_on_stable(&split, "killed", 10).await;
+    // Nor can a client reach the killed canary by naming its model: a canary arm is not a
+    // model of its own (unless its config entry says `direct: true`).
+    let (status, text) = ask_model(&split.gw.at("/v1/chat/completions"), CANARY_MODEL).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(text.contains("does not exist"), "{text}");
 
     // Healthy windows go by (traffic keeps flowing) and none promotes.
     let observer = Observer::start(&split);

@@ -18,7 +18,7 @@ async fn a_dns_name_resolves_to_the_workers_behind_it() {
     let port = port_of(&engine.url);
     let dir = TempDir::new("dns");
     dir.write_config(&format!(
-        "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\npolicies: policies\n{FAST_HEALTH}\
+        "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\ndebug_headers: true\npolicies: policies\n{FAST_HEALTH}\
          models:\n  - name: {MODEL}\n    pool: {POOL}\npools:\n  - name: {POOL}\n    workers:\n      \
          - dns: {{name: localhost, port: {port}, interval: 200ms}}\n"
     ));

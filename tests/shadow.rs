@@ -25,7 +25,7 @@ async fn a_slow_failing_shadow_changes_nothing_for_clients() {
     .await;
     let dir = TempDir::new("shadow");
     dir.write_config(&format!(
-        "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\npolicies: policies\n\
+        "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\ndebug_headers: true\npolicies: policies\n\
          models:\n  - {{name: llama-3-8b, pool: main}}\n  - {{name: llama-3-8b-shadow, pool: shadow, upstream_model: llama-3-8b}}\n\
          pools:\n  - name: main\n    workers: [{{url: \"{}\"}}]\n  - name: shadow\n    workers: [{{url: \"{}\"}}]\n",
         primary.url, shadow.url

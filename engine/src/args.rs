@@ -62,6 +62,10 @@ pub struct EngineArgs {
     /// Disable reuse of cached KV blocks across requests.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Share of KV blocks (0..=1) that cached blocks reused at least once keep ahead of blocks
+    /// used once; 0 is plain LRU eviction.
+    #[arg(long, default_value_t = crate::block_manager::DEFAULT_PROTECTED_FRACTION)]
+    pub kv_protected_fraction: f64,
     /// Do not serve `GET /kv/events` (routers fall back to their approximate index).
     #[arg(long)]
     pub no_kv_events: bool,

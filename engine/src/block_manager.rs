@@ -1,5 +1,6 @@
 //! Paged KV-cache block manager: fixed-size blocks, per-sequence block tables, reference counts,
-//! a content-hashed prefix cache and least-recently-used eviction of unreferenced cached blocks.
+//! a content-hashed prefix cache and segmented least-recently-used eviction of unreferenced cached
+//! blocks (blocks reused at least once outlive blocks used once, up to a cap).
 
 use std::collections::HashMap;
 
@@ -10,6 +11,36 @@ pub type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
 
+/// Default share of all blocks that free reused blocks may hold before they are demoted.
+pub const DEFAULT_PROTECTED_FRACTION: f64 = 0.8;
+
+/// Which free list a block sits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum List {
+    /// Referenced by a sequence.
+    None,
+    /// Uncached blocks (head) and cached blocks used once (LRU towards the tail).
+    Probation,
+    /// Cached blocks reused at least once, LRU towards the tail.
+    Protected,
+}
+
+/// Head, tail and length of one free list.
+#[derive(Debug, Clone, Copy)]
+struct FreeList {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl FreeList {
+    const EMPTY: Self = Self {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
 #[derive(Debug, Clone)]
 struct Block {
     ref_count: u32,
@@ -17,7 +48,9 @@ struct Block {
     hash: Option<u64>,
     prev: u32,
     next: u32,
-    in_free_list: bool,
+    list: List,
+    /// Whether the cached content was found again (a hit, or two sequences sharing it).
+    reused: bool,
 }
 
 /// Counters of the prefix cache since start.
@@ -33,16 +66,19 @@ pub struct CacheStats {
 
 /// Owner of every KV block; sequences hold block tables (lists of `BlockId`) into it.
 ///
-/// Free blocks sit in one doubly linked list: allocation takes from the head, uncached blocks are
-/// returned to the head (reused first), cached blocks to the tail (kept longest), so the head of
-/// the cached part is always the least recently used.
+/// Free blocks sit in two doubly linked lists (a segmented LRU). *Probation*: uncached blocks at
+/// the head (reused first), cached blocks used once at the tail. *Protected*: cached blocks that
+/// were reused, least recently used at the head. Allocation drains probation before protected,
+/// so a long shared system prompt is not pushed out by the churn of one-off questions and
+/// answers. Protected holds at most `protected_cap` blocks; beyond that its oldest block is
+/// demoted to the tail of probation and must be reused again to return.
 #[derive(Debug)]
 pub struct BlockManager {
     block_size: usize,
     blocks: Vec<Block>,
-    free_head: u32,
-    free_tail: u32,
-    num_free: usize,
+    probation: FreeList,
+    protected: FreeList,
+    protected_cap: usize,
     cached: HashMap<u64, BlockId>,
     prefix_caching: bool,
     stats: CacheStats,
@@ -91,22 +127,34 @@ impl BlockManager {
                     hash: None,
                     prev: NIL,
                     next: NIL,
-                    in_free_list: false,
+                    list: List::None,
+                    reused: false,
                 };
                 num_blocks
             ],
-            free_head: NIL,
-            free_tail: NIL,
-            num_free: 0,
+            probation: FreeList::EMPTY,
+            protected: FreeList::EMPTY,
+            protected_cap: protected_cap(num_blocks, DEFAULT_PROTECTED_FRACTION),
             cached: HashMap::new(),
             prefix_caching,
             stats: CacheStats::default(),
             events: None,
         };
         for id in 0..num_blocks as u32 {
-            m.push_back(id);
+            m.push_back(List::Probation, id);
         }
         m
+    }
+
+    /// Sets the share of all blocks (0..=1) that free reused blocks may hold; 0 is plain LRU.
+    pub fn set_protected_fraction(&mut self, fraction: f64) {
+        self.protected_cap = protected_cap(self.blocks.len(), fraction);
+        self.demote_overflow();
+    }
+
+    /// Most free reused blocks kept ahead of blocks used once.
+    pub fn protected_cap(&self) -> usize {
+        self.protected_cap
     }
 
     /// Turns on KV events: router keys can be anchored on cached blocks and their residency read
@@ -156,7 +204,7 @@ impl BlockManager {
 
     /// Blocks no sequence references (including evictable cached ones).
     pub fn num_free_blocks(&self) -> usize {
-        self.num_free
+        self.probation.len + self.protected.len
     }
 
     /// Fraction of blocks referenced by a sequence, 0..=1 (vLLM's `kv_cache_usage_perc`).
@@ -164,7 +212,7 @@ impl BlockManager {
         if self.blocks.is_empty() {
             return 0.0;
         }
-        1.0 - self.num_free as f64 / self.blocks.len() as f64
+        1.0 - self.num_free_blocks() as f64 / self.blocks.len() as f64
     }
 
     /// Prefix cache counters.
@@ -209,7 +257,9 @@ impl BlockManager {
             if self.blocks[id as usize].ref_count == 0 {
                 self.unlink(id);
             }
-            self.blocks[id as usize].ref_count += 1;
+            let block = &mut self.blocks[id as usize];
+            block.ref_count += 1;
+            block.reused = true;
             table.push(id);
         }
     }
@@ -218,13 +268,18 @@ impl BlockManager {
     /// blocks are free.
     pub fn allocate_slots(&mut self, table: &mut Vec<BlockId>, num_tokens: usize) -> bool {
         let need = self.blocks_for(num_tokens).saturating_sub(table.len());
-        if need > self.num_free {
+        if need > self.num_free_blocks() {
             return false;
         }
         for _ in 0..need {
-            let id = self.free_head;
+            let id = if self.probation.head != NIL {
+                self.probation.head
+            } else {
+                self.protected.head
+            };
             self.unlink(id);
             let block = &mut self.blocks[id as usize];
+            block.reused = false;
             if let Some(h) = block.hash.take() {
                 if self.cached.get(&h) == Some(&id) {
                     self.cached.remove(&h);
@@ -268,14 +323,25 @@ impl BlockManager {
             debug_assert!(block.ref_count > 0, "double free of block {id}");
             block.ref_count = block.ref_count.saturating_sub(1);
             if block.ref_count == 0 {
-                if block.hash.is_some() {
-                    self.push_back(id);
-                } else {
-                    self.push_front(id);
+                match (block.hash.is_some(), block.reused) {
+                    (true, true) => self.push_back(List::Protected, id),
+                    (true, false) => self.push_back(List::Probation, id),
+                    (false, _) => self.push_front(List::Probation, id),
                 }
             }
         }
         table.clear();
+        self.demote_overflow();
+    }
+
+    /// Moves the oldest protected blocks beyond the cap to the tail of probation.
+    fn demote_overflow(&mut self) {
+        while self.protected.len > self.protected_cap {
+            let id = self.protected.head;
+            self.unlink(id);
+            self.blocks[id as usize].reused = false;
+            self.push_back(List::Probation, id);
+        }
     }
 
     /// Reference count of one block (tests and invariants).
@@ -288,56 +354,77 @@ impl BlockManager {
         self.blocks[id as usize].hash
     }
 
-    fn push_back(&mut self, id: u32) {
-        let b = &mut self.blocks[id as usize];
-        b.prev = self.free_tail;
-        b.next = NIL;
-        b.in_free_list = true;
-        if self.free_tail == NIL {
-            self.free_head = id;
-        } else {
-            self.blocks[self.free_tail as usize].next = id;
+    fn list_mut(&mut self, list: List) -> &mut FreeList {
+        match list {
+            List::Protected => &mut self.protected,
+            List::Probation | List::None => &mut self.probation,
         }
-        self.free_tail = id;
-        self.num_free += 1;
     }
 
-    fn push_front(&mut self, id: u32) {
+    fn push_back(&mut self, list: List, id: u32) {
+        let tail = self.list_mut(list).tail;
         let b = &mut self.blocks[id as usize];
-        b.next = self.free_head;
-        b.prev = NIL;
-        b.in_free_list = true;
-        if self.free_head == NIL {
-            self.free_tail = id;
+        b.prev = tail;
+        b.next = NIL;
+        b.list = list;
+        if tail == NIL {
+            self.list_mut(list).head = id;
         } else {
-            self.blocks[self.free_head as usize].prev = id;
+            self.blocks[tail as usize].next = id;
         }
-        self.free_head = id;
-        self.num_free += 1;
+        let l = self.list_mut(list);
+        l.tail = id;
+        l.len += 1;
+    }
+
+    fn push_front(&mut self, list: List, id: u32) {
+        let head = self.list_mut(list).head;
+        let b = &mut self.blocks[id as usize];
+        b.next = head;
+        b.prev = NIL;
+        b.list = list;
+        if head == NIL {
+            self.list_mut(list).tail = id;
+        } else {
+            self.blocks[head as usize].prev = id;
+        }
+        let l = self.list_mut(list);
+        l.head = id;
+        l.len += 1;
     }
 
     fn unlink(&mut self, id: u32) {
-        let (prev, next) = {
+        let (prev, next, list) = {
             let b = &self.blocks[id as usize];
-            debug_assert!(b.in_free_list);
-            (b.prev, b.next)
+            debug_assert!(b.list != List::None);
+            (b.prev, b.next, b.list)
         };
         if prev == NIL {
-            self.free_head = next;
+            self.list_mut(list).head = next;
         } else {
             self.blocks[prev as usize].next = next;
         }
         if next == NIL {
-            self.free_tail = prev;
+            self.list_mut(list).tail = prev;
         } else {
             self.blocks[next as usize].prev = prev;
         }
         let b = &mut self.blocks[id as usize];
         b.prev = NIL;
         b.next = NIL;
-        b.in_free_list = false;
-        self.num_free -= 1;
+        b.list = List::None;
+        self.list_mut(list).len -= 1;
     }
+}
+
+/// Blocks the protected list may hold for `fraction` of `num_blocks` (clamped to 0..=1).
+fn protected_cap(num_blocks: usize, fraction: f64) -> usize {
+    let f = if fraction.is_finite() {
+        fraction.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    (num_blocks as f64 * f).floor() as usize
 }
 
 #[cfg(test)]

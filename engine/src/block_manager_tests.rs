@@ -497,8 +497,14 @@ struct Harness {
     written: Vec<Vec<Option<u32>>>,
     /// For a full computed block, the whole token prefix up to and including it.
     prefix_of: Vec<Option<Vec<u32>>>,
-    /// Model of the free list: front is allocated first.
+    /// Model of the probation free list: front is allocated first.
     free_order: VecDeque<BlockId>,
+    /// Model of the protected free list (reused cached blocks): allocated once probation is empty.
+    protected_order: VecDeque<BlockId>,
+    /// Most blocks the protected list may hold.
+    protected_cap: usize,
+    /// Whether a block's cached content was taken from the cache since it was written.
+    reused: Vec<bool>,
     refs: Vec<u32>,
     hash_of: Vec<Option<u64>>,
     cached: HashMap<u64, BlockId>,
@@ -507,18 +513,27 @@ struct Harness {
     preemptions: usize,
     /// Hits on blocks nobody else referenced (taken out of the free list).
     free_hits: usize,
+    /// Allocations that had to take a protected block.
+    protected_taken: usize,
 }
 
 impl Harness {
-    fn new(num_blocks: usize, bs: usize, caching: bool) -> Self {
+    fn new(num_blocks: usize, bs: usize, caching: bool, protected_fraction: f64) -> Self {
+        let mut bm = BlockManager::new(num_blocks, bs, caching);
+        bm.set_protected_fraction(protected_fraction);
+        let protected_cap = (num_blocks as f64 * protected_fraction).floor() as usize;
+        assert_eq!(bm.protected_cap(), protected_cap);
         Self {
-            bm: BlockManager::new(num_blocks, bs, caching),
+            bm,
             bs,
             caching,
             seqs: Vec::new(),
             written: vec![vec![None; bs]; num_blocks],
             prefix_of: vec![None; num_blocks],
             free_order: (0..num_blocks as BlockId).collect(),
+            protected_order: VecDeque::new(),
+            protected_cap,
+            reused: vec![false; num_blocks],
             refs: vec![0; num_blocks],
             hash_of: vec![None; num_blocks],
             cached: HashMap::new(),
@@ -526,6 +541,7 @@ impl Harness {
             hits: 0,
             preemptions: 0,
             free_hits: 0,
+            protected_taken: 0,
         }
     }
 
@@ -545,7 +561,8 @@ impl Harness {
         let free_before = self.bm.num_free_blocks();
         let stats_before = self.bm.stats();
         let ok = self.bm.allocate_slots(table, num_tokens);
-        assert_eq!(ok, need <= self.free_order.len(), "allocation outcome");
+        let free = self.free_order.len() + self.protected_order.len();
+        assert_eq!(ok, need <= free, "allocation outcome");
         if !ok {
             assert_eq!(table.len(), old_len, "failed allocation grew the table");
             assert_eq!(self.bm.num_free_blocks(), free_before);
@@ -554,9 +571,18 @@ impl Harness {
         }
         assert_eq!(table.len(), old_len + need);
         for &id in &table[old_len..] {
-            let want = self.free_order.pop_front().expect("model free list empty");
-            assert_eq!(id, want, "allocation did not take the LRU-order head");
+            let want = match self.free_order.pop_front() {
+                Some(id) => id,
+                None => {
+                    self.protected_taken += 1;
+                    self.protected_order
+                        .pop_front()
+                        .expect("model free list empty")
+                }
+            };
+            assert_eq!(id, want, "allocation did not take the segmented-LRU head");
             let i = id as usize;
+            self.reused[i] = false;
             assert_eq!(self.refs[i], 0, "allocated a referenced block");
             self.refs[i] = 1;
             if let Some(h) = self.hash_of[i].take() {
@@ -575,12 +601,20 @@ impl Harness {
             assert!(self.refs[i] > 0, "model double free");
             self.refs[i] -= 1;
             if self.refs[i] == 0 {
-                if self.hash_of[i].is_some() {
-                    self.free_order.push_back(id);
-                } else {
-                    self.free_order.push_front(id);
+                match (self.hash_of[i].is_some(), self.reused[i]) {
+                    (true, true) => self.protected_order.push_back(id),
+                    (true, false) => self.free_order.push_back(id),
+                    (false, _) => self.free_order.push_front(id),
                 }
             }
+        }
+        while self.protected_order.len() > self.protected_cap {
+            let id = self
+                .protected_order
+                .pop_front()
+                .expect("protected list empty");
+            self.reused[id as usize] = false;
+            self.free_order.push_back(id);
         }
         self.bm.free(&mut table);
         assert!(table.is_empty());
@@ -654,10 +688,15 @@ impl Harness {
             let id = self.cached[h];
             if self.refs[id as usize] == 0 {
                 self.free_hits += 1;
-                let pos = self.free_order.iter().position(|&b| b == id);
-                self.free_order
-                    .remove(pos.expect("unreferenced cached block not in free list"));
+                if let Some(pos) = self.free_order.iter().position(|&b| b == id) {
+                    self.free_order.remove(pos);
+                } else {
+                    let pos = self.protected_order.iter().position(|&b| b == id);
+                    self.protected_order
+                        .remove(pos.expect("unreferenced cached block not in a free list"));
+                }
             }
+            self.reused[id as usize] = true;
             self.refs[id as usize] += 1;
             expected.push(id);
         }
@@ -783,7 +822,11 @@ impl Harness {
         }
         assert_eq!(ref_sum, entries, "block leak");
         assert_eq!(nb - self.bm.num_free_blocks(), referenced, "block leak");
-        assert_eq!(self.bm.num_free_blocks(), self.free_order.len());
+        assert_eq!(
+            self.bm.num_free_blocks(),
+            self.free_order.len() + self.protected_order.len()
+        );
+        assert!(self.protected_order.len() <= self.protected_cap);
         let u = self.bm.usage();
         assert!((0.0..=1.0).contains(&u), "usage {u}");
         if nb > 0 {
@@ -818,21 +861,22 @@ fn config(cases: u32) -> ProptestConfig {
     }
 }
 
-type Workload = (usize, usize, bool, Vec<Vec<u32>>, Vec<Op>);
+type Workload = (usize, usize, bool, f64, Vec<Vec<u32>>, Vec<Op>);
 
 fn workload_strategy() -> impl Strategy<Value = Workload> {
     (
         1usize..=4,
         3usize..=24,
         prop::bool::weighted(0.85),
+        prop::sample::select(vec![0.0, 0.25, 0.5, 1.0]),
         prop::collection::vec(prop::collection::vec(0u32..3, 0..13), 3..=5),
         prop::collection::vec(op_strategy(), 1..100),
     )
 }
 
 /// Runs one workload, checking every invariant after every op; returns the final harness.
-fn run_workload((bs, num_blocks, caching, prefixes, ops): &Workload) -> Harness {
-    let mut h = Harness::new(*num_blocks, *bs, *caching);
+fn run_workload((bs, num_blocks, caching, protected, prefixes, ops): &Workload) -> Harness {
+    let mut h = Harness::new(*num_blocks, *bs, *caching, *protected);
     h.check();
     for op in ops {
         h.apply(op, prefixes);
@@ -849,10 +893,12 @@ fn run_workload((bs, num_blocks, caching, prefixes, ops): &Workload) -> Harness 
 #[test]
 fn workload_generator_reaches_hits_evictions_and_preemptions() {
     let totals = std::cell::Cell::new((0usize, 0usize, 0u64, 0usize));
+    let protected_taken = std::cell::Cell::new(0usize);
     let mut runner = proptest::test_runner::TestRunner::new(config(256));
     runner
         .run(&workload_strategy(), |w| {
             let h = run_workload(&w);
+            protected_taken.set(protected_taken.get() + h.protected_taken);
             let (hits, free_hits, ev, pre) = totals.get();
             totals.set((
                 hits + h.hits,
@@ -868,6 +914,8 @@ fn workload_generator_reaches_hits_evictions_and_preemptions() {
     assert!(free_hits > 200, "free hits {free_hits}");
     assert!(evictions > 500, "evictions {evictions}");
     assert!(preemptions > 200, "preemptions {preemptions}");
+    let taken = protected_taken.get();
+    assert!(taken > 50, "allocations from the protected list {taken}");
 }
 
 proptest! {
@@ -896,4 +944,97 @@ proptest! {
         extend_block_hashes(&mut inc, &a, bs);
         prop_assert_eq!(inc, ha);
     }
+}
+
+/// A system prompt of 2 blocks followed by a one-off question of 2 blocks; returns its hashes.
+fn prompt_with_question(bm: &mut BlockManager, question: u32) -> (Vec<BlockId>, usize) {
+    let mut p = toks(0, 2 * BS);
+    p.extend(toks(10_000 + question * 100, 2 * BS));
+    run_prompt(bm, &p)
+}
+
+#[test]
+fn reused_prompt_outlives_one_off_churn() {
+    // 8 blocks: a shared 2-block prompt reused by every request, each with its own 2-block
+    // question. Under plain LRU the prompt is evicted once the questions fill the cache; with a
+    // protected segment it stays.
+    for (fraction, survives) in [(0.0, false), (0.5, true)] {
+        let mut bm = BlockManager::new(8, BS, true);
+        bm.set_protected_fraction(fraction);
+        let shared = block_hashes(&toks(0, 2 * BS), BS);
+        let (mut t, hit) = prompt_with_question(&mut bm, 0);
+        assert_eq!(hit, 0);
+        bm.free(&mut t);
+        let (mut t, hit) = prompt_with_question(&mut bm, 1);
+        assert_eq!(hit, 2, "second use hits the shared prompt");
+        bm.free(&mut t);
+        // One-off prompts of 4 fresh blocks each, three times the room left.
+        for q in 0..6u32 {
+            let (mut t, _) = run_prompt(&mut bm, &toks(50_000 + q * 1_000, 4 * BS));
+            bm.free(&mut t);
+        }
+        assert_eq!(
+            bm.find_cached_prefix(&shared) == 2,
+            survives,
+            "protected fraction {fraction}"
+        );
+    }
+}
+
+#[test]
+fn protected_blocks_are_evicted_when_nothing_else_is_free() {
+    let mut bm = BlockManager::new(4, BS, true);
+    bm.set_protected_fraction(1.0);
+    let p = toks(0, 2 * BS + 1);
+    let hashes = block_hashes(&p, BS);
+    let (mut t, _) = run_prompt(&mut bm, &p);
+    bm.free(&mut t);
+    let (mut t, hit) = run_prompt(&mut bm, &p);
+    assert_eq!(hit, 2);
+    bm.free(&mut t);
+    // All 4 blocks are needed: the protected prompt goes too, least recently used first.
+    let mut all = Vec::new();
+    assert!(bm.allocate_slots(&mut all, 4 * BS));
+    assert_eq!(bm.num_free_blocks(), 0);
+    assert_eq!(bm.find_cached_prefix(&hashes), 0);
+    assert_eq!(bm.stats().evictions, 2);
+    bm.free(&mut all);
+    assert_eq!(bm.num_free_blocks(), 4);
+}
+
+#[test]
+fn protected_segment_is_capped_and_demotes_its_oldest() {
+    // Cap of 2 blocks: two reused 2-block prompts cannot both stay protected; the older is
+    // demoted to probation, where it is evicted before the newer one.
+    let mut bm = BlockManager::new(6, BS, true);
+    bm.set_protected_fraction(2.0 / 6.0);
+    assert_eq!(bm.protected_cap(), 2);
+    let a = toks(0, 2 * BS);
+    let b = toks(1_000, 2 * BS);
+    let (ha, hb) = (block_hashes(&a, BS), block_hashes(&b, BS));
+    for p in [&a, &a, &b, &b] {
+        let mut t = Vec::new();
+        let n = bm.find_cached_prefix(&block_hashes(p, BS));
+        bm.acquire_cached(&mut t, &block_hashes(p, BS), n);
+        assert!(bm.allocate_slots(&mut t, p.len()));
+        bm.cache_full_blocks(&t, &block_hashes(p, BS), n, 2);
+        bm.free(&mut t);
+    }
+    assert_eq!(bm.num_free_blocks(), 6);
+    let mut fresh = Vec::new();
+    // 2 never-used blocks, then A's demoted blocks, before B's protected ones.
+    assert!(bm.allocate_slots(&mut fresh, 4 * BS));
+    assert_eq!(bm.find_cached_prefix(&ha), 0);
+    assert_eq!(bm.find_cached_prefix(&hb), 2);
+}
+
+#[test]
+fn protected_fraction_is_clamped() {
+    let mut bm = BlockManager::new(10, BS, true);
+    bm.set_protected_fraction(-1.0);
+    assert_eq!(bm.protected_cap(), 0);
+    bm.set_protected_fraction(7.0);
+    assert_eq!(bm.protected_cap(), 10);
+    bm.set_protected_fraction(f64::NAN);
+    assert_eq!(bm.protected_cap(), 0);
 }

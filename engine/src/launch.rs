@@ -284,6 +284,9 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     if batched == 0 {
         return Err("--max-num-batched-tokens must be at least 1".into());
     }
+    if !(0.0..=1.0).contains(&args.kv_protected_fraction) {
+        return Err("--kv-protected-fraction must be between 0 and 1".into());
+    }
 
     let served_names = if args.served_model_name.is_empty() {
         vec![parts.default_name.clone()]
@@ -291,8 +294,9 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         args.served_model_name.clone()
     };
     let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
-    metrics.set_cache_config(num_blocks, args.block_size, !args.no_prefix_caching);
     let mut kv = BlockManager::new(num_blocks, args.block_size, !args.no_prefix_caching);
+    kv.set_protected_fraction(args.kv_protected_fraction);
+    metrics.set_cache_config(&kv);
     let kv_events = (!args.no_kv_events && !args.no_prefix_caching).then(|| {
         kv.enable_events();
         Arc::new(KvEventHub::new())

@@ -1,6 +1,7 @@
 //! Prometheus metrics under vLLM's names and `model_name` label, so any router that understands
 //! vLLM (ours included) reads our workers unchanged.
 
+use crate::block_manager::BlockManager;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
 };
@@ -147,7 +148,12 @@ impl EngineMetrics {
                 "vllm:cache_config_info",
                 "Information of the LLMEngine CacheConfig.",
             ),
-            &["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+            &[
+                "block_size",
+                "num_gpu_blocks",
+                "enable_prefix_caching",
+                "kv_protected_blocks",
+            ],
         )?;
         let start_time = Gauge::with_opts(Opts::new(
             "process_start_time_seconds",
@@ -196,12 +202,14 @@ impl EngineMetrics {
         })
     }
 
-    /// Publishes the KV cache's shape in `vllm:cache_config_info`.
-    pub fn set_cache_config(&self, num_blocks: usize, block_size: usize, prefix_caching: bool) {
+    /// Publishes the KV cache's shape in `vllm:cache_config_info`, plus our own label
+    /// `kv_protected_blocks` (the segmented LRU's protected cap) so a router can model eviction.
+    pub fn set_cache_config(&self, kv: &BlockManager) {
         let labels = [
-            block_size.to_string(),
-            num_blocks.to_string(),
-            if prefix_caching { "True" } else { "False" }.to_string(),
+            kv.block_size().to_string(),
+            kv.num_blocks().to_string(),
+            if kv.prefix_caching() { "True" } else { "False" }.to_string(),
+            kv.protected_cap().to_string(),
         ];
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         self.cache_config.reset();

@@ -102,6 +102,8 @@ pub(super) fn compile(
         drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
         max_body_bytes: sections::max_body_bytes(&mut sink, raw.limits.as_ref()),
         connections: sections::connections(&mut sink, raw.limits.as_ref()),
+        metrics_public: raw.metrics.as_ref().and_then(|m| m.public).unwrap_or(false),
+        debug_headers: raw.debug_headers.unwrap_or(false),
         models,
         pools: pool_specs,
         tenants: tenant_list.tenants,

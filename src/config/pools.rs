@@ -180,6 +180,7 @@ pub(super) fn models(raw: &[RawModel], pools: &[PoolSpec], sink: &mut Sink<'_>) 
             upstream_model: model.upstream_model.clone(),
             max_context: model.max_context,
             tokenizer: model.tokenizer.unwrap_or_default(),
+            direct: model.direct.unwrap_or(false),
         });
     }
     models

@@ -26,9 +26,18 @@ pub(super) struct RawConfig {
     pub forward: Option<RawForward>,
     pub drain: Option<RawDrain>,
     pub limits: Option<RawLimits>,
+    pub metrics: Option<RawMetrics>,
+    pub debug_headers: Option<bool>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
     pub tenants: Option<Vec<RawTenant>>,
+}
+
+/// `metrics:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    pub public: Option<bool>,
 }
 
 /// `admin:`
@@ -103,6 +112,7 @@ pub(super) struct RawModel {
     pub upstream_model: Option<String>,
     pub max_context: Option<usize>,
     pub tokenizer: Option<crate::tokens::Estimator>,
+    pub direct: Option<bool>,
 }
 
 /// One entry of `pools:`.

@@ -31,6 +31,12 @@ pub struct Snapshot {
     pub max_body_bytes: usize,
     /// Client connection timeouts and caps (`limits:`).
     pub connections: ConnectionLimits,
+    /// Whether `/metrics` is also served on the client listener (`metrics.public`). Default
+    /// `false`: it shows tenant names and worker addresses, so only the admin listener has it.
+    pub metrics_public: bool,
+    /// Whether answers carry `x-infergate-pool` and `x-infergate-worker` (`debug_headers`).
+    /// Default `false`: they reveal internal addresses.
+    pub debug_headers: bool,
     /// Models clients may ask for, in file order.
     pub models: Vec<ModelRoute>,
     /// Worker pools, in file order; `ModelRoute::pool` indexes this.
@@ -59,6 +65,18 @@ impl Snapshot {
     /// The route of the model clients call `name`.
     pub fn model(&self, name: &str) -> Option<&ModelRoute> {
         self.models.iter().find(|m| m.name == name)
+    }
+
+    /// Whether `name` is only a non-stable version of another model (a canary arm), so clients
+    /// reach it through the split and never by name.
+    pub fn is_version_only(&self, name: &str) -> bool {
+        !self.canaries.contains_key(name)
+            && self.canaries.values().any(|spec| {
+                spec.versions
+                    .iter()
+                    .enumerate()
+                    .any(|(i, v)| i != spec.stable && v.model == name)
+            })
     }
 
     /// The pool called `name`, with its index in `pools`.
@@ -210,6 +228,9 @@ pub struct ModelRoute {
     pub max_context: Option<usize>,
     /// Tokenizer estimating prompt tokens for metering (`cl100k`, `o200k`, `bytes`). Default `cl100k`.
     pub tokenizer: crate::tokens::Estimator,
+    /// Whether clients may name this model even when it is only another model's canary version.
+    /// Default `false`: a canary arm is reached through the split alone, so the kill switch holds.
+    pub direct: bool,
 }
 
 impl ModelRoute {

@@ -161,3 +161,28 @@ fn a_missing_file_is_one_file_level_error() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!((errs.0.len(), errs.0[0].line), (1, Some(1)), "{errs}");
 }
+
+#[test]
+fn canary_arms_are_version_only_unless_direct() {
+    let config = |direct: &str| {
+        format!(
+            "models:\n  - {{name: m, pool: p}}\n  - {{name: m-canary, pool: p{direct}}}\n\
+             pools:\n  - name: p\n    workers:\n      - url: http://127.0.0.1:9000/\n\
+             debug_headers: true\nmetrics: {{public: true}}\n"
+        )
+    };
+    let routing = "models:\n  m:\n    versions:\n      - {name: stable, model: m, weight: 90}\n      \
+                   - {name: canary, model: m-canary, weight: 10}\n";
+    let s = load_both(&config(""), Some(routing)).unwrap();
+    assert!(s.is_version_only("m-canary"));
+    assert!(
+        !s.is_version_only("m"),
+        "the stable arm is the model itself"
+    );
+    assert!(!s.model("m-canary").unwrap().direct);
+    assert!(s.debug_headers && s.metrics_public);
+    let s = load_both(&config(", direct: true"), Some(routing)).unwrap();
+    assert!(s.model("m-canary").unwrap().direct);
+    let s = load_both(MINIMAL, None).unwrap();
+    assert!(!s.debug_headers && !s.metrics_public, "both default off");
+}

@@ -33,6 +33,8 @@ pub struct ForwardSettings {
     pub retries: u32,
     /// Consecutive failures that eject a worker.
     pub eject_after: u32,
+    /// Whether answers name their pool and worker (`debug_headers`).
+    pub debug_headers: bool,
 }
 
 /// One request on its way upstream.
@@ -209,12 +211,14 @@ pub async fn forward(
         let mut response = Response::new(body);
         *response.status_mut() = parts.status;
         copy_headers(&parts.headers, response.headers_mut());
-        let h = response.headers_mut();
-        if let Ok(v) = HeaderValue::from_str(&pool.name) {
-            h.insert("x-infergate-pool", v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&worker.url) {
-            h.insert("x-infergate-worker", v);
+        if settings.debug_headers {
+            let h = response.headers_mut();
+            if let Ok(v) = HeaderValue::from_str(&pool.name) {
+                h.insert("x-infergate-pool", v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&worker.url) {
+                h.insert("x-infergate-worker", v);
+            }
         }
         return Ok(response);
     }

@@ -57,6 +57,9 @@ pub struct WorkerView {
     pub pending_prefill: u64,
     /// The worker's KV capacity in tokens (`num_gpu_blocks × block_size`), when it reports one.
     pub kv_capacity: Option<u64>,
+    /// Tokens of that capacity kept for reused blocks (our engine's segmented LRU); `None` for
+    /// plain LRU engines.
+    pub kv_protected: Option<u64>,
 }
 
 impl WorkerView {

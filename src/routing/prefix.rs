@@ -215,6 +215,7 @@ impl RoutingPolicy for CacheAware {
                 block_tokens: sizes.block_tokens,
                 extra_tokens: (tail + f64::from(req.max_output_tokens)).round() as u64,
                 capacity: worker.kv_capacity,
+                protected: worker.kv_protected,
             },
         );
     }

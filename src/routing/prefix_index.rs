@@ -4,8 +4,11 @@
 //! (`vllm:cache_config_info`: `num_gpu_blocks × block_size`), so the index forgets what the
 //! worker must have evicted: every routed request pushes its prompt blocks *and* the KV it will
 //! add beyond them (the uncached tail and the answer) into the worker's LRU, as the engine's own
-//! block pool fills. A shared map from block hash to the workers holding it answers lookups in
-//! O(blocks × holders), whatever the pool size.
+//! block pool fills. A worker that evicts by segmented LRU (our engine: `kv_protected_blocks` in
+//! the same metric) gets the same two segments here: a block seen again moves to a protected
+//! segment of that size, and blocks seen once (and the anonymous KV) are forgotten first, as the
+//! engine evicts them first. A shared map from block hash to the workers holding it answers
+//! lookups in O(blocks × holders), whatever the pool size.
 //!
 //! Feedback corrects it: when a worker's answer reports fewer cached tokens than the index
 //! predicted, that worker's effective capacity shrinks (other gateway replicas, or work the
@@ -52,12 +55,20 @@ struct WorkerCache {
     base: u64,
     /// Whether `base` came from the worker.
     known: bool,
-    /// Learned correction of `base`.
+    /// Protected-segment size the worker reports, tokens (0: plain LRU).
+    protected_base: u64,
+    /// Learned correction of `base` (and of `protected_base`).
     scale: f64,
     /// Tokens of all entries.
     used: u64,
+    /// Tokens of the protected entries.
+    protected_used: u64,
+    /// Entries seen once and anonymous KV, by tick.
     lru: BTreeMap<u64, Entry>,
-    ticks: HashMap<u64, u64>,
+    /// Entries seen again, by tick (empty for plain LRU workers).
+    protected: BTreeMap<u64, Entry>,
+    /// Block hash → (tick, whether protected).
+    ticks: HashMap<u64, (u64, bool)>,
     /// Fed by the worker's KV events.
     precise: bool,
 }
@@ -67,9 +78,12 @@ impl WorkerCache {
         Self {
             base: default,
             known: false,
+            protected_base: 0,
             scale: 1.0,
             used: 0,
+            protected_used: 0,
             lru: BTreeMap::new(),
+            protected: BTreeMap::new(),
             ticks: HashMap::new(),
             precise: false,
         }
@@ -79,16 +93,22 @@ impl WorkerCache {
         (self.base as f64 * self.scale) as u64
     }
 
-    fn set_base(&mut self, capacity: Option<u64>, default: u64) {
+    fn protected_capacity(&self) -> u64 {
+        ((self.protected_base as f64 * self.scale) as u64).min(self.capacity())
+    }
+
+    fn set_base(&mut self, capacity: Option<u64>, protected: Option<u64>, default: u64) {
         match capacity {
             Some(c) if c > 0 => {
                 self.base = c;
                 self.known = true;
+                self.protected_base = protected.unwrap_or(0).min(c);
                 self.scale = self.scale.min(MAX_SCALE_KNOWN);
             }
             _ => {
                 self.base = default;
                 self.known = false;
+                self.protected_base = 0;
             }
         }
     }
@@ -118,13 +138,31 @@ impl Inner {
         let Some(cache) = self.workers.get_mut(&worker) else {
             return;
         };
-        match cache.ticks.insert(hash, tick) {
-            Some(old) => {
-                if let Some(entry) = cache.lru.remove(&old) {
-                    cache.lru.insert(tick, entry);
+        let protect = cache.protected_base > 0;
+        match cache.ticks.insert(hash, (tick, protect)) {
+            Some((old, was_protected)) => {
+                let entry = if was_protected {
+                    cache.protected.remove(&old)
+                } else {
+                    cache.lru.remove(&old)
+                };
+                if let Some(entry) = entry {
+                    if protect {
+                        if !was_protected {
+                            cache.protected_used += entry.tokens;
+                        }
+                        cache.protected.insert(tick, entry);
+                    } else {
+                        if was_protected {
+                            cache.protected_used =
+                                cache.protected_used.saturating_sub(entry.tokens);
+                        }
+                        cache.lru.insert(tick, entry);
+                    }
                 }
             }
             None => {
+                cache.ticks.insert(hash, (tick, false));
                 cache.lru.insert(
                     tick,
                     Entry {
@@ -143,9 +181,17 @@ impl Inner {
         let Some(cache) = self.workers.get_mut(&worker) else {
             return;
         };
-        if let Some(tick) = cache.ticks.remove(&hash) {
-            if let Some(entry) = cache.lru.remove(&tick) {
+        if let Some((tick, protected)) = cache.ticks.remove(&hash) {
+            let entry = if protected {
+                cache.protected.remove(&tick)
+            } else {
+                cache.lru.remove(&tick)
+            };
+            if let Some(entry) = entry {
                 cache.used = cache.used.saturating_sub(entry.tokens);
+                if protected {
+                    cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
+                }
             }
             unhold(&mut self.holders, hash, worker);
         }
@@ -158,18 +204,43 @@ impl Inner {
             .or_insert_with(|| WorkerCache::new(default))
     }
 
-    /// Drops `worker`'s least recently used entries until it fits its capacity.
+    /// Demotes `worker`'s oldest protected entries beyond the protected size to the newest end
+    /// of the other segment (as the engine does), then drops least recently used entries, seen
+    /// once before seen again, until it fits its capacity.
     fn evict(&mut self, worker: u64) {
         let Some(cache) = self.workers.get_mut(&worker) else {
             return;
         };
-        let cap = cache.capacity();
-        while cache.used > cap {
-            let Some((_, entry)) = cache.lru.pop_first() else {
-                cache.used = 0;
+        let protected_cap = cache.protected_capacity();
+        while cache.protected_used > protected_cap {
+            let Some((_, entry)) = cache.protected.pop_first() else {
+                cache.protected_used = 0;
                 break;
             };
+            cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
+            self.tick += 1;
+            if let Some(hash) = entry.hash {
+                cache.ticks.insert(hash, (self.tick, false));
+            }
+            cache.lru.insert(self.tick, entry);
+        }
+        let cap = cache.capacity();
+        while cache.used > cap {
+            let (entry, protected) = match cache.lru.pop_first() {
+                Some((_, e)) => (e, false),
+                None => match cache.protected.pop_first() {
+                    Some((_, e)) => (e, true),
+                    None => {
+                        cache.used = 0;
+                        cache.protected_used = 0;
+                        break;
+                    }
+                },
+            };
             cache.used = cache.used.saturating_sub(entry.tokens);
+            if protected {
+                cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
+            }
             if let Some(hash) = entry.hash {
                 cache.ticks.remove(&hash);
                 unhold(&mut self.holders, hash, worker);
@@ -206,6 +277,8 @@ pub struct Placement<'a> {
     pub extra_tokens: u64,
     /// The worker's KV capacity in tokens, when it reports one.
     pub capacity: Option<u64>,
+    /// Tokens of that capacity its segmented LRU keeps for reused blocks, when it has one.
+    pub protected: Option<u64>,
 }
 
 /// Per-worker bounded LRUs of prefix blocks, with a shared block → holders map.
@@ -244,7 +317,7 @@ impl PrefixIndex {
         inner.tick += 1;
         let tick = inner.tick;
         let cache = inner.cache(worker, default);
-        cache.set_base(placement.capacity, default);
+        cache.set_base(placement.capacity, placement.protected, default);
         let block_tokens = placement.block_tokens.max(1.0).round() as u64;
         // A precise worker's events account for what it really holds; only guesses add KV.
         if placement.extra_tokens > 0 && !cache.precise {

@@ -16,6 +16,7 @@ fn at(hashes: &[u64], capacity: u64) -> Placement<'_> {
         block_tokens: 10.0,
         extra_tokens: 0,
         capacity: Some(capacity),
+        protected: None,
     }
 }
 
@@ -221,6 +222,7 @@ fn a_precise_worker_takes_no_guessed_kv_and_no_feedback_scaling() {
             block_tokens: 10.0,
             extra_tokens: 500,
             capacity: Some(1_000),
+            protected: None,
         },
     );
     let (_, blocks, used, cap) = idx.sizes()[0];
@@ -247,4 +249,55 @@ fn a_lost_stream_keeps_what_is_known_as_a_guess() {
     idx.forget(10);
     assert!(!idx.is_precise(10));
     assert!(idx.is_empty());
+}
+
+#[test]
+fn segmented_worker_forgets_blocks_seen_once_first() {
+    // 100 tokens of capacity (10 blocks), 50 of them protected. A prompt [1, 2] is seen twice,
+    // then one-off prompts churn through: a segmented worker keeps [1, 2], a plain LRU one not.
+    for (protected, kept) in [(None, false), (Some(50), true)] {
+        let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+        let place = |hashes: &[u64]| {
+            idx.record(
+                7,
+                Placement {
+                    protected,
+                    ..at(hashes, 100)
+                },
+            )
+        };
+        place(&[1, 2]);
+        place(&[1, 2]);
+        for i in 0..20u64 {
+            place(&[100 + 2 * i, 101 + 2 * i]);
+        }
+        assert_eq!(idx.matches(&[1, 2]) == vec![(7, 2)], kept, "{protected:?}");
+        let (_, blocks, used, cap) = idx.sizes()[0];
+        assert!(used <= cap && blocks == 10, "{blocks} blocks, {used}/{cap}");
+    }
+}
+
+#[test]
+fn protected_segment_demotes_its_oldest_beyond_its_size() {
+    // Protected holds 2 blocks: of two reused prompts, the older is demoted and goes first.
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    let place = |hashes: &[u64]| {
+        idx.record(
+            7,
+            Placement {
+                protected: Some(20),
+                ..at(hashes, 60)
+            },
+        )
+    };
+    for p in [[1, 2], [1, 2], [3, 4], [3, 4]] {
+        place(&p);
+    }
+    place(&[5, 6]);
+    place(&[7, 8]);
+    assert_eq!(idx.matches(&[1, 2]), vec![], "demoted, then evicted");
+    assert_eq!(idx.matches(&[3, 4]), vec![(7, 2)]);
+    // Removing a protected block keeps the books straight.
+    idx.apply(7, Residency::Removed(&[3]), 10.0);
+    assert_eq!(idx.sizes()[0].2, 50);
 }

@@ -48,6 +48,7 @@ mod tests {
             kv_usage: 0.0,
             pending_prefill: 0,
             kv_capacity: None,
+            kv_protected: None,
         }
     }
 

@@ -31,6 +31,7 @@ pub fn worker(i: usize) -> WorkerView {
         kv_usage: 0.0,
         pending_prefill: 0,
         kv_capacity: None,
+        kv_protected: None,
     }
 }
 

@@ -53,6 +53,10 @@ pub struct SimArgs {
     /// Disable the engines' prefix cache.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Share of each engine's KV blocks that reused cached blocks keep ahead of blocks used once
+    /// (0 is plain LRU), as the engine's `--kv-protected-fraction`.
+    #[arg(long, default_value_t = infergate_engine::block_manager::DEFAULT_PROTECTED_FRACTION)]
+    pub kv_protected_fraction: f64,
     /// Route on the engines' KV events (precise mode, as in front of `infergate engine`) instead
     /// of the approximate index alone (as in front of vLLM).
     #[arg(long)]
@@ -102,6 +106,7 @@ impl SimArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             chunked_prefill: !self.no_chunked_prefill,
             prefix_caching: !self.no_prefix_caching,
+            kv_protected_fraction: self.kv_protected_fraction,
             kv_events: self.kv_events,
             chat_template: self.endpoint == "chat",
             latency_multiplier: self.fault_latency_multiplier,

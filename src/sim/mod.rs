@@ -53,6 +53,8 @@ pub struct SimConfig {
     pub chunked_prefill: bool,
     /// Reuse cached KV blocks of shared prefixes (default true).
     pub prefix_caching: bool,
+    /// Share of KV blocks kept for reused cached blocks (the engine's `--kv-protected-fraction`).
+    pub kv_protected_fraction: f64,
     /// Engines publish KV events and routing applies them (precise mode).
     pub kv_events: bool,
     /// KV blocks per worker instead of the memory budget's.
@@ -90,6 +92,7 @@ impl Default for SimConfig {
             max_num_batched_tokens: 8192,
             chunked_prefill: true,
             prefix_caching: true,
+            kv_protected_fraction: infergate_engine::block_manager::DEFAULT_PROTECTED_FRACTION,
             kv_events: false,
             num_gpu_blocks_override: None,
             max_queue: 0,

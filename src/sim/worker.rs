@@ -35,6 +35,7 @@ pub(super) struct WorkerSpec {
     num_blocks: usize,
     block_size: usize,
     prefix_caching: bool,
+    kv_protected_fraction: f64,
     kv_events: bool,
     model: String,
 }
@@ -89,6 +90,7 @@ impl WorkerSpec {
             num_blocks,
             block_size: cfg.block_size,
             prefix_caching: cfg.prefix_caching,
+            kv_protected_fraction: cfg.kv_protected_fraction,
             kv_events: cfg.kv_events,
             model: cfg.model.clone(),
         })
@@ -126,6 +128,8 @@ pub(super) struct SimWorker {
     pub pending_prefill: u64,
     /// KV capacity in tokens (what the live engine exports in `vllm:cache_config_info`).
     kv_capacity: u64,
+    /// Protected tokens of the engine's segmented LRU (`kv_protected_blocks × block_size`).
+    kv_protected: u64,
     core: EngineCore,
     clock: Arc<VirtualClock>,
     metrics: Arc<EngineMetrics>,
@@ -148,6 +152,8 @@ impl SimWorker {
             spec.block_size,
         );
         let mut kv = BlockManager::new(spec.num_blocks, spec.block_size, spec.prefix_caching);
+        kv.set_protected_fraction(spec.kv_protected_fraction);
+        let kv_protected = (kv.protected_cap() * spec.block_size) as u64;
         if spec.kv_events {
             kv.enable_events();
         }
@@ -169,6 +175,7 @@ impl SimWorker {
             busy: false,
             pending_prefill: 0,
             kv_capacity: (spec.num_blocks * spec.block_size) as u64,
+            kv_protected,
             core,
             clock,
             metrics,
@@ -193,6 +200,7 @@ impl SimWorker {
             kv_usage: sched.kv.usage(),
             pending_prefill: self.pending_prefill,
             kv_capacity: Some(self.kv_capacity),
+            kv_protected: Some(self.kv_protected).filter(|&t| t > 0),
         }
     }
 

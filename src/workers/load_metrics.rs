@@ -29,6 +29,10 @@ pub struct EngineLoad {
     /// KV capacity in tokens: vLLM's `vllm:cache_config_info` labels `num_gpu_blocks ×
     /// block_size`, SGLang's `sglang:max_total_num_tokens`; `None` when not exported.
     pub kv_capacity: Option<u64>,
+    /// Tokens of that capacity whose reused blocks outlive blocks used once (our engine's
+    /// segmented LRU: `kv_protected_blocks × block_size` in `vllm:cache_config_info`); `None`
+    /// for plain LRU engines.
+    pub kv_protected: Option<u64>,
     /// `process_start_time_seconds`, when exported: a change means the engine restarted.
     pub started_at: Option<f64>,
 }
@@ -57,6 +61,13 @@ fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 /// `num_gpu_blocks × block_size` of a cache info line.
 fn capacity_from_info(line: &str) -> Option<u64> {
     let blocks: u64 = label(line, "num_gpu_blocks")?.parse().ok()?;
+    let size: u64 = label(line, "block_size")?.parse().ok()?;
+    blocks.checked_mul(size).filter(|&c| c > 0)
+}
+
+/// Protected tokens from our engine's `kv_protected_blocks` label of the cache-config info.
+fn protected_from_info(line: &str) -> Option<u64> {
+    let blocks: u64 = label(line, "kv_protected_blocks")?.parse().ok()?;
     let size: u64 = label(line, "block_size")?.parse().ok()?;
     blocks.checked_mul(size).filter(|&c| c > 0)
 }
@@ -97,7 +108,7 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
     let names = dialect.names();
     let (mut waiting, mut running, mut kv, mut kv_n) = (None::<f64>, None::<f64>, 0.0, 0u32);
     let mut kv_name: Option<&str> = None;
-    let (mut kv_capacity, mut started_at) = (None::<u64>, None::<f64>);
+    let (mut kv_capacity, mut kv_protected, mut started_at) = (None::<u64>, None::<u64>, None);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -109,6 +120,9 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
             // An info metric: what matters is in its labels.
             if let Some(c) = capacity_from_info(line) {
                 *kv_capacity.get_or_insert(0) += c;
+            }
+            if let Some(c) = protected_from_info(line) {
+                *kv_protected.get_or_insert(0) += c;
             }
             continue;
         }
@@ -158,6 +172,7 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, String> {
             (kv / f64::from(kv_n)).clamp(0.0, 1.0)
         },
         kv_capacity,
+        kv_protected,
         started_at,
     })
 }
@@ -202,7 +217,12 @@ vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"8
 process_start_time_seconds 1.7e9\n";
         let l = parse_load(text, Dialect::Vllm).unwrap();
         assert_eq!(l.kv_capacity, Some(8816 * 16));
+        assert_eq!(l.kv_protected, None, "vLLM evicts plain LRU");
         assert_eq!(l.started_at, Some(1.7e9));
+        let ours = "vllm:num_requests_running 1\n\
+vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",kv_protected_blocks=\"4408\",num_gpu_blocks=\"8816\"} 1\n";
+        let l = parse_load(ours, Dialect::Infergate).unwrap();
+        assert_eq!(l.kv_protected, Some(4408 * 16));
         let s =
             "sglang:num_running_reqs 1\nsglang:max_total_num_tokens{model_name=\"m\"} 161721.0\n";
         assert_eq!(

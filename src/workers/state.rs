@@ -26,6 +26,8 @@ pub struct WorkerState {
     pending_prefill: Arc<AtomicU64>,
     /// KV capacity in tokens as last polled; 0 = not reported.
     kv_capacity: AtomicU64,
+    /// Protected (segmented-LRU) share of that capacity in tokens; 0 = plain LRU.
+    kv_protected: AtomicU64,
     /// f64 bits of the polled `process_start_time_seconds`; 0 = not reported yet.
     started_at: AtomicU64,
     /// Subscription to the worker's `/kv/events` (see [`KvEventsState`]).
@@ -80,6 +82,7 @@ impl WorkerState {
             ejections: AtomicU64::new(0),
             pending_prefill: Arc::new(AtomicU64::new(0)),
             kv_capacity: AtomicU64::new(0),
+            kv_protected: AtomicU64::new(0),
             started_at: AtomicU64::new(0),
             kv_events: AtomicU8::new(KvEventsState::Idle as u8),
             kv_events_backoff: AtomicU32::new(0),
@@ -140,6 +143,7 @@ impl WorkerState {
             kv_usage: f64::from_bits(self.kv_usage.load(Ordering::Relaxed)),
             pending_prefill: self.pending_prefill.load(Ordering::Acquire),
             kv_capacity: Some(self.kv_capacity.load(Ordering::Relaxed)).filter(|&c| c > 0),
+            kv_protected: Some(self.kv_protected.load(Ordering::Relaxed)).filter(|&c| c > 0),
         }
     }
 
@@ -189,6 +193,8 @@ impl WorkerState {
             .store(load.kv_usage.to_bits(), Ordering::Relaxed);
         let capacity = load.kv_capacity.unwrap_or(0);
         let old_capacity = self.kv_capacity.swap(capacity, Ordering::Relaxed);
+        self.kv_protected
+            .store(load.kv_protected.unwrap_or(0), Ordering::Relaxed);
         let started = load.started_at.map_or(0, f64::to_bits);
         let old_started = self.started_at.swap(started, Ordering::Relaxed);
         (old_capacity != 0 && old_capacity != capacity)
@@ -290,12 +296,14 @@ mod tests {
             running: 5.0,
             kv_usage: 0.4,
             kv_capacity: Some(1_000),
+            kv_protected: Some(500),
             started_at: Some(1.0),
         };
         assert!(!w.record_load(load), "the first poll is no restart");
         assert!(!w.record_load(load));
         let v = w.view();
         assert_eq!(v.kv_capacity, Some(1_000));
+        assert_eq!(v.kv_protected, Some(500));
         assert_eq!((v.waiting, v.running, v.kv_usage), (2.0, 5.0, 0.4));
         assert_eq!(v.load(), 7.0);
         let restarted = EngineLoad {

@@ -163,6 +163,7 @@ fn config_yaml(stable: &str, canary: &str) -> String {
     format!(
         "listen: \"127.0.0.1:0\"\n\
          admin:\n  listen: \"127.0.0.1:0\"\n\
+         debug_headers: true\n\
          policies: policies\n\
          {FAST_HEALTH}\
          models:\n  \
@@ -226,6 +227,16 @@ pub struct Reply {
     pub version: Option<String>,
     /// `x-infergate-pool`, if present.
     pub pool: Option<String>,
+}
+
+/// A non-streamed chat request naming `model` directly: status and body.
+pub async fn ask_model(url: &str, model: &str) -> (StatusCode, String) {
+    let mut body = chat("You are terse.", "Say hello.", TOKENS, false);
+    body["model"] = json!(model);
+    match send(Method::POST, url, &[], Some(body.to_string())).await {
+        Ok((status, _, text)) => (status, text),
+        Err(e) => panic!("request for {model}: {e}"),
+    }
 }
 
 /// A streamed chat request for [`MODEL`] to `url`, keyed by the `x-session-id` header and/or

@@ -104,6 +104,7 @@ pub fn config_yaml(workers: &[&str], extra: &str) -> String {
         "# infergate test config\n\
          listen: \"127.0.0.1:0\"\n\
          admin:\n  listen: \"127.0.0.1:0\"\n\
+         debug_headers: true\n\
          policies: policies\n",
     );
     s.push_str(extra);
@@ -370,7 +371,7 @@ impl Gateway {
 
     /// The gateway's `/metrics` text.
     pub async fn metrics(&self) -> String {
-        let (status, text) = get(&self.at("/metrics")).await;
+        let (status, text) = get(&self.admin_at("/metrics")).await;
         assert_eq!(status, StatusCode::OK, "GET /metrics");
         text
     }

@@ -283,6 +283,16 @@ pub async fn open(
     url: &str,
     body: Option<Bytes>,
 ) -> Result<Exchange, Box<dyn std::error::Error + Send + Sync>> {
+    open_with(method, url, &[], body).await
+}
+
+/// [`open`] with extra request headers.
+pub async fn open_with(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Bytes>,
+) -> Result<Exchange, Box<dyn std::error::Error + Send + Sync>> {
     let uri: Uri = url.parse()?;
     let authority = uri.authority().ok_or("URL without authority")?.clone();
     let tcp = TcpStream::connect(authority.as_str()).await?;
@@ -298,6 +308,9 @@ pub async fn open(
         .header(HOST, authority.as_str());
     if body.is_some() {
         req = req.header(CONTENT_TYPE, "application/json");
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let req = req.body(Full::new(body.unwrap_or_default()))?;
     let (parts, body) = sender.send_request(req).await?.into_parts();
@@ -472,10 +485,20 @@ impl SseStream {
 
 /// Starts a streamed `POST url` and returns once the response head arrived.
 pub async fn open_stream(url: &str, body: &Value) -> SseStream {
+    open_stream_with(url, &[], body).await
+}
+
+/// [`open_stream`] with extra request headers (e.g. `authorization`).
+pub async fn open_stream_with(url: &str, headers: &[(&str, &str)], body: &Value) -> SseStream {
     let started = Instant::now();
     let ex = tokio::time::timeout(
         HTTP_DEADLINE,
-        open(Method::POST, url, Some(Bytes::from(body.to_string()))),
+        open_with(
+            Method::POST,
+            url,
+            headers,
+            Some(Bytes::from(body.to_string())),
+        ),
     )
     .await
     .unwrap_or_else(|_| panic!("POST {url} (stream) timed out"))

@@ -144,6 +144,8 @@ fn drain(out: impl AsyncRead + Unpin + Send + 'static, kept: Arc<Mutex<String>>)
 pub struct Gw {
     /// `http://ADDR` of the public listener.
     pub url: String,
+    /// `http://ADDR` of the admin listener (where `/metrics` is).
+    pub admin: String,
     /// Process id (for `/proc/PID/status`).
     pub pid: u32,
     /// The demo key `infergate up` printed, if any.
@@ -220,7 +222,7 @@ impl Gw {
         drain(child.stderr.take().expect("piped stderr"), output.clone());
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let deadline = Instant::now() + START_DEADLINE;
-        let (mut url, mut demo_key) = (None, None);
+        let (mut url, mut admin, mut demo_key) = (None, None, None);
         // The banner ends with the `try:` line.
         loop {
             let mut line = String::new();
@@ -235,6 +237,8 @@ impl Gw {
             let line = line.trim();
             if let Some(u) = line.strip_prefix("infergate gateway listening on ") {
                 url = Some(u.to_owned());
+            } else if let Some(u) = line.strip_prefix("admin listening on ") {
+                admin = Some(u.to_owned());
             } else if let Some(k) = line.strip_prefix("demo API key (new at every start): ") {
                 demo_key = Some(k.to_owned());
             } else if line.starts_with("try:") {
@@ -244,6 +248,7 @@ impl Gw {
         drain(stdout, output.clone());
         let gw = Gw {
             url: url.expect("no `listening on` line before `try:`"),
+            admin: admin.expect("no `admin listening on` line before `try:`"),
             pid,
             demo_key,
             child,
@@ -286,9 +291,9 @@ impl Gw {
         self.output.lock().unwrap().clone()
     }
 
-    /// The gateway's `/metrics` text.
+    /// The gateway's `/metrics` text (from the admin listener).
     pub async fn metrics(&self) -> String {
-        let (status, text) = crate::common::get(&self.at("/metrics")).await;
+        let (status, text) = crate::common::get(&format!("{}/metrics", self.admin)).await;
         assert_eq!(status, StatusCode::OK, "GET /metrics");
         text
     }
