@@ -32,7 +32,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
         (&Method::GET, "/admin/status") => status(&gw),
         // Also here, so Prometheus can scrape the admin port (behind the admin key, if set).
         (&Method::GET, "/metrics") => {
-            let mut r = json_response(StatusCode::OK, gw.metrics.render());
+            let mut r = json_response(StatusCode::OK, gw.render_metrics());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),

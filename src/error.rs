@@ -54,6 +54,12 @@ pub enum GatewayError {
         /// Whole seconds.
         retry_after_secs: u64,
     },
+    /// The request bodies being read or held gateway-wide already fill `limits.max_buffered_body_bytes`
+    /// (503); a retry after `retry_after_secs` can pass.
+    BodyMemory {
+        /// Whole seconds.
+        retry_after_secs: u64,
+    },
     /// No healthy worker in the pool (503).
     NoHealthyWorker(String),
     /// The gateway is draining (503).
@@ -90,9 +96,10 @@ impl GatewayError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoHealthyWorker(_) | Self::Draining | Self::WorkerEjected(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::NoHealthyWorker(_)
+            | Self::Draining
+            | Self::WorkerEjected(_)
+            | Self::BodyMemory { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -137,6 +144,10 @@ impl GatewayError {
                 ApiError::unavailable(format!("no healthy worker in pool `{pool}`"), 1)
             }
             Self::Draining => ApiError::unavailable("the gateway is shutting down", 1),
+            Self::BodyMemory { retry_after_secs } => ApiError::unavailable(
+                "the gateway is holding as many request bodies as it may at once; retry shortly",
+                *retry_after_secs,
+            ),
             // The worker's URL stays in the logs: clients are not told internal addresses.
             Self::WorkerEjected(_) => ApiError::unavailable(
                 "the worker serving this request stopped answering and was ejected; no other worker took it",
@@ -188,6 +199,7 @@ impl GatewayError {
             | Self::NeverFits(_)
             | Self::MethodNotAllowed => "validation",
             Self::Draining => "draining",
+            Self::BodyMemory { .. } => "body_memory",
             Self::Degraded { .. } => "degraded",
             Self::NoHealthyWorker(_)
             | Self::WorkerEjected(_)

@@ -76,6 +76,8 @@ pub struct Gateway {
     pub client: UpstreamClient,
     /// Per-tenant rate and concurrency limits.
     pub limiter: Arc<dyn Limiter>,
+    /// Request body bytes held gateway-wide (`limits.max_buffered_body_bytes`).
+    pub body_budget: Arc<crate::request_body::BodyBudget>,
     extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
     /// Set when the drain's grace is over: streams and requests still waiting end now.
@@ -112,6 +114,7 @@ impl Gateway {
             metrics,
             client,
             limiter: Arc::new(InProcessLimiter::new()),
+            body_budget: Arc::default(),
             extra_tenants,
             draining: AtomicBool::new(false),
             grace_over: tokio::sync::watch::channel(false).0,
@@ -191,6 +194,14 @@ impl Gateway {
     /// Where the config comes from.
     pub fn source(&self) -> &ConfigSource {
         &self.source
+    }
+
+    /// The Prometheus text of every gateway metric, with the gauges read at scrape time.
+    pub fn render_metrics(&self) -> String {
+        self.metrics
+            .body_bytes_held
+            .set(i64::try_from(self.body_budget.held()).unwrap_or(i64::MAX));
+        self.metrics.render()
     }
 
     /// Ends what is still in flight at the end of the drain's grace: each stream gets an SSE

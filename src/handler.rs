@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
@@ -16,9 +15,10 @@ use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 use crate::gateway::Live;
 use crate::ledger::Ledger;
-use crate::limits::{Rejection, TierLimits};
+use crate::limits::{ConcurrencySlot, Rejection, TierLimits};
 use crate::proxy::forward::{ForwardSettings, Outbound, forward};
 use crate::request::{Endpoint, PromptSize, ValidRequest, validate};
+use crate::request_body::{BodyLimits, read_body};
 use crate::tenants::bearer;
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
@@ -118,7 +118,7 @@ async fn route(
             json_response(StatusCode::SERVICE_UNAVAILABLE, "{\"ready\":false}")
         }),
         (&Method::GET, "/metrics") if gw.live().snapshot.metrics_public => {
-            let mut r = json_response(StatusCode::OK, gw.metrics.render());
+            let mut r = json_response(StatusCode::OK, gw.render_metrics());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -185,25 +185,34 @@ async fn proxy(
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
 
-    let limit = snapshot.max_body_bytes;
-    let deadline = snapshot.connections.body_read_timeout;
-    let body = tokio::time::timeout(deadline, Limited::new(body, limit).collect())
+    let limits = TierLimits {
+        requests_per_minute: tier.requests_per_minute,
+        tokens_per_minute: tier.tokens_per_minute,
+        max_concurrent: tier.max_concurrent,
+    };
+    // The tenant's concurrency slot before its body: unfinished uploads count against it.
+    let slot = ConcurrencySlot::take(gw.limiter.clone(), &tenant.name, &limits)
+        .map_err(|r| rejection_error(r, 0))?;
+    let declared = parts
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let body_limits = BodyLimits {
+        max_bytes: snapshot.max_body_bytes,
+        budget_bytes: snapshot.max_buffered_body_bytes,
+        timeout: snapshot.connections.body_read_timeout,
+    };
+    let (body, body_hold) = read_body(body, declared, body_limits, &gw.body_budget)
         .await
-        .map_err(|_| {
-            gw.metrics
-                .client_timeouts
-                .with_label_values(&["body_read"])
-                .inc();
-            GatewayError::BodyTimeout(deadline)
-        })?
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                GatewayError::PayloadTooLarge(limit)
-            } else {
-                GatewayError::bad_request(format!("could not read the request body: {e}"), None)
+        .inspect_err(|e| {
+            if let GatewayError::BodyTimeout(_) = e {
+                gw.metrics
+                    .client_timeouts
+                    .with_label_values(&["body_read"])
+                    .inc();
             }
-        })?
-        .to_bytes();
+        })?;
     let valid = validate(endpoint, &parts.headers, body, snapshot, tier)?;
     ctx.model = valid.model.clone();
     let pool = live
@@ -255,11 +264,6 @@ async fn proxy(
         .ok_or_else(|| GatewayError::Internal("model version routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
     let reserve = prompt_tokens + valid.max_tokens;
-    let limits = TierLimits {
-        requests_per_minute: tier.requests_per_minute,
-        tokens_per_minute: tier.tokens_per_minute,
-        max_concurrent: tier.max_concurrent,
-    };
     let reservation = gw
         .limiter
         .acquire(&tenant.name, &limits, reserve, Instant::now())
@@ -270,6 +274,7 @@ async fn proxy(
         &tenant.name,
         reserve,
         prompt_tokens,
+        (slot, body_hold),
     );
 
     // Admit: wait in the pool's bounded priority queue (leaving it at once if the client goes).

@@ -1,14 +1,15 @@
-//! The account phase's guard: holds a request's rate-limit reservation, concurrency slot and
-//! admission permit, and settles them exactly once: with the real usage when the response body
-//! ends, or as a full refund when the request dies before an answer (Drop).
+//! The account phase's guard: holds a request's rate-limit reservation, concurrency slot, body
+//! bytes and admission permit, and settles them exactly once: with the real usage when the
+//! response body ends, or as a full refund when the request dies before an answer (Drop).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::Permit;
-use crate::limits::Limiter;
+use crate::limits::{ConcurrencySlot, Limiter};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::body::EndReport;
+use crate::request_body::BodyHold;
 
 /// One request's open account.
 pub struct Ledger {
@@ -17,19 +18,22 @@ pub struct Ledger {
     tenant: String,
     reserved: u64,
     prompt_estimate: u64,
+    slot: Option<ConcurrencySlot>,
+    body: Option<BodyHold>,
     permit: Option<Permit>,
     settled: bool,
 }
 
 impl Ledger {
     /// Opens an account for `tenant`, which reserved `reserved` tokens (`prompt_estimate` of them
-    /// for the prompt) and holds a concurrency slot.
+    /// for the prompt) and holds `slot` and the request body's `body` bytes until it settles.
     pub fn new(
         limiter: Arc<dyn Limiter>,
         metrics: Arc<GatewayMetrics>,
         tenant: &str,
         reserved: u64,
         prompt_estimate: u64,
+        (slot, body): (ConcurrencySlot, BodyHold),
     ) -> Self {
         Self {
             limiter,
@@ -37,6 +41,8 @@ impl Ledger {
             tenant: tenant.to_string(),
             reserved,
             prompt_estimate,
+            slot: Some(slot),
+            body: Some(body),
             permit: None,
             settled: false,
         }
@@ -73,7 +79,8 @@ impl Ledger {
         self.settled = true;
         self.limiter
             .reconcile(&self.tenant, self.reserved, actual, Instant::now());
-        self.limiter.release_concurrency(&self.tenant);
+        self.slot = None;
+        self.body = None;
         self.permit = None;
     }
 }

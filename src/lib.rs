@@ -18,6 +18,7 @@ pub mod plan;
 pub mod proxy;
 pub mod report;
 pub mod request;
+pub mod request_body;
 pub mod routing;
 pub mod server;
 pub mod shadow;

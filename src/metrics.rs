@@ -45,6 +45,9 @@ pub struct GatewayMetrics {
     pub kv_events_live: GaugeVec,
     /// `infergate_connections_open`: client connections open on the public listener.
     pub connections_open: IntGauge,
+    /// `infergate_request_body_bytes_held`: request body bytes held gateway-wide (read, or
+    /// reserved for a declared Content-Length), against `limits.max_buffered_body_bytes`.
+    pub body_bytes_held: IntGauge,
     /// `infergate_connections_refused_total{reason}`: connections closed at accept by a cap.
     pub connections_refused: IntCounterVec,
     /// `infergate_accept_errors_total`: failed `accept()` calls (each followed by a back-off).
@@ -212,6 +215,14 @@ impl GatewayMetrics {
                 let g = IntGauge::new(
                     "infergate_connections_open",
                     "Client connections open on the public listener.",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            body_bytes_held: {
+                let g = IntGauge::new(
+                    "infergate_request_body_bytes_held",
+                    "Request body bytes held gateway-wide (read or reserved).",
                 )?;
                 registry.register(Box::new(g.clone()))?;
                 g

@@ -119,6 +119,22 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     Ok(())
 }
 
+/// Raises the open-file soft limit to the hard limit (each client and upstream connection is a
+/// descriptor; distributions often start services at 1,024) and logs both.
+pub fn raise_open_file_limit() {
+    use rlimit::Resource;
+    match Resource::NOFILE.get() {
+        Ok((soft, hard)) if soft < hard => match Resource::NOFILE.set(hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file soft limit"),
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "could not raise the open-file soft limit")
+            }
+        },
+        Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
+}
+
 /// How long, past the grace, the requests it ended get to write their last bytes.
 const END_OF_GRACE_FLUSH: Duration = Duration::from_millis(500);
 

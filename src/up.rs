@@ -61,6 +61,8 @@ pub async fn run(
     demo_key: bool,
 ) -> Result<(), String> {
     let (mut snapshot, source) = loaded;
+    // Before the workers start, so they inherit it.
+    crate::server::raise_open_file_limit();
     let overrides = (args.listen, args.admin_listen);
     if let Some(listen) = args.listen {
         snapshot.listen = listen;

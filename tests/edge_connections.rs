@@ -1,6 +1,8 @@
 //! Edge hardening, client connections: a header trickled byte by byte and an idle keep-alive
 //! connection are closed by the header timer, and connections past the per-IP cap are refused at
-//! accept, while normal clients keep being served. Raw sockets on loopback, as an attacker would.
+//! accept; unfinished uploads hold their tenant's concurrency slots and a gateway-wide body budget;
+//! an oversized body is read out so its client sees the 413. Normal clients keep being served.
+//! Raw sockets on loopback, as an attacker would.
 
 mod common;
 
@@ -279,5 +281,165 @@ async fn requests_no_client_should_send_get_a_json_400() {
     .await;
     assert!(status.starts_with("HTTP/1.1 404"), "{status}");
     serde_json::from_str::<serde_json::Value>(&body).expect("the 404 body is valid JSON");
+    healthz_ok(&gw).await;
+}
+
+/// A complete small chat request over a raw socket, `Connection: close`.
+fn small_chat() -> String {
+    let body = format!(
+        "{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":4}}",
+        common::gateway::MODEL
+    );
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Opens an upload that declares `declared` bytes and sends only a few.
+async fn unfinished_upload(gw: &Gateway, declared: usize) -> TcpStream {
+    let mut sock = TcpStream::connect(gw.addr).await.expect("connect");
+    sock.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {declared}\r\n\r\n{{\"model\":"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    sock
+}
+
+/// Polls until a small request gets `want` (e.g. `HTTP/1.1 200`); returns its status line and
+/// body.
+async fn small_chat_until(gw: &Gateway, want: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = raw(gw, &small_chat()).await;
+        if status.starts_with(want) || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The tenant's concurrency slot is taken before the body is read: a tenant's unfinished uploads
+/// count against its own concurrency, so they cannot pile up past it, and the slot comes back
+/// when the upload goes away.
+#[tokio::test]
+async fn unfinished_uploads_hold_their_tenants_concurrency_slots() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("edge-slots");
+    dir.write_config(&config_yaml(&[&engine.url], ""));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    std::fs::write(
+        dir.path.join("policies/tenants.yaml"),
+        "tiers:\n  t: {max_concurrent: 2, max_tokens: 64, default_max_tokens: 8, models: [\"*\"]}\n\
+         default_tier: t\n",
+    )
+    .expect("tenants.yaml");
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let (status, body) = raw(&gw, &small_chat()).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+
+    let first = unfinished_upload(&gw, 1000).await;
+    let _second = unfinished_upload(&gw, 1000).await;
+    // Both uploads are being read, so both hold a slot.
+    gw.wait_metric("infergate_request_body_bytes_held", |v| v >= 2000.0)
+        .await;
+    let (status, body) = raw(&gw, &small_chat()).await;
+    assert!(status.starts_with("HTTP/1.1 429"), "{status} {body}");
+    assert!(body.contains("in flight"), "{body}");
+    healthz_ok(&gw).await;
+    // One upload goes away: its slot is free again.
+    drop(first);
+    let (status, body) = small_chat_until(&gw, "HTTP/1.1 200").await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+}
+
+/// Bodies held at once are bounded gateway-wide: past `limits.max_buffered_body_bytes` a new
+/// body gets 503 with Retry-After (before its bytes are buffered), and requests pass again once
+/// the held bodies go.
+#[tokio::test]
+async fn held_request_bodies_are_bounded_gateway_wide() {
+    let (_engine, _dir, gw) = gateway(
+        "edge-body-budget",
+        "limits: {max_body_bytes: 65536, max_buffered_body_bytes: 131072}\n",
+    )
+    .await;
+    let a = unfinished_upload(&gw, 65536).await;
+    let b = unfinished_upload(&gw, 65536).await;
+    // Both uploads reserve their declared size up front: the budget is full.
+    gw.wait_metric("infergate_request_body_bytes_held", |v| v >= 131072.0)
+        .await;
+    let (status, body) = raw(&gw, &small_chat()).await;
+    assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+    assert!(body.contains("request bodies"), "{body}");
+    let mut sock = TcpStream::connect(gw.addr).await.expect("connect");
+    sock.write_all(small_chat().as_bytes())
+        .await
+        .expect("write");
+    let (_, text) = answer_then_close(&mut sock, Duration::from_secs(5)).await;
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 1"),
+        "{text}"
+    );
+    healthz_ok(&gw).await;
+    assert!(
+        gw.metric("infergate_rejections_total{reason=\"body_memory\"}")
+            .await
+            >= 1.0
+    );
+    drop((a, b));
+    let (status, body) = small_chat_until(&gw, "HTTP/1.1 200").await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+}
+
+/// An oversized body, declared or chunked, gets its 413 after the gateway read (and dropped) the
+/// rest of it: the client finishes sending and reads the answer instead of a reset connection.
+#[tokio::test]
+async fn an_oversized_body_is_read_out_so_the_client_sees_the_413() {
+    let (_engine, _dir, gw) = gateway("edge-413", "limits: {max_body_bytes: 1048576}\n").await;
+    let body = vec![b'x'; 2 * 1024 * 1024];
+    for chunked in [false, true] {
+        let sock = TcpStream::connect(gw.addr).await.expect("connect");
+        let (mut reader, mut writer) = sock.into_split();
+        let mut request = String::from(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Connection: close\r\n",
+        )
+        .into_bytes();
+        if chunked {
+            request.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+            for piece in body.chunks(64 * 1024) {
+                request.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                request.extend_from_slice(piece);
+                request.extend_from_slice(b"\r\n");
+            }
+            request.extend_from_slice(b"0\r\n\r\n");
+        } else {
+            request.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+            request.extend_from_slice(&body);
+        }
+        let send = tokio::spawn(async move { writer.write_all(&request).await.map(|()| writer) });
+        let mut got = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "no answer within 10 s (chunked: {chunked})");
+        let sent = send.await.expect("writer task");
+        assert!(
+            sent.is_ok(),
+            "the upload was cut before it ended (chunked: {chunked}): {:?}",
+            sent.err()
+        );
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 413"),
+            "chunked {chunked}: {text}"
+        );
+        assert!(text.contains("exceeds 1048576 bytes"), "{text}");
+    }
     healthz_ok(&gw).await;
 }

@@ -89,6 +89,7 @@ pub(super) fn compile(
     };
 
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
+    let max_body_bytes = sections::max_body_bytes(&mut sink, raw.limits.as_ref());
     let snapshot = Snapshot {
         listen: sections::address(&mut sink, raw.listen.as_ref(), "listen", default_listen),
         admin: sections::admin(&mut sink, raw.admin.as_ref()),
@@ -100,7 +101,12 @@ pub(super) fn compile(
         health: sections::health(&mut sink, raw.health.as_ref()),
         forward: sections::forward(&mut sink, raw.forward.as_ref()),
         drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
-        max_body_bytes: sections::max_body_bytes(&mut sink, raw.limits.as_ref()),
+        max_body_bytes,
+        max_buffered_body_bytes: sections::max_buffered_body_bytes(
+            &mut sink,
+            raw.limits.as_ref(),
+            max_body_bytes,
+        ),
         connections: sections::connections(&mut sink, raw.limits.as_ref()),
         metrics_public: raw.metrics.as_ref().and_then(|m| m.public).unwrap_or(false),
         debug_headers: raw.debug_headers.unwrap_or(false),

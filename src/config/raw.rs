@@ -97,6 +97,7 @@ pub(super) struct RawDrain {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
     pub max_body_bytes: Option<Spanned<usize>>,
+    pub max_buffered_body_bytes: Option<Spanned<usize>>,
     pub header_read_timeout: Option<Text>,
     pub body_read_timeout: Option<Text>,
     pub max_connections: Option<Spanned<u32>>,

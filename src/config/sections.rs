@@ -92,6 +92,29 @@ pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> us
     }
 }
 
+/// `limits.max_buffered_body_bytes`: request bodies held gateway-wide at once, default 256 MiB;
+/// it must hold at least one body of `max_body_bytes`.
+pub(super) fn max_buffered_body_bytes(
+    sink: &mut Sink<'_>,
+    raw: Option<&RawLimits>,
+    max_body_bytes: usize,
+) -> usize {
+    let default = (256 * 1024 * 1024).max(max_body_bytes);
+    match raw.and_then(|l| l.max_buffered_body_bytes.as_ref()) {
+        None => default,
+        Some(n) if n.value < max_body_bytes => {
+            sink.at(
+                &n.referenced,
+                format!(
+                    "limits.max_buffered_body_bytes must be at least limits.max_body_bytes ({max_body_bytes})"
+                ),
+            );
+            default
+        }
+        Some(n) => n.value,
+    }
+}
+
 /// `limits:` for client connections: header read timeout 10 s, 16,384 connections in all and
 /// 4,096 per client IP, body read timeout 30 s.
 pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> ConnectionLimits {

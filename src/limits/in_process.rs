@@ -106,14 +106,8 @@ fn acquire_in(
             });
         }
     };
-    if let Some(limit) = limits.max_concurrent
-        && state.in_flight >= limit
-    {
-        return Err(Rejection::Concurrency { limit });
-    }
     state.rpm = rpm;
     state.tpm = tpm;
-    state.in_flight += 1;
     Ok(Reservation {
         tokens,
         headers: headers(state, now),
@@ -132,6 +126,23 @@ fn headers(state: &TenantState, now: Instant) -> RateHeaders {
 }
 
 impl Limiter for InProcessLimiter {
+    fn acquire_slot(&self, tenant: &str, limits: &TierLimits) -> Result<(), Rejection> {
+        let mut tenants = self.lock();
+        if !tenants.contains_key(tenant) {
+            tenants.insert(tenant.to_owned(), TenantState::default());
+        }
+        let Some(state) = tenants.get_mut(tenant) else {
+            return Ok(());
+        };
+        if let Some(limit) = limits.max_concurrent
+            && state.in_flight >= limit
+        {
+            return Err(Rejection::Concurrency { limit });
+        }
+        state.in_flight += 1;
+        Ok(())
+    }
+
     fn acquire(
         &self,
         tenant: &str,

@@ -114,23 +114,33 @@ fn concurrency_cap_release_and_no_request_consumed() {
         Instant::now(),
         tier(Some(3), None, Some(1)),
     );
-    assert!(l.acquire("a", &limits, 1, t0).is_ok());
+    assert!(l.acquire_slot("a", &limits).is_ok());
     assert_eq!(
-        l.acquire("a", &limits, 1, t0),
+        l.acquire_slot("a", &limits),
         Err(Rejection::Concurrency { limit: 1 })
     );
     assert_eq!(l.in_flight("a"), 1);
-    l.release_concurrency("a");
+    // The slot and the request budget are separate: the refused slot took no request.
     assert!(l.acquire("a", &limits, 1, t0).is_ok());
     l.release_concurrency("a");
-    assert!(l.acquire("a", &limits, 1, t0).is_ok()); // third of three: the refusal took none
+    assert!(l.acquire_slot("a", &limits).is_ok());
+    assert!(l.acquire("a", &limits, 1, t0).is_ok());
+    l.release_concurrency("a");
+    assert!(l.acquire_slot("a", &limits).is_ok());
+    assert!(l.acquire("a", &limits, 1, t0).is_ok()); // third of three
     l.release_concurrency("a");
     assert_eq!(
         wait_of(l.acquire("a", &limits, 1, t0)).1,
         LimitKind::Requests
     );
-    l.release_concurrency("a");
     assert_eq!(l.in_flight("a"), 0);
+    // A slot guard gives its slot back when dropped.
+    let shared: std::sync::Arc<dyn Limiter> = std::sync::Arc::new(InProcessLimiter::new());
+    let slot = crate::limits::ConcurrencySlot::take(shared.clone(), "b", &limits);
+    assert!(slot.is_ok());
+    assert!(crate::limits::ConcurrencySlot::take(shared.clone(), "b", &limits).is_err());
+    drop(slot);
+    assert!(crate::limits::ConcurrencySlot::take(shared, "b", &limits).is_ok());
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! charge after the response) and a concurrency cap, behind the small [`Limiter`] trait so a
 //! shared store (Redis) can replace the in-process one when several gateway replicas run.
 //!
-//! The meter phase calls [`Limiter::acquire`] with the request's estimated tokens (prompt plus
-//! reserved completion); the account phase calls [`Limiter::reconcile`] with the real usage and
-//! [`Limiter::release_concurrency`] once the response body ends or the client goes away.
+//! Right after authentication the request takes a concurrency slot ([`ConcurrencySlot`], before
+//! its body is read); the meter phase calls [`Limiter::acquire`] with the request's estimated
+//! tokens (prompt plus reserved completion); the account phase calls [`Limiter::reconcile`] with
+//! the real usage and drops the slot once the response body ends or the client goes away.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -99,8 +100,13 @@ impl std::error::Error for Rejection {}
 
 /// A per-tenant limiter. Small on purpose, so a shared store can implement it.
 pub trait Limiter: Send + Sync {
-    /// Admits one request costing `tokens` if requests, tokens and concurrency all allow it, and
-    /// consumes all three together; a refused request consumes nothing.
+    /// Takes one of the tenant's concurrency slots, or refuses with [`Rejection::Concurrency`].
+    /// Taken right after authentication, before the body is read, so a tenant's unfinished
+    /// uploads count against its own concurrency. Freed by [`Limiter::release_concurrency`].
+    fn acquire_slot(&self, tenant: &str, limits: &TierLimits) -> Result<(), Rejection>;
+
+    /// Admits one request costing `tokens` if its request and token budgets both allow it, and
+    /// consumes both together; a refused request consumes nothing.
     fn acquire(
         &self,
         tenant: &str,
@@ -112,6 +118,33 @@ pub trait Limiter: Send + Sync {
     /// Settles a reservation with real usage: refunds unused tokens or charges the excess.
     fn reconcile(&self, tenant: &str, reserved: u64, actual: u64, now: Instant);
 
-    /// Frees the concurrency slot taken by a successful [`Limiter::acquire`].
+    /// Frees the concurrency slot taken by a successful [`Limiter::acquire_slot`].
     fn release_concurrency(&self, tenant: &str);
+}
+
+/// A tenant's concurrency slot, given back when dropped.
+pub struct ConcurrencySlot {
+    limiter: std::sync::Arc<dyn Limiter>,
+    tenant: String,
+}
+
+impl ConcurrencySlot {
+    /// Takes a slot of `tenant` (see [`Limiter::acquire_slot`]).
+    pub fn take(
+        limiter: std::sync::Arc<dyn Limiter>,
+        tenant: &str,
+        limits: &TierLimits,
+    ) -> Result<Self, Rejection> {
+        limiter.acquire_slot(tenant, limits)?;
+        Ok(Self {
+            limiter,
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+impl Drop for ConcurrencySlot {
+    fn drop(&mut self) {
+        self.limiter.release_concurrency(&self.tenant);
+    }
 }

@@ -381,6 +381,15 @@ impl Gateway {
         find_metric(&self.metrics().await, selector).unwrap_or(0.0)
     }
 
+    /// Polls the admin `/metrics` until `selector` satisfies `pred` (5 s at most); its value.
+    pub async fn wait_metric(&self, selector: &str, pred: impl Fn(f64) -> bool) -> f64 {
+        eventually(selector, Duration::from_secs(5), || async {
+            let v = self.metric(selector).await;
+            pred(v).then_some(v)
+        })
+        .await
+    }
+
     /// `GET /admin/status` as JSON (no admin key).
     pub async fn status(&self) -> Value {
         let (status, body) = get(&self.admin_at("/admin/status")).await;
