@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,16 +31,30 @@ pub struct Listeners {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
+/// Pending connections the kernel may queue before `accept()` (it caps this at
+/// `net.core.somaxconn`): a burst of connects waits there instead of having SYNs dropped and
+/// retried a second later, which would delay every client, health probes included.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`] (tokio's `bind` uses 1,024).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds the public and admin addresses of the current snapshot.
 pub async fn bind(gw: &Gateway) -> Result<Listeners, String> {
     let live = gw.live();
     let s = &live.snapshot;
-    let public = TcpListener::bind(s.listen)
-        .await
-        .map_err(|e| format!("cannot bind {}: {e}", s.listen))?;
-    let admin = TcpListener::bind(s.admin.listen)
-        .await
-        .map_err(|e| format!("cannot bind admin {}: {e}", s.admin.listen))?;
+    let public = listen(s.listen).map_err(|e| format!("cannot bind {}: {e}", s.listen))?;
+    let admin =
+        listen(s.admin.listen).map_err(|e| format!("cannot bind admin {}: {e}", s.admin.listen))?;
     let tls = match &s.tls {
         Some(t) => Some(tls_acceptor(t)?),
         None => None,
