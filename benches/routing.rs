@@ -242,7 +242,16 @@ async fn run() -> Result<(), BoxError> {
     ]);
     let mut notes = Vec::new();
     let mut prompt_tokens = None;
-    for scenario in &SCENARIOS {
+    // `cargo bench --bench routing -- saturated evictions` runs the scenarios whose names contain
+    // one of the words (cargo's own `--bench` flag is not a filter).
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    for scenario in SCENARIOS
+        .iter()
+        .filter(|s| filters.is_empty() || filters.iter().any(|f| s.name.contains(f.as_str())))
+    {
         let workload = Arc::new(workload(scenario));
         eprintln!(
             "{}: {} requests per run, {} groups × {SESSIONS} sessions, \

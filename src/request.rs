@@ -142,33 +142,32 @@ pub fn validate(
             Some("top_p"),
         ));
     }
-    let max_key = if obj
-        .get("max_completion_tokens")
-        .is_some_and(|v| !v.is_null())
-    {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    let asked = match number(obj, max_key)? {
-        None => None,
-        Some(m) if m < 1.0 || m.fract() != 0.0 => {
-            return Err(GatewayError::bad_request(
-                format!("{max_key} must be a whole number of at least 1, got {m}"),
-                Some(max_key),
-            ));
-        }
-        Some(m) if m > f64::from(tier.max_tokens) => {
-            return Err(GatewayError::bad_request(
-                format!(
-                    "{max_key} is {m} but your tier `{}` allows at most {}",
-                    tier.name, tier.max_tokens
-                ),
-                Some(max_key),
-            ));
-        }
-        Some(m) => Some(m as u64),
-    };
+    // Both limit fields are checked, and the larger is reserved: engines differ in which one
+    // they read (ours and vLLM read only `max_tokens` on completions), so a small
+    // `max_completion_tokens` must not carry a large `max_tokens` past the ceiling.
+    let mut asked: Option<u64> = None;
+    for max_key in ["max_completion_tokens", "max_tokens"] {
+        let m = match number(obj, max_key)? {
+            None => continue,
+            Some(m) if m < 1.0 || m.fract() != 0.0 => {
+                return Err(GatewayError::bad_request(
+                    format!("{max_key} must be a whole number of at least 1, got {m}"),
+                    Some(max_key),
+                ));
+            }
+            Some(m) if m > f64::from(tier.max_tokens) => {
+                return Err(GatewayError::bad_request(
+                    format!(
+                        "{max_key} is {m} but your tier `{}` allows at most {}",
+                        tier.name, tier.max_tokens
+                    ),
+                    Some(max_key),
+                ));
+            }
+            Some(m) => m as u64,
+        };
+        asked = Some(asked.map_or(m, |a| a.max(m)));
+    }
     let max_tokens = asked.unwrap_or(u64::from(tier.default_max_tokens));
     let client_wants_usage = obj
         .get("stream_options")
@@ -255,8 +254,14 @@ pub fn validate(
         obj.insert("model".into(), Value::String(up.to_string()));
         rewrite = true;
     }
-    if asked.is_none() {
-        // Reserve and enforce the tier's default instead of the engine's (possibly whole-context) one.
+    // Reserve and enforce the tier's default instead of the engine's (possibly whole-context)
+    // one; on completions engines read only `max_tokens`, so it is set from
+    // `max_completion_tokens` when that is all the client sent.
+    let unlimited_upstream = match endpoint {
+        Endpoint::ChatCompletions => asked.is_none(),
+        Endpoint::Completions => obj.get("max_tokens").is_none_or(Value::is_null),
+    };
+    if unlimited_upstream {
         obj.insert("max_tokens".into(), Value::from(max_tokens));
         rewrite = true;
     }
@@ -302,3 +307,7 @@ fn content_text(content: Option<&Value>) -> String {
         _ => String::new(),
     }
 }
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

@@ -18,6 +18,9 @@ pub struct TokenUsage {
 
 /// Largest non-streamed body scanned for `usage` (bigger ones pass through unscanned).
 const MAX_SCAN_BYTES: usize = 4 * 1024 * 1024;
+/// Longest unterminated SSE event held back; past it the bytes pass through unscanned, so a
+/// worker that never ends an event cannot make the gateway buffer without bound.
+const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
 /// Watches a response body for its usage.
 #[derive(Debug, Default)]
@@ -25,6 +28,9 @@ pub struct UsageTap {
     is_stream: bool,
     hide_usage_chunk: bool,
     pending: Vec<u8>,
+    /// The last stream byte seen was a `\r` (already turned into `\n`): a `\n` right after it
+    /// is the same line end.
+    after_cr: bool,
     /// Usage once seen.
     pub usage: Option<TokenUsage>,
     /// SSE data events with content seen so far (a fallback count when no usage arrives).
@@ -69,6 +75,12 @@ impl UsageTap {
             }
             return data;
         }
+        // SSE lines may end in `\r\n` or `\r` as well as `\n`: clients see `\n` either way.
+        let data = if self.after_cr || data.contains(&b'\r') {
+            self.normalize_line_ends(&data)
+        } else {
+            data
+        };
         if !self.hide_usage_chunk && self.pending.is_empty() && data.ends_with(b"\n\n") {
             // Fast path: whole events, nothing to remove.
             self.scan_events(&data);
@@ -76,6 +88,9 @@ impl UsageTap {
         }
         self.pending.extend_from_slice(&data);
         let Some(end) = self.pending.windows(2).rposition(|w| w == b"\n\n") else {
+            if self.pending.len() > MAX_EVENT_BYTES {
+                return Bytes::from(std::mem::take(&mut self.pending));
+            }
             return Bytes::new();
         };
         let complete: Vec<u8> = self.pending.drain(..end + 2).collect();
@@ -108,6 +123,20 @@ impl UsageTap {
             return Bytes::new();
         }
         Bytes::from(std::mem::take(&mut self.pending))
+    }
+
+    /// `data` with every `\r\n` and lone `\r` turned into `\n`, across frame boundaries.
+    fn normalize_line_ends(&mut self, data: &[u8]) -> Bytes {
+        let mut out = Vec::with_capacity(data.len());
+        for &b in data {
+            match b {
+                b'\n' if self.after_cr => {}
+                b'\r' => out.push(b'\n'),
+                other => out.push(other),
+            }
+            self.after_cr = b == b'\r';
+        }
+        Bytes::from(out)
     }
 
     fn scan_events(&mut self, data: &[u8]) {
@@ -216,5 +245,331 @@ mod tests {
         let input = ": keepalive\n\ndata: not json\n\n";
         assert_eq!(tap.feed(Bytes::from(input)), Bytes::from(input));
         assert_eq!(tap.usage, None);
+    }
+
+    use std::ops::Range;
+
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+    use proptest::test_runner::RngSeed;
+    use serde_json::json;
+
+    fn config(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases,
+            rng_seed: RngSeed::Fixed(0x05e5_7a9e),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Feeds `chunks` through a fresh tap, then flushes; returns the tap and what the client got.
+    fn run<'a>(
+        is_stream: bool,
+        hide: bool,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+    ) -> (UsageTap, Vec<u8>) {
+        let mut tap = UsageTap::new(is_stream, hide);
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend_from_slice(&tap.feed(Bytes::copy_from_slice(c)));
+        }
+        out.extend_from_slice(&tap.flush());
+        (tap, out)
+    }
+
+    /// `text` cut at `cuts` (any order, repeats and out-of-range ones allowed).
+    fn split_at<'a>(text: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+        let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(text.len())).collect();
+        cuts.push(0);
+        cuts.push(text.len());
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+    }
+
+    /// Lines as SSE reads them: runs of blank lines are one event end, leading ones are nothing.
+    fn sse_normal(bytes: &[u8]) -> Vec<u8> {
+        // `\r\n` and lone `\r` end lines as `\n` does.
+        let mut lf = Vec::with_capacity(bytes.len());
+        let mut after_cr = false;
+        for &b in bytes {
+            match b {
+                b'\n' if after_cr => {}
+                b'\r' => lf.push(b'\n'),
+                other => lf.push(other),
+            }
+            after_cr = b == b'\r';
+        }
+        let mut out = Vec::with_capacity(lf.len());
+        let mut run = 0usize;
+        for &b in &lf {
+            if b == b'\n' {
+                run += 1;
+                if run <= 2 && !out.is_empty() {
+                    out.push(b);
+                }
+            } else {
+                run = 0;
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// Content text, heavy on what could trip a byte-wise scanner: multi-byte UTF-8, quotes,
+    /// backslashes, newlines (escaped in JSON) and SSE keywords.
+    fn content() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,12}",
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    "a",
+                    "é",
+                    "日本",
+                    "🦀",
+                    "\u{2028}",
+                    "\"",
+                    "\\",
+                    "\n",
+                    "\r\n",
+                    "\n\n",
+                    "data: ",
+                    "[DONE]",
+                    "usage",
+                    "{\"usage\":{}}",
+                    " ",
+                ]),
+                0..8,
+            )
+            .prop_map(|parts| parts.concat()),
+        ]
+    }
+
+    fn count() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..100_000, any::<u64>()]
+    }
+
+    /// A well-formed stream and what reading it must give.
+    #[derive(Debug, Clone)]
+    struct Stream {
+        text: Vec<u8>,
+        usage: TokenUsage,
+        /// Byte range of the usage event.
+        usage_event: Range<usize>,
+        /// The usage event has no `choices` (it is removed when hiding).
+        usage_only: bool,
+        content_events: u64,
+    }
+
+    /// Content chunk events (some with an `id:` line, a keep-alive comment before, or `data:`
+    /// without the space), the usage chunk, then `data: [DONE]`.
+    fn stream() -> impl Strategy<Value = Stream> {
+        let event = (content(), any::<bool>(), any::<bool>(), any::<bool>());
+        let usage = (count(), count(), prop::option::of(count()));
+        (prop::collection::vec(event, 0..6), usage, any::<bool>()).prop_map(
+            |(events, (prompt, completion, cached), usage_only)| {
+                let mut text = Vec::new();
+                for (i, (c, id, comment, space)) in events.iter().enumerate() {
+                    if *comment {
+                        text.extend_from_slice(b": keepalive\n\n");
+                    }
+                    if *id {
+                        text.extend_from_slice(format!("id: {i}\n").as_bytes());
+                    }
+                    let chunk = json!({
+                        "id": "chatcmpl-1",
+                        "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": null}],
+                    });
+                    text.extend_from_slice(if *space { b"data: " } else { b"data:" });
+                    text.extend_from_slice(chunk.to_string().as_bytes());
+                    text.extend_from_slice(b"\n\n");
+                }
+                let mut u = json!({
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt.saturating_add(completion),
+                });
+                if let Some(k) = cached {
+                    u["prompt_tokens_details"] = json!({"cached_tokens": k});
+                }
+                let choices = if usage_only {
+                    json!([])
+                } else {
+                    json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+                };
+                let start = text.len();
+                let last = json!({"id": "chatcmpl-1", "choices": choices, "usage": u});
+                text.extend_from_slice(format!("data: {last}\n\n").as_bytes());
+                let usage_event = start..text.len();
+                text.extend_from_slice(b"data: [DONE]\n\n");
+                Stream {
+                    text,
+                    usage: TokenUsage {
+                        prompt,
+                        completion,
+                        cached,
+                    },
+                    usage_event,
+                    usage_only,
+                    content_events: events.len() as u64 + u64::from(!usage_only),
+                }
+            },
+        )
+    }
+
+    /// Cut points: anywhere, inside the usage event, and inside multi-byte characters.
+    fn cuts(s: &Stream, anywhere: &[Index], usage: &[Index], in_char: &[Index]) -> Vec<usize> {
+        let continuation: Vec<usize> = (0..s.text.len())
+            .filter(|&i| s.text[i] & 0xc0 == 0x80)
+            .collect();
+        let mut cuts: Vec<usize> = anywhere.iter().map(|i| i.index(s.text.len() + 1)).collect();
+        let span = s.usage_event.len();
+        cuts.extend(usage.iter().map(|i| s.usage_event.start + i.index(span)));
+        if !continuation.is_empty() {
+            cuts.extend(
+                in_char
+                    .iter()
+                    .map(|i| continuation[i.index(continuation.len())]),
+            );
+        }
+        cuts
+    }
+
+    /// What the client must see of `s`: all of it, less the usage-only event when hiding.
+    fn client_view(s: &Stream, hide: bool) -> Vec<u8> {
+        if hide && s.usage_only {
+            [&s.text[..s.usage_event.start], &s.text[s.usage_event.end..]].concat()
+        } else {
+            s.text.clone()
+        }
+    }
+
+    fn chunk_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..48),
+            prop::sample::select(vec![
+                &b"\n"[..],
+                b"\n\n",
+                b"\r\n",
+                b"\r\n\r\n",
+                b"data: ",
+                b"data:",
+                b"[DONE]",
+                b"{\"choices\":[],",
+                b"\"usage\":{\"prompt_tokens\":",
+                b"18446744073709551616",
+                b"7",
+                b",\"completion_tokens\":3}",
+                b"}",
+                b"\xe6\x97",
+                b": keepalive",
+            ])
+            .prop_map(<[u8]>::to_vec),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        /// Arbitrary byte chunks never panic in any mode; JSON bodies pass through byte for
+        /// byte, and a stream shown in full reaches the client SSE-equivalent (blank-line runs
+        /// aside).
+        #[test]
+        fn arbitrary_chunks_never_panic(chunks in prop::collection::vec(chunk_bytes(), 0..24)) {
+            let input = chunks.concat();
+            let parts = chunks.iter().map(Vec::as_slice);
+            let (_, out) = run(false, false, parts.clone());
+            prop_assert_eq!(out, input.clone());
+            let (_, out) = run(true, false, parts.clone());
+            prop_assert_eq!(sse_normal(&out), sse_normal(&input));
+            let (tap, out) = run(true, true, parts);
+            prop_assert!(out.len() <= input.len() + tap.content_events as usize + 1);
+        }
+
+        /// A valid stream cut into arbitrary chunks (inside `\n\n`, inside multi-byte UTF-8,
+        /// inside the usage JSON) gives the same usage, event count and client bytes as whole.
+        #[test]
+        fn split_streams_read_the_same_usage(
+            s in stream(),
+            anywhere in prop::collection::vec(any::<Index>(), 0..24),
+            usage in prop::collection::vec(any::<Index>(), 0..4),
+            in_char in prop::collection::vec(any::<Index>(), 0..4),
+            hide in any::<bool>(),
+        ) {
+            let (whole, whole_out) = run(true, hide, [s.text.as_slice()]);
+            prop_assert_eq!(whole.usage, Some(s.usage));
+            prop_assert_eq!(whole.content_events, s.content_events);
+            prop_assert_eq!(&whole_out, &client_view(&s, hide));
+            let cut = cuts(&s, &anywhere, &usage, &in_char);
+            let (tap, out) = run(true, hide, split_at(&s.text, &cut));
+            prop_assert_eq!(tap.usage, whole.usage);
+            prop_assert_eq!(tap.content_events, whole.content_events);
+            prop_assert_eq!(out, whole_out);
+        }
+
+        /// The same stream with `\r\n` (or lone `\r`) line ends, cut anywhere (between a `\r`
+        /// and its `\n` too), reads the same usage and reaches the client with `\n` ends.
+        #[test]
+        fn crlf_and_cr_streams_read_the_same_usage(
+            s in stream(),
+            anywhere in prop::collection::vec(any::<Index>(), 0..24),
+            lone_cr in any::<bool>(),
+            hide in any::<bool>(),
+        ) {
+            let (lf, lf_out) = run(true, hide, [s.text.as_slice()]);
+            let ending: &[u8] = if lone_cr { b"\r" } else { b"\r\n" };
+            let mut text = Vec::with_capacity(s.text.len() * 2);
+            for &b in &s.text {
+                if b == b'\n' {
+                    text.extend_from_slice(ending);
+                } else {
+                    text.push(b);
+                }
+            }
+            let cut: Vec<usize> = anywhere.iter().map(|i| i.index(text.len() + 1)).collect();
+            let (tap, out) = run(true, hide, split_at(&text, &cut));
+            prop_assert_eq!(tap.usage, lf.usage);
+            prop_assert_eq!(tap.content_events, lf.content_events);
+            prop_assert_eq!(out, lf_out);
+        }
+
+        /// A JSON (non-streamed) body cut into arbitrary chunks passes through unchanged and
+        /// gives the same usage as whole.
+        #[test]
+        fn split_json_bodies_read_the_same_usage(
+            c in content(),
+            (prompt, completion, cached) in (count(), count(), prop::option::of(count())),
+            anywhere in prop::collection::vec(any::<Index>(), 0..16),
+        ) {
+            let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion});
+            if let Some(k) = cached {
+                u["prompt_tokens_details"] = json!({"cached_tokens": k});
+            }
+            let body = json!({
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": c}}],
+                "usage": u,
+            })
+            .to_string()
+            .into_bytes();
+            let cut: Vec<usize> = anywhere.iter().map(|i| i.index(body.len() + 1)).collect();
+            let (tap, out) = run(false, false, split_at(&body, &cut));
+            prop_assert_eq!(out, body);
+            prop_assert_eq!(tap.usage, Some(TokenUsage { prompt, completion, cached }));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(48))]
+
+        /// A valid stream fed one byte at a time reads the same as whole.
+        #[test]
+        fn byte_at_a_time_streams_read_the_same_usage(s in stream(), hide in any::<bool>()) {
+            let (tap, out) = run(true, hide, s.text.chunks(1));
+            prop_assert_eq!(tap.usage, Some(s.usage));
+            prop_assert_eq!(tap.content_events, s.content_events);
+            prop_assert_eq!(out, client_view(&s, hide));
+        }
     }
 }

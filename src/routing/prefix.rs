@@ -42,6 +42,8 @@ use super::{
 const MIN_SLACK: f64 = 2.0;
 /// Costs within this many requests of load (× λ) of the cheapest are near-equal.
 const BAND_REQUESTS: f64 = 1.0;
+/// How far above the pool's mean cache fill a worker may be and still be a new prefix's home.
+const COLD_FILL_SLACK: f64 = 0.25;
 /// Weight of a new answer in the learned bytes-per-token average.
 const BPT_ALPHA: f64 = 0.05;
 
@@ -101,6 +103,41 @@ impl CacheAware {
             prompt: (req.prompt_bytes as f64 / bpt).max(1.0),
             block_tokens: DEFAULT_BLOCK_BYTES as f64 / bpt,
         }
+    }
+
+    /// Indices of the healthy workers whose index fill (tokens held over capacity) is within
+    /// [`COLD_FILL_SLACK`] of the healthy workers' mean, plus room for a prompt of `prompt`
+    /// tokens; every healthy worker when the index knows none of them.
+    fn roomy_workers(&self, workers: &[WorkerView], prompt: f64) -> Vec<usize> {
+        let sizes = self.index.sizes();
+        let fill_of = |w: &WorkerView| {
+            sizes
+                .iter()
+                .find(|s| s.0 == w.key)
+                .map_or(0.0, |&(_, _, used, cap)| used as f64 / cap.max(1) as f64)
+        };
+        let capacity_of = |w: &WorkerView| {
+            sizes
+                .iter()
+                .find(|s| s.0 == w.key)
+                .map_or(self.cfg.default_worker_kv_tokens, |s| s.3)
+                .max(1) as f64
+        };
+        let healthy: Vec<(usize, f64, f64)> = workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.healthy)
+            .map(|(i, w)| (i, fill_of(w), capacity_of(w)))
+            .collect();
+        if healthy.is_empty() {
+            return Vec::new();
+        }
+        let mean = healthy.iter().map(|h| h.1).sum::<f64>() / healthy.len() as f64;
+        healthy
+            .iter()
+            .filter(|&&(_, fill, cap)| fill <= mean * (1.0 + COLD_FILL_SLACK) + prompt / cap)
+            .map(|h| h.0)
+            .collect()
     }
 
     /// The key whose rendezvous order breaks ties, and the reason a cold choice gets.
@@ -168,10 +205,26 @@ impl RoutingPolicy for CacheAware {
         let cold = scored.iter().all(|s| s.run == 0);
         let band = best_cost + lambda * if cold { slack } else { BAND_REQUESTS };
         let (key, cold_reason) = self.tie_key(req);
+        // A new prefix also skips workers whose cache already holds clearly more than their
+        // share (bounded-load consistent hashing), so prefixes start spread and do not need
+        // load spills, and the copies they make, to even out later.
+        let roomy = if cold && !req.prefix_hashes.is_empty() {
+            self.roomy_workers(workers, sizes.prompt)
+        } else {
+            Vec::new()
+        };
+        let in_band = |s: &&Scored| s.cost <= band;
         let chosen = scored
             .iter()
-            .filter(|s| s.cost <= band)
+            .filter(in_band)
+            .filter(|s| roomy.is_empty() || roomy.contains(&s.index))
             .max_by_key(|s| hash_ring::score(key, workers[s.index].key))
+            .or_else(|| {
+                scored
+                    .iter()
+                    .filter(in_band)
+                    .max_by_key(|s| hash_ring::score(key, workers[s.index].key))
+            })
             .copied()?;
         let best_run = matches
             .iter()

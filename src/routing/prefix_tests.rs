@@ -164,17 +164,57 @@ fn an_ejected_holder_loses_on_health_and_is_never_chosen() {
 
 #[test]
 fn cold_prefixes_go_to_their_hash_home_and_spread() {
+    // On an empty index every cold prefix goes to its hash home.
     let p = policy();
     let ws = workers(8);
+    for seed in 0..50 {
+        let req = chat(&system_prompt(seed + 100), "hi");
+        let d = p.select(&req, &ws).expect("a worker");
+        assert_eq!(d.reason, RouteReason::PrefixHome);
+        assert_eq!(d.index, order(&req, &ws)[0]);
+    }
+    // As caches fill, a home already holding clearly more than its share is skipped for the next
+    // worker in the prefix's hash order: the prefixes spread evenly, not just by chance.
     let mut counts = [0usize; 8];
     for seed in 0..400 {
         let req = chat(&system_prompt(seed + 100), "hi");
         let d = route(&p, &req, &ws);
         assert_eq!(d.reason, RouteReason::PrefixHome);
-        assert_eq!(d.index, order(&req, &ws)[0]);
         counts[d.index] += 1;
     }
-    assert!(counts.iter().all(|&c| (25..=80).contains(&c)), "{counts:?}");
+    assert!(counts.iter().all(|&c| (40..=60).contains(&c)), "{counts:?}");
+}
+
+#[test]
+fn a_cold_prefix_skips_a_home_whose_cache_holds_more_than_its_share() {
+    let p = policy();
+    let ws = workers(4);
+    let req = chat(&system_prompt(4242), "hi");
+    let ord = order(&req, &ws);
+    // The home's cache is half full of other prefixes; the others hold nothing.
+    let other: Vec<u64> = (0..2_000u64).map(|i| 7_000_000 + i).collect();
+    p.index().record(
+        ws[ord[0]].key,
+        Placement {
+            hashes: &other,
+            block_tokens: 64.0,
+            extra_tokens: 0,
+            capacity: Some(262_144),
+            protected: None,
+        },
+    );
+    let d = p.select(&req, &ws).expect("a worker");
+    assert_eq!(d.reason, RouteReason::PrefixHome);
+    assert_eq!(d.index, ord[1], "the next worker in its order");
+    // Once a prefix is held, it is a hit there, whatever the fill.
+    p.observe(&req, &ws[d.index]);
+    let again = p
+        .select(&chat(&system_prompt(4242), "again"), &ws)
+        .expect("a worker");
+    assert_eq!(
+        (again.index, again.reason),
+        (ord[1], RouteReason::PrefixHit)
+    );
 }
 
 #[test]

@@ -1,0 +1,562 @@
+//! Property tests of the validate phase: any body is either accepted or refused with a 4xx, and
+//! an accepted request names a routable model, stays within its tier's ceiling and carries a
+//! well-formed body upstream.
+
+use std::cell::Cell;
+use std::path::Path;
+
+use hyper::HeaderMap;
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
+use proptest::prelude::*;
+use proptest::test_runner::{RngSeed, TestRunner};
+use serde_json::{Map, Value};
+
+use super::*;
+use crate::config::{Snapshot, TierSpec, load_str_with};
+
+/// Models: `m` and `b` (plain), `alias` (renamed upstream), `m-canary` (the canary arm of `m`,
+/// so version-only), `m-direct` (the canary arm of `b` that clients may name), `forbidden`
+/// (outside the tier).
+const CONFIG: &str = "\
+models:
+  - {name: m, pool: p}
+  - {name: b, pool: q}
+  - {name: alias, pool: p, upstream_model: real-model}
+  - {name: m-canary, pool: q}
+  - {name: m-direct, pool: q, direct: true}
+  - {name: forbidden, pool: p}
+pools:
+  - name: p
+    workers: [{url: \"http://127.0.0.1:9\"}]
+  - name: q
+    workers: [{url: \"http://127.0.0.1:10\"}]
+";
+
+const ROUTING: &str = "\
+models:
+  m:
+    versions:
+      - {name: stable, model: m, weight: 90}
+      - {name: canary, model: m-canary, weight: 10}
+  b:
+    versions:
+      - {name: stable, model: b, weight: 90}
+      - {name: canary, model: m-direct, weight: 10}
+";
+
+const TIERS: &str = "tiers:\n  t: {max_tokens: 1000, default_max_tokens: 100, models: [m, b, alias, m-canary, m-direct]}\n";
+
+/// Every model name the generators pick from: the configured ones plus near misses.
+const MODEL_NAMES: &[&str] = &[
+    "m",
+    "b",
+    "alias",
+    "m-canary",
+    "m-direct",
+    "forbidden",
+    "real-model",
+    "unknown",
+    "",
+    " m",
+    "M",
+];
+
+/// The model names the tier may call by name.
+const ROUTABLE: &[&str] = &["m", "b", "alias", "m-direct"];
+
+/// Field names the validator (or the engines behind it) know, used as object keys.
+const FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "include_usage",
+    "stop",
+    "user",
+    "role",
+    "content",
+    "text",
+];
+
+fn snapshot() -> (Snapshot, TierSpec) {
+    let snap = load_str_with(
+        CONFIG,
+        Path::new("/etc/infergate/infergate.yaml"),
+        Some((ROUTING, Path::new("/etc/infergate/routing.yaml"))),
+        Some((TIERS, Path::new("/etc/infergate/tenants.yaml"))),
+    )
+    .unwrap_or_else(|e| panic!("test config: {e}"));
+    assert!(snap.is_version_only("m-canary") && snap.is_version_only("m-direct"));
+    let tier = snap.tier("t").cloned().expect("tier t");
+    (snap, tier)
+}
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        rng_seed: RngSeed::Fixed(0x7a11_da7e),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z]{0,8}",
+        "[ -~]{0,12}",
+        "\\PC{0,12}",
+        prop::sample::select(MODEL_NAMES).prop_map(str::to_owned),
+    ]
+}
+
+fn number() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        (-3i64..1100).prop_map(Value::from),
+        // NaN and the infinities become `null`.
+        any::<f64>().prop_map(Value::from),
+        (-0.5f64..2.5).prop_map(Value::from),
+        prop::sample::select(vec![
+            0.0,
+            -0.0,
+            0.5,
+            1.0,
+            1.5,
+            2.0,
+            2.000_000_1,
+            -1.0,
+            1e300,
+            -1e300,
+            999.0,
+            1000.0,
+            1000.5,
+            1001.0,
+            4.9e-324,
+            1.8446744073709552e19,
+        ])
+        .prop_map(Value::from),
+    ]
+}
+
+fn leaf() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        number(),
+        text().prop_map(Value::from),
+    ]
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(FIELDS).prop_map(str::to_owned),
+        "[a-z_]{1,8}",
+    ]
+}
+
+/// Any JSON value: leaves, arrays and objects (keys mostly known field names), a few levels deep.
+fn json() -> impl Strategy<Value = Value> {
+    leaf().prop_recursive(3, 32, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+/// A chat message: well-formed most of the time, anything otherwise.
+fn message() -> impl Strategy<Value = Value> {
+    let role = prop_oneof![
+        prop::sample::select(vec!["system", "user", "assistant", "tool"]).prop_map(Value::from),
+        json(),
+    ];
+    let part = prop_oneof![
+        text().prop_map(|t| serde_json::json!({"type": "text", "text": t})),
+        json(),
+    ];
+    let content = prop_oneof![
+        text().prop_map(Value::from),
+        prop::collection::vec(part, 0..4).prop_map(Value::Array),
+        json(),
+    ];
+    prop_oneof![
+        4 => (role, content).prop_map(|(r, c)| serde_json::json!({"role": r, "content": c})),
+        1 => json(),
+    ]
+}
+
+/// `plausible` picks the value from `good` that often against one `wild` random value.
+fn field(
+    plausible: u32,
+    good: impl Strategy<Value = Value> + 'static,
+) -> impl Strategy<Value = Option<Value>> {
+    prop::option::of(prop_oneof![plausible => good.boxed(), 1 => json().boxed()])
+}
+
+/// Like [`field`], but present with probability `presence`.
+fn present(
+    presence: f64,
+    plausible: u32,
+    good: impl Strategy<Value = Value> + 'static,
+) -> impl Strategy<Value = Option<Value>> {
+    prop::option::weighted(
+        presence,
+        prop_oneof![plausible => good.boxed(), 1 => json().boxed()],
+    )
+}
+
+/// Request bodies: an object with the known fields (each absent, plausible or random-typed),
+/// plus a few random keys. `plausible` weighs realistic values against random ones.
+fn request(plausible: u32) -> impl Strategy<Value = Value> {
+    let p = plausible;
+    // The fields a request needs are there more often when realistic requests are wanted.
+    let need = if p > 1 { 0.9 } else { 0.5 };
+    let model = prop_oneof![
+        p => prop::sample::select(ROUTABLE),
+        1 => prop::sample::select(MODEL_NAMES),
+    ];
+    let core = (
+        present(need, p, model.prop_map(Value::from)),
+        present(
+            need,
+            p,
+            prop::collection::vec(message(), 1..4).prop_map(Value::Array),
+        ),
+        present(
+            need,
+            p,
+            prop_oneof![
+                text().prop_map(Value::from),
+                prop::collection::vec(any::<u32>().prop_map(Value::from), 0..6)
+                    .prop_map(Value::Array),
+                prop::collection::vec(text().prop_map(Value::from), 0..3).prop_map(Value::Array),
+            ],
+        ),
+        field(p, (1u64..1100).prop_map(Value::from)),
+        prop::option::weighted(0.2, field(p, (1u64..1100).prop_map(Value::from))),
+    );
+    let sampling = (
+        field(p, (0.0f64..2.0).prop_map(Value::from)),
+        field(p, (0.01f64..1.0).prop_map(Value::from)),
+        field(p, (1u64..3).prop_map(Value::from)),
+        field(p, any::<bool>().prop_map(Value::from)),
+        field(
+            p,
+            any::<bool>().prop_map(|b| serde_json::json!({"include_usage": b})),
+        ),
+        field(
+            p,
+            prop::collection::vec(text().prop_map(Value::from), 0..3).prop_map(Value::Array),
+        ),
+        field(p, text().prop_map(Value::from)),
+    );
+    let extra = prop::collection::vec((key(), json()), 0..3);
+    (core, sampling, extra).prop_map(
+        |((model, messages, prompt, max, max_completion), sampling, extra)| {
+            let (temperature, top_p, n, stream, stream_options, stop, user) = sampling;
+            let mut obj = Map::new();
+            // Random keys first, so the known fields (set below) win over a clash.
+            obj.extend(extra);
+            let fields = [
+                ("model", model),
+                ("messages", messages),
+                ("prompt", prompt),
+                ("max_tokens", max),
+                ("max_completion_tokens", max_completion.flatten()),
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("n", n),
+                ("stream", stream),
+                ("stream_options", stream_options),
+                ("stop", stop),
+                ("user", user),
+            ];
+            for (k, v) in fields {
+                if let Some(v) = v {
+                    obj.insert(k.to_owned(), v);
+                }
+            }
+            Value::Object(obj)
+        },
+    )
+}
+
+fn endpoint() -> impl Strategy<Value = Endpoint> {
+    prop_oneof![Just(Endpoint::ChatCompletions), Just(Endpoint::Completions)]
+}
+
+/// Headers: none, or an `x-session-id` (possibly not UTF-8).
+fn headers() -> impl Strategy<Value = HeaderMap> {
+    prop_oneof![
+        Just(Vec::new()),
+        "[ -~]{0,16}".prop_map(String::into_bytes),
+        prop::collection::vec(0x20u8..=0xff, 0..16),
+    ]
+    .prop_map(|bytes| {
+        let mut h = HeaderMap::new();
+        if !bytes.is_empty()
+            && let Ok(v) = HeaderValue::from_bytes(&bytes)
+        {
+            h.insert("x-session-id", v);
+        }
+        h
+    })
+}
+
+/// Validates and checks the outcome: a refusal is a 4xx; an acceptance keeps the invariants.
+/// Returns whether the request was accepted.
+fn check(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Bytes,
+    snap: &Snapshot,
+    tier: &TierSpec,
+) -> Result<bool, TestCaseError> {
+    let sent: Option<Value> = serde_json::from_slice(&body).ok();
+    match validate(endpoint, headers, body, snap, tier) {
+        Err(e) => {
+            let status = e.status();
+            prop_assert!(status.is_client_error(), "refused with {status}: {e:?}");
+            Ok(false)
+        }
+        Ok(v) => {
+            let sent = sent.and_then(|s| s.as_object().cloned());
+            prop_assert!(sent.is_some(), "accepted a body that is not a JSON object");
+            let sent = sent.unwrap_or_default();
+            invariants(endpoint, headers, &sent, &v, snap, tier)?;
+            Ok(true)
+        }
+    }
+}
+
+/// The number the engine behind the gateway reads as the completion limit (see
+/// `infergate_engine::openai::parse`): chat prefers a non-null `max_completion_tokens`,
+/// completions only know `max_tokens`.
+fn upstream_limit(endpoint: Endpoint, body: &Map<String, Value>) -> Option<&Value> {
+    let non_null = |k: &str| body.get(k).filter(|v| !v.is_null());
+    match endpoint {
+        Endpoint::ChatCompletions => {
+            non_null("max_completion_tokens").or_else(|| non_null("max_tokens"))
+        }
+        Endpoint::Completions => non_null("max_tokens"),
+    }
+}
+
+fn invariants(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    sent: &Map<String, Value>,
+    v: &ValidRequest,
+    snap: &Snapshot,
+    tier: &TierSpec,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(v.endpoint, endpoint);
+    prop_assert_eq!(sent.get("model"), Some(&Value::from(v.model.as_str())));
+    let route = snap.model(&v.model);
+    prop_assert!(route.is_some(), "accepted unknown model {:?}", v.model);
+    let route = route.expect("checked");
+    prop_assert!(tier.allows_model(&v.model), "tier forbids {:?}", v.model);
+    prop_assert!(
+        route.direct || !snap.is_version_only(&v.model),
+        "accepted version-only model {:?}",
+        v.model
+    );
+    prop_assert_eq!(v.pool, route.pool);
+    prop_assert_eq!(v.max_context, route.max_context);
+    prop_assert!(
+        (1..=u64::from(tier.max_tokens)).contains(&v.max_tokens),
+        "max_tokens {} outside 1..={}",
+        v.max_tokens,
+        tier.max_tokens
+    );
+    prop_assert_eq!(
+        u64::from(v.features.max_output_tokens),
+        v.max_tokens,
+        "routing sees another max_tokens"
+    );
+    prop_assert_eq!(v.stream, sent.get("stream") == Some(&Value::Bool(true)));
+    let session = headers.get("x-session-id").and_then(|h| h.to_str().ok());
+    prop_assert_eq!(v.session_id.as_deref(), session);
+    prop_assert_eq!(v.user.as_deref(), sent.get("user").and_then(Value::as_str));
+
+    let body: Result<Value, _> = serde_json::from_slice(&v.body);
+    prop_assert!(body.is_ok(), "upstream body is not JSON: {:?}", v.body);
+    let body = body.expect("checked");
+    let body = body.as_object();
+    prop_assert!(body.is_some(), "upstream body is not an object");
+    let body = body.expect("checked");
+    prop_assert_eq!(
+        body.get("model").and_then(Value::as_str),
+        Some(route.upstream_name()),
+        "upstream model"
+    );
+    // The reservation covers every limit field sent upstream (engines differ in which one they
+    // read), and the largest one is exactly what was reserved.
+    let limits: Vec<f64> = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .filter_map(|k| body.get(*k).and_then(Value::as_f64))
+        .collect();
+    prop_assert!(!limits.is_empty(), "no limit field upstream");
+    prop_assert!(
+        limits.iter().all(|&l| l <= v.max_tokens as f64),
+        "a limit upstream {:?} above the reservation {}",
+        limits,
+        v.max_tokens
+    );
+    prop_assert_eq!(
+        limits.iter().copied().fold(0.0, f64::max),
+        v.max_tokens as f64,
+        "reserved vs the largest limit upstream"
+    );
+    // The limit the engine applies is within the reservation.
+    prop_assert!(
+        upstream_limit(endpoint, body)
+            .and_then(Value::as_f64)
+            .is_some_and(|l| l <= v.max_tokens as f64),
+        "limit the engine applies"
+    );
+    if v.stream && !v.client_wants_usage {
+        prop_assert_eq!(
+            body.get("stream_options")
+                .and_then(|o| o.get("include_usage")),
+            Some(&Value::Bool(true)),
+            "usage chunk not asked for upstream"
+        );
+    }
+    // Apart from the fields the gateway rewrites, the body goes upstream as the client sent it
+    // (up to an ulp on long floats: serde_json without `float_roundtrip` does not parse every
+    // float it prints back to the same value, and a rewritten body is printed once more).
+    for (k, x) in sent {
+        if !matches!(k.as_str(), "model" | "max_tokens" | "stream_options") {
+            let reprinted: Value =
+                serde_json::from_slice(&serde_json::to_vec(x).expect("serializes")).expect("JSON");
+            let got = body.get(k);
+            prop_assert!(
+                got == Some(x) || got == Some(&reprinted),
+                "field `{}` changed: sent {:?}, upstream {:?}",
+                k,
+                x,
+                got
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cases` random requests through `check`; returns how many were accepted.
+fn run_requests(cases: u32, body: impl Strategy<Value = Bytes>) -> u32 {
+    let (snap, tier) = snapshot();
+    let accepted = Cell::new(0u32);
+    let mut runner = TestRunner::new(config(cases));
+    let result = runner.run(&(endpoint(), headers(), body), |(ep, h, body)| {
+        if check(ep, &h, body, &snap, &tier)? {
+            accepted.set(accepted.get() + 1);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    accepted.get()
+}
+
+fn to_bytes(v: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("a Value serializes"))
+}
+
+/// Arbitrary bytes (and valid bodies cut short or with a byte changed) never panic and are
+/// refused only with a 4xx.
+#[test]
+fn arbitrary_bodies_never_panic_and_are_refused_with_4xx() {
+    let mangled = (
+        request(8),
+        any::<prop::sample::Index>(),
+        any::<u8>(),
+        0..3u8,
+    )
+        .prop_map(|(v, at, byte, how)| {
+            let mut b = serde_json::to_vec(&v).expect("a Value serializes");
+            let i = at.index(b.len());
+            match how {
+                0 => b.truncate(i),
+                1 => b[i] = byte,
+                _ => b.insert(i, byte),
+            }
+            Bytes::from(b)
+        });
+    let bodies = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..256).prop_map(Bytes::from),
+        "\\PC{0,64}".prop_map(Bytes::from),
+        mangled,
+    ];
+    run_requests(256, bodies);
+}
+
+/// Structurally random JSON (known fields with random-typed values, random nesting) never
+/// panics and is either accepted with the invariants holding or refused with a 4xx.
+#[test]
+fn random_json_requests_are_accepted_or_refused_with_4xx() {
+    let bodies = prop_oneof![
+        4 => request(1).prop_map(|v| to_bytes(&v)),
+        1 => json().prop_map(|v| to_bytes(&v)),
+    ];
+    run_requests(256, bodies);
+}
+
+/// Mostly realistic requests: many are accepted, and every accepted one names a routable model
+/// the tier allows, reserves `max_tokens` within the tier's ceiling and sends a JSON object
+/// upstream whose `model` is the upstream name and whose limit field is the reserved count.
+#[test]
+fn accepted_requests_keep_the_invariants() {
+    let accepted = run_requests(256, request(12).prop_map(|v| to_bytes(&v)));
+    assert!(
+        accepted >= 40,
+        "only {accepted} of 256 accepted: the generator no longer reaches the invariants"
+    );
+}
+
+/// On `/v1/completions` the engine reads only `max_tokens`, so a request the gateway accepts
+/// must not send a `max_tokens` above the tier's ceiling (nor other than what was reserved).
+#[test]
+fn completions_upstream_max_tokens_is_within_the_ceiling() {
+    let (snap, tier) = snapshot();
+    let mut runner = TestRunner::new(config(64));
+    // `max_completion_tokens` within the ceiling, `max_tokens` above it.
+    let strategy = (1u64..=1000, 1001u64..2_000_000);
+    let result = runner.run(&strategy, |(completion, max)| {
+        let body = serde_json::json!({
+            "model": "m",
+            "prompt": "hello",
+            "max_completion_tokens": completion,
+            "max_tokens": max,
+        });
+        let h = HeaderMap::new();
+        if let Ok(v) = validate(Endpoint::Completions, &h, to_bytes(&body), &snap, &tier) {
+            let sent: Value = serde_json::from_slice(&v.body).expect("JSON");
+            let limit = sent
+                .as_object()
+                .and_then(|b| upstream_limit(Endpoint::Completions, b))
+                .and_then(Value::as_u64);
+            prop_assert!(
+                limit.is_some_and(|l| l <= u64::from(tier.max_tokens) && l == v.max_tokens),
+                "accepted: reserved {} but the engine may generate {:?} (ceiling {})",
+                v.max_tokens,
+                limit,
+                tier.max_tokens
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
