@@ -27,6 +27,10 @@
 //! every tie again and the set shrinks. A holder only keeps a request its hash order would give
 //! elsewhere while it is clearly (more than λ) cheaper, so two replicas whose indexes diverged
 //! (one spilled where the other did not) drift back to the same hash-ordered set.
+//!
+//! A cold prefix's home is the first worker in its hash order whose cache (as the index sees it)
+//! is not clearly fuller than the pool's mean (bounded-load consistent hashing): new prefixes
+//! start spread, instead of piling onto one worker by chance and needing spills to even out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
