@@ -10,6 +10,23 @@ use serde_json::json;
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 
+/// `GET /healthz` and `GET /readyz` on the admin listener (no admin key: probes carry none),
+/// answered without leaving the admin thread; `None` for every other route.
+pub fn probe(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<ResBody>> {
+    if req.method() != Method::GET {
+        return None;
+    }
+    match req.uri().path() {
+        "/healthz" => Some(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
+        "/readyz" => Some(if gw.is_ready() {
+            json_response(StatusCode::OK, "{\"ready\":true}")
+        } else {
+            json_response(StatusCode::SERVICE_UNAVAILABLE, "{\"ready\":false}")
+        }),
+        _ => None,
+    }
+}
+
 /// Serves one admin request.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBody> {
     let live = gw.live();

@@ -17,7 +17,7 @@ use notify::Watcher;
 use tokio::net::TcpListener;
 
 use crate::config::{ConnectionLimits, TlsConfig};
-use crate::error::ResBody;
+use crate::error::{GatewayError, ResBody};
 use crate::gateway::{ConfigSource, Gateway};
 use crate::metrics::GatewayMetrics;
 
@@ -93,23 +93,17 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
         listeners.public,
         listeners.tls,
         graceful.clone(),
-        false,
-    ));
-    let admin = tokio::spawn(accept_loop(
-        gw.clone(),
-        listeners.admin,
         None,
-        graceful.clone(),
-        true,
     ));
+    let (admin, admin_stop) = spawn_admin_thread(gw.clone(), listeners.admin, graceful.clone())?;
     shutdown_signal().await;
     gw.start_drain();
     tracing::info!("draining: refusing new connections, finishing in-flight requests");
     public.abort();
-    admin.abort();
+    admin_stop.notify_one();
     // The accept loops hold the shutdown handle: wait until they are really gone.
     let _ = public.await;
-    let _ = admin.await;
+    let _ = tokio::task::spawn_blocking(move || admin.join()).await;
     let grace = gw.live().snapshot.drain_grace;
     let graceful = Arc::try_unwrap(graceful).map_err(|_| "graceful shutdown still shared")?;
     let shutdown = graceful.shutdown();
@@ -229,13 +223,60 @@ fn connection_builder(limits: ConnectionLimits, h2: bool) -> auto::Builder<Tokio
     b
 }
 
+/// Runs the admin listener on its own thread and runtime, so a flood of client connections on
+/// the public listener cannot delay liveness and readiness probes: `/healthz` and `/readyz` are
+/// answered on that thread, every other admin route is handed to the main runtime (where reloads
+/// and their background tasks belong). Stopped by notifying the returned handle.
+fn spawn_admin_thread(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    graceful: Arc<GracefulShutdown>,
+) -> Result<(std::thread::JoinHandle<()>, Arc<tokio::sync::Notify>), String> {
+    let main = tokio::runtime::Handle::current();
+    let listener = listener
+        .into_std()
+        .map_err(|e| format!("admin listener: {e}"))?;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("infergate-admin".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the admin runtime");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot serve the admin listener");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = accept_loop(gw, listener, None, graceful, Some(main)) => {}
+                    () = stopped.notified() => {}
+                }
+            });
+        })
+        .map_err(|e| format!("cannot start the admin thread: {e}"))?;
+    Ok((thread, stop))
+}
+
 async fn accept_loop(
     gw: Arc<Gateway>,
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     graceful: Arc<GracefulShutdown>,
-    is_admin: bool,
+    admin_of: Option<tokio::runtime::Handle>,
 ) {
+    let is_admin = admin_of.is_some();
     let counts = Arc::new(Mutex::new(ConnectionCounts::default()));
     let mut backoff = ACCEPT_BACKOFF.0;
     loop {
@@ -275,13 +316,23 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let gw_conn = gw.clone();
+        let main = admin_of.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw_conn.clone();
+            let main = main.clone();
             async move {
-                let res: Response<ResBody> = if is_admin {
-                    crate::admin::handle(gw, req).await
-                } else {
-                    crate::handler::handle(gw, req).await
+                let res: Response<ResBody> = match main {
+                    Some(main) => match crate::admin::probe(&gw, &req) {
+                        Some(res) => res,
+                        None => main
+                            .spawn(crate::admin::handle(gw, req))
+                            .await
+                            .unwrap_or_else(|e| {
+                                GatewayError::Internal(format!("admin request failed: {e}"))
+                                    .into_response()
+                            }),
+                    },
+                    None => crate::handler::handle(gw, req).await,
                 };
                 Ok::<_, Infallible>(res)
             }

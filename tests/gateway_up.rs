@@ -19,17 +19,7 @@ use tokio::net::TcpStream;
 
 #[tokio::test]
 async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
-    let mut gw = Gateway::launch(
-        &[
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-    .await;
+    let mut gw = Gateway::up(None).await;
 
     // The embedded config spawns four engine workers as children of the gateway: two for the
     // stable pool, one for the canary pool, one real model on the CPU.
@@ -272,20 +262,7 @@ async fn up_exits_within_the_grace_plus_a_second_whatever_its_clients_do() {
          - spawn: {count: 1, args: [\"--backend\", \"sim\", \"--gpu\", \"l4\", \"--model\", \"llama-3-8b\"]}\n",
     );
     dir.write_routing("pools:\n  local: {policy: least_load}\n");
-    let config = dir.config();
-    let mut gw = Gateway::launch(
-        &[
-            "up",
-            "--config",
-            config.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-    .await;
+    let mut gw = Gateway::up(Some(&dir.config())).await;
     let engines = child_pids(gw.pid);
     assert_eq!(engines.len(), 1, "engine children of {}", gw.pid);
     let key = format!("Bearer {}", gw.api_key.clone().expect("demo key"));

@@ -243,6 +243,18 @@ impl Drop for Gateway {
 }
 
 impl Gateway {
+    /// `infergate up [--config CONFIG] --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0` (the
+    /// embedded config without `config`).
+    pub async fn up(config: Option<&Path>) -> Gateway {
+        let config = config.map(|c| c.to_string_lossy().into_owned());
+        let mut args = vec!["up"];
+        if let Some(c) = &config {
+            args.extend(["--config", c.as_str()]);
+        }
+        args.extend(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        Self::launch(&args, &[]).await
+    }
+
     /// `infergate gateway --config CONFIG --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0`, with
     /// `env` set on the child only.
     pub async fn start(config: &Path, env: &[(&str, &str)]) -> Gateway {
