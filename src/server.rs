@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -317,9 +318,12 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let gw_conn = gw.clone();
         let main = admin_of.clone();
+        let served = Arc::new(AtomicBool::new(false));
+        let served_svc = served.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw_conn.clone();
             let main = main.clone();
+            served_svc.store(true, Ordering::Relaxed);
             async move {
                 let res: Response<ResBody> = match main {
                     Some(main) => match crate::admin::probe(&gw, &req) {
@@ -355,11 +359,21 @@ async fn accept_loop(
                             return;
                         }
                     };
+                    // A second handle on the socket: when hyper's header timer closes a connection
+                    // that sent part of its first request, the client still gets its 408.
+                    let Some((stream, spare)) = with_spare(stream) else {
+                        return;
+                    };
                     let conn = connection_builder(limits, h2)
                         .serve_connection(TokioIo::new(stream), svc)
                         .into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
-                        note_connection_error(&metrics, e.as_ref());
+                    if let Err(e) = watcher.watch(conn).await
+                        && note_connection_error(&metrics, e.as_ref())
+                        && !h2
+                        && !served.load(Ordering::Relaxed)
+                        && let Some(spare) = spare
+                    {
+                        answer_header_timeout(&spare, limits.header_read_timeout);
                     }
                 });
             }
@@ -437,15 +451,45 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, within: Duration) -> Option<bo
 fn note_connection_error(
     metrics: &GatewayMetrics,
     e: &(dyn std::error::Error + Send + Sync + 'static),
-) {
-    if e.downcast_ref::<hyper::Error>()
-        .is_some_and(hyper::Error::is_timeout)
-    {
+) -> bool {
+    let timeout = e
+        .downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout);
+    if timeout {
         metrics
             .client_timeouts
             .with_label_values(&["header_read"])
             .inc();
     }
+    timeout
+}
+
+/// `stream` back, plus a duplicate of its socket (`None` if the OS would not duplicate it).
+fn with_spare(
+    stream: tokio::net::TcpStream,
+) -> Option<(tokio::net::TcpStream, Option<std::net::TcpStream>)> {
+    let std = stream.into_std().ok()?;
+    let spare = std.try_clone().ok();
+    let stream = tokio::net::TcpStream::from_std(std).ok()?;
+    Some((stream, spare))
+}
+
+/// Writes a 408 on `spare` (the socket hyper just gave up on for a header that never ended).
+fn answer_header_timeout(spare: &std::net::TcpStream, limit: Duration) {
+    use std::io::Write;
+    let body = serde_json::json!({"error": {
+        "message": format!("the request headers did not arrive within {limit:?}"),
+        "type": "invalid_request_error", "param": null, "code": 408,
+    }})
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    // Non-blocking and small: it fits the socket buffer, and a failure changes nothing.
+    let mut spare = spare;
+    let _ = spare.write_all(head.as_bytes());
+    let _ = spare.write_all(body.as_bytes());
 }
 
 /// Reload on SIGHUP and on changes to any config file (watching their directories, so that a

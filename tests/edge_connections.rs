@@ -48,6 +48,11 @@ async fn a_trickled_header_and_an_idle_connection_are_closed_by_the_header_timer
     let (_engine, _dir, gw) =
         gateway("edge-slowloris", "limits: {header_read_timeout: 1s}\n").await;
     let mut idle = TcpStream::connect(gw.addr).await.expect("connect");
+    // Half a header block, then silence: answered 408 when the timer fires.
+    let mut half = TcpStream::connect(gw.addr).await.expect("connect");
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
     let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .await
@@ -65,11 +70,18 @@ async fn a_trickled_header_and_an_idle_connection_are_closed_by_the_header_timer
     });
     // Meanwhile a normal client is served.
     healthz_ok(&gw).await;
-    let (after, _) = closed_within(&mut idle, Duration::from_secs(5)).await;
+    let (after, got) = closed_within(&mut idle, Duration::from_secs(5)).await;
     assert!(
         after >= Duration::from_millis(500),
         "closed after {after:?}"
     );
+    assert!(
+        got.is_empty(),
+        "an idle connection is closed without an answer"
+    );
+    let (after, text) = answer_then_close(&mut half, Duration::from_secs(5)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?} after {after:?}");
+    assert!(text.contains("did not arrive within"), "{text}");
     let (written, mut slow) = tokio::time::timeout(Duration::from_secs(5), trickle)
         .await
         .expect("the trickled connection was closed within 5 s")
