@@ -361,9 +361,7 @@ async fn accept_loop(
                     };
                     // A second handle on the socket: when hyper's header timer closes a connection
                     // that sent part of its first request, the client still gets its 408.
-                    let Some((stream, spare)) = with_spare(stream) else {
-                        return;
-                    };
+                    let spare = spare_of(&stream);
                     let conn = connection_builder(limits, h2)
                         .serve_connection(TokioIo::new(stream), svc)
                         .into_owned();
@@ -464,14 +462,12 @@ fn note_connection_error(
     timeout
 }
 
-/// `stream` back, plus a duplicate of its socket (`None` if the OS would not duplicate it).
-fn with_spare(
-    stream: tokio::net::TcpStream,
-) -> Option<(tokio::net::TcpStream, Option<std::net::TcpStream>)> {
-    let std = stream.into_std().ok()?;
-    let spare = std.try_clone().ok();
-    let stream = tokio::net::TcpStream::from_std(std).ok()?;
-    Some((stream, spare))
+/// A duplicate of `stream`'s socket (one `dup`; the stream stays registered with the runtime),
+/// or `None` if the OS would not duplicate it.
+fn spare_of(stream: &tokio::net::TcpStream) -> Option<std::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let fd = stream.as_fd().try_clone_to_owned().ok()?;
+    Some(std::net::TcpStream::from(fd))
 }
 
 /// Writes a 408 on `spare` (the socket hyper just gave up on for a header that never ended).

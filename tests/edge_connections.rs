@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::gateway::{Gateway, TempDir, config_yaml, routing_yaml};
+use common::gateway::{Gateway, TempDir, config_yaml, eventually, routing_yaml};
 use common::{Engine, get};
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -324,17 +324,14 @@ async fn unfinished_upload(gw: &Gateway, declared: usize) -> TcpStream {
     sock
 }
 
-/// Polls until a small request gets `want` (e.g. `HTTP/1.1 200`); returns its status line and
-/// body.
+/// Polls (5 s at most) until a small request gets `want` (e.g. `HTTP/1.1 200`); its status line
+/// and body.
 async fn small_chat_until(gw: &Gateway, want: &str) -> (String, String) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually(want, Duration::from_secs(5), || async {
         let (status, body) = raw(gw, &small_chat()).await;
-        if status.starts_with(want) || Instant::now() > deadline {
-            return (status, body);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        status.starts_with(want).then_some((status, body))
+    })
+    .await
 }
 
 /// The tenant's concurrency slot is taken before the body is read: a tenant's unfinished uploads

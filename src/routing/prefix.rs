@@ -114,24 +114,19 @@ impl CacheAware {
     /// tokens; every healthy worker when the index knows none of them.
     fn roomy_workers(&self, workers: &[WorkerView], prompt: f64) -> Vec<usize> {
         let sizes = self.index.sizes();
-        let fill_of = |w: &WorkerView| {
-            sizes
-                .iter()
-                .find(|s| s.0 == w.key)
-                .map_or(0.0, |&(_, _, used, cap)| used as f64 / cap.max(1) as f64)
-        };
-        let capacity_of = |w: &WorkerView| {
-            sizes
-                .iter()
-                .find(|s| s.0 == w.key)
-                .map_or(self.cfg.default_worker_kv_tokens, |s| s.3)
-                .max(1) as f64
-        };
+        // (index, fill, capacity in tokens) of each healthy worker.
         let healthy: Vec<(usize, f64, f64)> = workers
             .iter()
             .enumerate()
             .filter(|(_, w)| w.healthy)
-            .map(|(i, w)| (i, fill_of(w), capacity_of(w)))
+            .map(|(i, w)| {
+                let (used, cap) = sizes
+                    .iter()
+                    .find(|s| s.0 == w.key)
+                    .map_or((0, self.cfg.default_worker_kv_tokens), |s| (s.2, s.3));
+                let cap = cap.max(1) as f64;
+                (i, used as f64 / cap, cap)
+            })
             .collect();
         if healthy.is_empty() {
             return Vec::new();
