@@ -45,6 +45,13 @@ pub enum GatewayError {
         /// `x-ratelimit-*` headers.
         headers: Vec<(&'static str, String)>,
     },
+    /// The tenant reached a hard spending budget (429); it resets after `retry_after_secs`.
+    BudgetExceeded {
+        /// Which budget, the spend and the reset time.
+        message: String,
+        /// Whole seconds to the reset.
+        retry_after_secs: u64,
+    },
     /// Larger than the tenant's whole budget: no retry can pass (400).
     NeverFits(String),
     /// Refused while the pool is degraded (503); a retry after the level eases can pass.
@@ -90,7 +97,9 @@ impl GatewayError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyRequests { .. } | Self::BudgetExceeded { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::NeverFits(_) => StatusCode::BAD_REQUEST,
             Self::Degraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -123,6 +132,16 @@ impl GatewayError {
                 message,
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
+                Some(*retry_after_secs),
+            ),
+            // OpenAI's own type for a spent quota.
+            Self::BudgetExceeded {
+                message,
+                retry_after_secs,
+            } => with_kind(
+                message,
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
                 Some(*retry_after_secs),
             ),
             Self::NeverFits(m) => ApiError::bad_request(m, Some("max_tokens")),
@@ -191,6 +210,7 @@ impl GatewayError {
         match self {
             Self::Unauthorized(_) => "auth",
             Self::TooManyRequests { .. } => "rate",
+            Self::BudgetExceeded { .. } => "budget",
             Self::BadRequest { .. }
             | Self::NotFound(_)
             | Self::PayloadTooLarge(_)

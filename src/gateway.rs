@@ -24,6 +24,24 @@ use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::{PolicyHolder, PoolRuntime};
 use crate::workers::state::{KvEventsState, WorkerState};
 
+/// Starts each tenant's day and month spend from the ledger.
+fn seed_budgets(
+    book: &crate::budgets::BudgetBook,
+    reader: &dyn crate::ledger::LedgerReader,
+) -> Result<(), String> {
+    use crate::budgets::Period;
+    let now = crate::utc::now_ms();
+    for period in [Period::Day, Period::Month] {
+        let spend = reader
+            .spend_since(period.start(now))
+            .map_err(|e| format!("cannot read budget spend from the usage ledger: {e}"))?;
+        for (tenant, nano) in spend {
+            book.seed(&tenant, period, nano, now);
+        }
+    }
+    Ok(())
+}
+
 /// One compiled configuration and the pools built from it; requests hold it until they finish.
 pub struct Live {
     /// The configuration.
@@ -78,6 +96,10 @@ pub struct Gateway {
     pub limiter: Arc<dyn Limiter>,
     /// Request body bytes held gateway-wide (`limits.max_buffered_body_bytes`).
     pub body_budget: Arc<crate::request_body::BodyBudget>,
+    /// The usage ledger, when one is kept.
+    pub ledger: Option<Arc<crate::ledger::UsageLedger>>,
+    /// Tenants' spend against their budgets.
+    pub budgets: Arc<crate::budgets::BudgetBook>,
     extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
     /// Set when the drain's grace is over: streams and requests still waiting end now.
@@ -93,13 +115,18 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gateway from a validated snapshot. `spawned` maps pool names to the URLs of
     /// workers this process started for the pool's `spawn` entries; `extra_tenants` (the demo
-    /// tenant of `up`) serve whenever the config declares no tenants of its own.
+    /// tenant of `up`) serve whenever the config declares no tenants of its own. Budgets start
+    /// from what `ledger` recorded this day and month.
     pub fn new(
         snapshot: Snapshot,
         source: ConfigSource,
-        spawned: HashMap<String, Vec<String>>,
-        extra_tenants: Vec<TenantSpec>,
+        (spawned, extra_tenants): (HashMap<String, Vec<String>>, Vec<TenantSpec>),
+        ledger: Option<Arc<crate::ledger::UsageLedger>>,
     ) -> Result<Arc<Self>, String> {
+        let budgets = Arc::new(crate::budgets::BudgetBook::new());
+        if let Some(l) = &ledger {
+            seed_budgets(&budgets, l.reader().as_ref())?;
+        }
         let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
         let client = upstream::client(snapshot.forward.connect_timeout);
         let gw = Arc::new(Self {
@@ -115,6 +142,8 @@ impl Gateway {
             client,
             limiter: Arc::new(InProcessLimiter::new()),
             body_budget: Arc::default(),
+            ledger,
+            budgets,
             extra_tenants,
             draining: AtomicBool::new(false),
             grace_over: tokio::sync::watch::channel(false).0,
@@ -168,6 +197,28 @@ impl Gateway {
         if snapshot.tls != now.tls {
             changed.push("`tls`".to_string());
         }
+        if snapshot.ledger != now.ledger {
+            changed.push("`ledger`".to_string());
+        }
+        let (old, new) = (&now.prices, &snapshot.prices);
+        let same_prices = old.models == new.models && old.tier_multipliers == new.tier_multipliers;
+        if new.version < old.version || (new.version == old.version && !same_prices) {
+            let prices_file = snapshot
+                .files
+                .iter()
+                .find(|f| f.ends_with("prices.yaml"))
+                .cloned()
+                .unwrap_or_default();
+            return Err(ConfigErrors(vec![config::ConfigError {
+                file: prices_file,
+                line: None,
+                column: None,
+                message: format!(
+                    "prices changed but `version` went from {} to {}: raise it above {} so every cost names the prices it used; the running prices keep serving",
+                    old.version, new.version, old.version
+                ),
+            }]));
+        }
         if changed.is_empty() {
             return Ok(snapshot);
         }
@@ -201,6 +252,21 @@ impl Gateway {
         self.metrics
             .body_bytes_held
             .set(i64::try_from(self.body_budget.held()).unwrap_or(i64::MAX));
+        if let Some(l) = &self.ledger {
+            use std::sync::atomic::Ordering::Relaxed;
+            let c = &l.counters;
+            for (result, n) in [
+                ("written", c.written.load(Relaxed)),
+                ("dropped", c.dropped.load(Relaxed)),
+                ("failed", c.failed.load(Relaxed)),
+            ] {
+                let counter = self.metrics.ledger_rows.with_label_values(&[result]);
+                counter.inc_by(n.saturating_sub(counter.get()));
+            }
+            self.metrics
+                .ledger_queue
+                .set(i64::try_from(l.queued()).unwrap_or(i64::MAX));
+        }
         self.metrics.render()
     }
 

@@ -9,12 +9,13 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::account::{Account, Usage};
 use crate::admission::Refusal;
 use crate::config::TenantSpec;
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 use crate::gateway::Live;
-use crate::ledger::Ledger;
+use crate::ledger::UsageRow;
 use crate::limits::{ConcurrencySlot, Rejection, TierLimits};
 use crate::proxy::forward::{ForwardSettings, Outbound, forward};
 use crate::request::{Endpoint, PromptSize, ValidRequest, validate};
@@ -27,10 +28,35 @@ static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
 struct RequestCtx {
     request_id: String,
     started: Instant,
+    /// Arrival, Unix ms (for the usage ledger).
+    started_ms: i64,
     model: String,
     pool: String,
     tenant: String,
+    /// Short id of the caller's API key.
+    key_id: String,
+    /// The version (canary arm) the split chose.
+    version: String,
+    /// Time waited in the admission queue.
+    queue_ms: Option<u64>,
     reject_reason: Option<&'static str>,
+}
+
+impl RequestCtx {
+    /// The usage-ledger row of this request as far as the phases got.
+    fn usage_row(&self) -> UsageRow {
+        UsageRow {
+            request_id: self.request_id.clone(),
+            start_ms: self.started_ms,
+            tenant: self.tenant.clone(),
+            key_id: self.key_id.clone(),
+            model: self.model.clone(),
+            version: self.version.clone(),
+            pool: self.pool.clone(),
+            queue_ms: self.queue_ms,
+            ..UsageRow::default()
+        }
+    }
 }
 
 /// Serves one request on the public listener.
@@ -155,9 +181,13 @@ fn accept(req: &Request<Incoming>) -> RequestCtx {
     RequestCtx {
         request_id,
         started: Instant::now(),
+        started_ms: crate::utc::now_ms(),
         model: String::new(),
         pool: String::new(),
         tenant: String::new(),
+        key_id: String::new(),
+        version: String::new(),
+        queue_ms: None,
         reject_reason: None,
     }
 }
@@ -179,8 +209,9 @@ async fn proxy(
     let (parts, body) = req.into_parts();
 
     // Authenticate before reading the body: an unknown caller costs nothing more.
-    let tenant = authenticate(&live, &parts.headers)?;
+    let (tenant, key_id) = authenticate(&live, &parts.headers)?;
     ctx.tenant = tenant.name.clone();
+    ctx.key_id = key_id;
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
@@ -263,18 +294,83 @@ async fn proxy(
         .get(valid.pool)
         .ok_or_else(|| GatewayError::Internal("model version routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
+    let served_model = version
+        .as_ref()
+        .map_or_else(|| ctx.model.clone(), |v| v.served_model.clone());
+    if let Some(v) = &version {
+        ctx.version = v.name.clone();
+    }
+    // Budgets: what the tenant spent plus what its requests in flight may cost, before this one.
+    let budgets = snapshot.budgets_of(&tenant.name, tier);
+    let budget_estimate = snapshot
+        .prices
+        .cost(
+            &served_model,
+            &ctx.model,
+            &tier.name,
+            crate::pricing::TokenCounts {
+                prompt: prompt_tokens,
+                cached: 0,
+                completion: valid.max_tokens,
+            },
+        )
+        .nano_usd;
+    let check = gw
+        .budgets
+        .admit(&tenant.name, budgets, budget_estimate, crate::utc::now_ms())
+        .map_err(|refusal| {
+            ctx.reject_reason = Some("budget");
+            GatewayError::BudgetExceeded {
+                message: refusal.message(&tenant.name),
+                retry_after_secs: u64::try_from(refusal.retry_after_ms)
+                    .unwrap_or(0)
+                    .div_ceil(1000)
+                    .max(1),
+            }
+        })?;
+    for over in &check.soft_over {
+        gw.metrics
+            .budget_soft_exceeded
+            .with_label_values(&[&tenant.name, over.period.as_str()])
+            .inc();
+    }
+    let budget_periods = crate::budgets::periods(budgets);
+    let usage = Usage {
+        row: ctx.usage_row(),
+        prices: snapshot.prices.clone(),
+        served_model,
+        tier: tier.name.clone(),
+        ledger: gw.ledger.clone(),
+        budgets: gw.budgets.clone(),
+        budget_periods: budget_periods.clone(),
+        budget_estimate,
+    };
     let reserve = prompt_tokens + valid.max_tokens;
-    let reservation = gw
+    let reservation = match gw
         .limiter
         .acquire(&tenant.name, &limits, reserve, Instant::now())
-        .map_err(|r| rejection_error(r, reserve))?;
-    let mut ledger = Ledger::new(
+    {
+        Ok(r) => r,
+        Err(r) => {
+            // Refused after the budget reserved: release it.
+            gw.budgets.settle(
+                &tenant.name,
+                &budget_periods,
+                budget_estimate,
+                0,
+                crate::utc::now_ms(),
+            );
+            return Err(rejection_error(r, reserve));
+        }
+    };
+    let mut ledger = Account::new(
         gw.limiter.clone(),
         gw.metrics.clone(),
         &tenant.name,
-        reserve,
-        prompt_tokens,
+        (reserve, prompt_tokens),
         (slot, body_hold),
+        usage,
+        ctx.started,
     );
 
     // Admit: wait in the pool's bounded priority queue (leaving it at once if the client goes).
@@ -305,6 +401,7 @@ async fn proxy(
         .with_label_values(&[&pool.name])
         .observe(permit.waited().as_secs_f64());
     pool.degrade.record_queue_wait(permit.waited());
+    ctx.queue_ms = Some(permit.waited().as_millis() as u64);
     ledger.hold(permit);
 
     let f = &snapshot.forward;
@@ -511,6 +608,8 @@ fn mirror(
 #[derive(Clone)]
 struct VersionChoice {
     model: String,
+    /// The model name of the version (its price is looked up first).
+    served_model: String,
     index: usize,
     name: String,
     canary: Arc<std::sync::Mutex<crate::canary::Canary>>,
@@ -582,6 +681,7 @@ fn split(
     }
     let choice = VersionChoice {
         model: valid.model.clone(),
+        served_model: model,
         index,
         name,
         canary: canary.clone(),
@@ -589,12 +689,15 @@ fn split(
     Ok((valid, Some(choice)))
 }
 
-/// The caller's tenant: the owner of the bearer key, or the anonymous tenant (default tier)
-/// when the config declares no tenants at all.
-fn authenticate(live: &Live, headers: &hyper::HeaderMap) -> Result<TenantSpec, GatewayError> {
+/// The caller's tenant and the short id of its key: the owner of the bearer key, or the
+/// anonymous tenant (default tier, no key id) when the config declares no tenants at all.
+fn authenticate(
+    live: &Live,
+    headers: &hyper::HeaderMap,
+) -> Result<(TenantSpec, String), GatewayError> {
     let snapshot = &live.snapshot;
     if snapshot.tenants.is_empty() {
-        return Ok(TenantSpec {
+        let anonymous = TenantSpec {
             name: "anonymous".into(),
             tier: snapshot.default_tier.clone().unwrap_or_else(|| {
                 snapshot
@@ -604,7 +707,8 @@ fn authenticate(live: &Live, headers: &hyper::HeaderMap) -> Result<TenantSpec, G
                     .unwrap_or_default()
             }),
             key_hashes: Vec::new(),
-        });
+        };
+        return Ok((anonymous, String::new()));
     }
     let presented = bearer(
         headers
@@ -616,15 +720,17 @@ fn authenticate(live: &Live, headers: &hyper::HeaderMap) -> Result<TenantSpec, G
             "You didn't provide an API key: send `Authorization: Bearer YOUR_KEY`.".into(),
         )
     })?;
+    let hash = crate::tenants::hash_key(presented);
     let index = live
         .keys
-        .lookup(presented)
+        .lookup_hash(&hash)
         .ok_or_else(|| GatewayError::Unauthorized("Incorrect API key provided.".into()))?;
-    snapshot
+    let tenant = snapshot
         .tenants
         .get(index)
         .cloned()
-        .ok_or_else(|| GatewayError::Internal("key table out of date".into()))
+        .ok_or_else(|| GatewayError::Internal("key table out of date".into()))?;
+    Ok((tenant, crate::tenants::key_id(&hash)))
 }
 
 /// A limiter refusal as the answer the client gets.
@@ -701,6 +807,17 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
                 .rejections
                 .with_label_values(&[tenant, reason])
                 .inc();
+        }
+        // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
+        // bad keys must not fill the ledger).
+        if let Some(ledger) = gw.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
+            let mut row = ctx.usage_row();
+            row.end_ms = crate::utc::now_ms();
+            row.status = status.as_u16();
+            row.reason = reason.to_string();
+            row.price_version = gw.live().snapshot.prices.version;
+            row.total_ms = ctx.started.elapsed().as_millis() as u64;
+            ledger.record(row);
         }
     }
     if ctx.tenant.is_empty() && err.is_none() {

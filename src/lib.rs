@@ -1,9 +1,11 @@
 //! infergate: an inference gateway and smart load balancer for LLM serving.
 #![forbid(unsafe_code)]
 
+pub mod account;
 pub mod admin;
 pub mod admission;
 pub mod bench;
+pub mod budgets;
 pub mod canary;
 pub mod config;
 pub mod degrade;
@@ -15,6 +17,7 @@ pub mod ledger;
 pub mod limits;
 pub mod metrics;
 pub mod plan;
+pub mod pricing;
 pub mod proxy;
 pub mod report;
 pub mod request;
@@ -28,5 +31,6 @@ pub mod tenants;
 pub mod tokens;
 pub mod up;
 pub mod upstream;
+pub mod utc;
 pub mod workers;
 pub mod workload;

@@ -70,6 +70,22 @@ pub struct GatewayMetrics {
     pub tenant_requests: IntCounterVec,
     /// `infergate_tenant_tokens_total{tenant,kind}` (kind: prompt, completion).
     pub tenant_tokens: IntCounterVec,
+    /// `infergate_tenant_cost_nanousd_total{tenant,model}`: what requests cost at the prices in force.
+    pub tenant_cost: IntCounterVec,
+    /// `infergate_tenant_prompt_tokens_total{tenant,model}`: prompt tokens, cached ones included.
+    pub tenant_prompt_tokens: IntCounterVec,
+    /// `infergate_tenant_cached_tokens_total{tenant,model}`: prompt tokens served from prefix cache.
+    pub tenant_cached_tokens: IntCounterVec,
+    /// `infergate_tenant_completion_tokens_total{tenant,model}`.
+    pub tenant_completion_tokens: IntCounterVec,
+    /// `infergate_unpriced_requests_total{model}`: answers of a model prices.yaml has no price for.
+    pub unpriced: IntCounterVec,
+    /// `infergate_budget_soft_exceeded_total{tenant,period}`: requests admitted over a soft budget.
+    pub budget_soft_exceeded: IntCounterVec,
+    /// `infergate_ledger_rows_total{result}` (written, dropped, failed), read from the writer.
+    pub ledger_rows: IntCounterVec,
+    /// `infergate_ledger_queue_rows`: rows waiting for the ledger writer.
+    pub ledger_queue: IntGauge,
     /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, validation, draining).
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
@@ -284,6 +300,49 @@ impl GatewayMetrics {
                 "Tokens per tenant as reported by the workers (prompt, completion).",
                 &["tenant", "kind"],
             )?,
+            tenant_cost: counter(
+                "infergate_tenant_cost_nanousd_total",
+                "Cost per tenant and model in nano-USD, at the prices in force.",
+                &["tenant", "model"],
+            )?,
+            tenant_prompt_tokens: counter(
+                "infergate_tenant_prompt_tokens_total",
+                "Prompt tokens per tenant and model (cached ones included).",
+                &["tenant", "model"],
+            )?,
+            tenant_cached_tokens: counter(
+                "infergate_tenant_cached_tokens_total",
+                "Prompt tokens served from the workers' prefix cache, per tenant and model.",
+                &["tenant", "model"],
+            )?,
+            tenant_completion_tokens: counter(
+                "infergate_tenant_completion_tokens_total",
+                "Completion tokens per tenant and model.",
+                &["tenant", "model"],
+            )?,
+            unpriced: counter(
+                "infergate_unpriced_requests_total",
+                "Answers of a model without a price in prices.yaml (costed at 0).",
+                &["model"],
+            )?,
+            budget_soft_exceeded: counter(
+                "infergate_budget_soft_exceeded_total",
+                "Requests admitted while the tenant was over a soft budget.",
+                &["tenant", "period"],
+            )?,
+            ledger_rows: counter(
+                "infergate_ledger_rows_total",
+                "Usage ledger rows by result (written, dropped when the queue was full, failed).",
+                &["result"],
+            )?,
+            ledger_queue: {
+                let g = IntGauge::new(
+                    "infergate_ledger_queue_rows",
+                    "Usage rows waiting for the ledger writer.",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             rejections: counter(
                 "infergate_rejections_total",
                 "Requests refused by the gateway, per tenant and reason.",

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{self, Snapshot, TenantSpec, WorkerSource};
@@ -33,24 +34,9 @@ pub fn load_snapshot(config: Option<&Path>) -> Result<(Snapshot, ConfigSource), 
         Some(path) => config::load(path)
             .map(|s| (s, ConfigSource::File(path.to_path_buf())))
             .map_err(|e| format!("invalid configuration:\n{e}")),
-        None => config::load_str_full(
-            config::DEFAULT_CONFIG,
-            Path::new("<embedded>/config/infergate.yaml"),
-            Some((
-                config::DEFAULT_ROUTING,
-                Path::new("<embedded>/policies/routing.yaml"),
-            )),
-            Some((
-                config::DEFAULT_TENANTS,
-                Path::new("<embedded>/policies/tenants.yaml"),
-            )),
-            Some((
-                config::DEFAULT_DEGRADATION,
-                Path::new("<embedded>/policies/degradation.yaml"),
-            )),
-        )
-        .map(|s| (s, ConfigSource::Embedded))
-        .map_err(|e| format!("invalid embedded configuration:\n{e}")),
+        None => config::load_embedded("<embedded>/")
+            .map(|s| (s, ConfigSource::Embedded))
+            .map_err(|e| format!("invalid embedded configuration:\n{e}")),
     }
 }
 
@@ -63,6 +49,8 @@ pub async fn run(
     let (mut snapshot, source) = loaded;
     // Before the workers start, so they inherit it.
     crate::server::raise_open_file_limit();
+    // Before any worker starts, so a ledger that cannot open leaves nothing behind.
+    let ledger = open_ledger(&snapshot.ledger, demo_key)?;
     let overrides = (args.listen, args.admin_listen);
     if let Some(listen) = args.listen {
         snapshot.listen = listen;
@@ -144,24 +132,55 @@ pub async fn run(
         });
         demo = Some(key);
     }
-    let result = serve_gateway(snapshot, source, spawned, extra, demo, overrides).await;
+    let result = serve_gateway(
+        snapshot,
+        source,
+        (spawned, extra),
+        demo,
+        overrides,
+        ledger.clone(),
+    )
+    .await;
+    if let Some(l) = ledger {
+        // Whatever is still queued is written before exit.
+        let _ = tokio::task::spawn_blocking(move || l.close()).await;
+    }
     if let Some(s) = supervisor {
         s.shutdown().await;
     }
     result
 }
 
+/// The usage ledger `ledger:` asks for; `infergate up` (`in_cache`) keeps one in its cache
+/// directory when the config says nothing.
+fn open_ledger(
+    config: &crate::ledger::LedgerConfig,
+    in_cache: bool,
+) -> Result<Option<Arc<crate::ledger::UsageLedger>>, String> {
+    use crate::ledger::{LedgerConfig, LedgerSettings, UsageLedger};
+    let settings = match config {
+        LedgerConfig::On(s) => s.clone(),
+        LedgerConfig::Unset if in_cache => LedgerSettings::at(
+            infergate_engine::model::default_model::cache_root().join("ledger.sqlite"),
+        ),
+        LedgerConfig::Unset | LedgerConfig::Off => return Ok(None),
+    };
+    let ledger = UsageLedger::open_sqlite(&settings).map_err(|e| format!("usage ledger: {e}"))?;
+    println!("usage ledger: {}", settings.path.display());
+    Ok(Some(ledger))
+}
+
 async fn serve_gateway(
     snapshot: Snapshot,
     source: ConfigSource,
-    spawned: HashMap<String, Vec<String>>,
-    extra_tenants: Vec<TenantSpec>,
+    tenants: (HashMap<String, Vec<String>>, Vec<TenantSpec>),
     demo_key: Option<String>,
     overrides: (Option<SocketAddr>, Option<SocketAddr>),
+    ledger: Option<Arc<crate::ledger::UsageLedger>>,
 ) -> Result<(), String> {
     let first_model = snapshot.models.first().map(|m| m.name.clone());
     let tls = snapshot.tls.is_some();
-    let gw = Gateway::new(snapshot, source, spawned, extra_tenants)?;
+    let gw = Gateway::new(snapshot, source, tenants, ledger)?;
     gw.keep_listen_overrides(overrides);
     let listeners = crate::server::bind(&gw).await?;
     let public = listeners.public.local_addr().map_err(|e| e.to_string())?;

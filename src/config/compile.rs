@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use super::error::{ConfigError, ConfigErrors, Sink};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
-use super::{degradation_file, pools, routing_file, sections, tenant_section, tiers_file};
+use super::{
+    degradation_file, pools, prices_file, routing_file, sections, tenant_section, tiers_file,
+};
 
 /// Where a policy file (routing.yaml, tenants.yaml) comes from.
 #[derive(Clone, Copy)]
@@ -20,14 +22,37 @@ pub(super) enum PolicySource<'a> {
     Policies,
 }
 
+/// Where each policy file comes from.
+#[derive(Clone, Copy)]
+pub(super) struct PolicySources<'a> {
+    pub routing: PolicySource<'a>,
+    pub tenants: PolicySource<'a>,
+    pub degradation: PolicySource<'a>,
+    pub prices: PolicySource<'a>,
+}
+
+impl PolicySources<'_> {
+    /// Every policy file from the `policies` directory.
+    pub const FROM_DISK: PolicySources<'static> = PolicySources {
+        routing: PolicySource::Policies,
+        tenants: PolicySource::Policies,
+        degradation: PolicySource::Policies,
+        prices: PolicySource::Policies,
+    };
+}
+
 /// Parses and validates the config text and its policy files into a snapshot, or every error.
 pub(super) fn compile(
     text: &str,
     path: &Path,
-    routing: PolicySource<'_>,
-    tenants: PolicySource<'_>,
-    degradation: PolicySource<'_>,
+    sources: PolicySources<'_>,
 ) -> Result<Snapshot, ConfigErrors> {
+    let PolicySources {
+        routing,
+        tenants,
+        degradation,
+        prices,
+    } = sources;
     let mut sink = Sink::new(path);
     let raw: RawConfig = match serde_saphyr::from_str(text) {
         Ok(raw) => raw,
@@ -40,6 +65,7 @@ pub(super) fn compile(
     let routing = policy_text(routing, &raw, base, "routing.yaml", &mut sink);
     let tenants = policy_text(tenants, &raw, base, "tenants.yaml", &mut sink);
     let degradation = policy_text(degradation, &raw, base, "degradation.yaml", &mut sink);
+    let prices_src = policy_text(prices, &raw, base, "prices.yaml", &mut sink);
 
     let mut pool_specs = pools::pools(&raw.pools, &mut sink);
     let models = pools::models(&raw.models, &pool_specs, &mut sink);
@@ -73,7 +99,38 @@ pub(super) fn compile(
     let tier_list = tiers.as_ref().map(|t| t.tiers.as_slice());
     let raw_tenants = raw.tenants.as_deref().unwrap_or_default();
     let tenant_list = tenant_section::tenants(raw_tenants, tier_list, base, &mut sink);
-    let (tiers, default_tier) = tiers.map_or((Vec::new(), None), |t| (t.tiers, t.default_tier));
+    let (tiers, default_tier, raw_budgets) = tiers.map_or((Vec::new(), None, Vec::new()), |t| {
+        (t.tiers, t.default_tier, t.tenant_budgets)
+    });
+    // A budget for a tenant the config does not declare is a typo (unless the config declares
+    // none: `infergate up` then serves its demo tenant).
+    let mut budget_errors = Vec::new();
+    let mut tenant_budgets = std::collections::BTreeMap::new();
+    if let Some((_, tenants_path)) = &tenants {
+        let mut budget_sink = Sink::new(tenants_path);
+        for (name, specs) in raw_budgets {
+            let known = tenant_list.tenants.is_empty()
+                || tenant_list.tenants.iter().any(|t| t.name == name.value);
+            if known {
+                tenant_budgets.insert(name.value, specs);
+            } else {
+                let msg = format!(
+                    "budgets: tenant `{}` is not one of the config's tenants",
+                    name.value
+                );
+                budget_sink.at(&name.referenced, msg);
+            }
+        }
+        budget_errors = budget_sink.into_sorted();
+    }
+    let (prices, price_errors) = match &prices_src {
+        Some((text, file)) => {
+            let mut price_sink = Sink::new(file);
+            let prices = prices_file::parse(text, &models, &tiers, &mut price_sink);
+            (prices, price_sink.into_sorted())
+        }
+        None => (Default::default(), Vec::new()),
+    };
     // A routing.yaml that does not parse is reported once, above.
     let (canaries, canary_errors) = match &routing {
         Some((text, file)) if routing_errors.is_empty() => canaries(text, file, &models),
@@ -118,10 +175,14 @@ pub(super) fn compile(
         degradation: degradation_policies,
         canaries,
         shadows,
+        tenant_budgets,
+        prices: std::sync::Arc::new(prices),
+        ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
             .chain(tenants.map(|(_, p)| p))
             .chain(degradation.map(|(_, p)| p))
+            .chain(prices_src.map(|(_, p)| p))
             .chain(tenant_list.key_files)
             .map(|p| std::path::absolute(&p).unwrap_or(p))
             .collect(),
@@ -131,6 +192,8 @@ pub(super) fn compile(
     errors.extend(routing_errors);
     errors.extend(tier_errors);
     errors.extend(degradation_errors);
+    errors.extend(budget_errors);
+    errors.extend(price_errors);
     errors.extend(canary_errors);
     errors.extend(shadow_errors);
     if errors.is_empty() {

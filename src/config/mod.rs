@@ -6,6 +6,7 @@ mod compile;
 mod degradation_file;
 mod error;
 mod pools;
+mod prices_file;
 mod raw;
 mod routing_file;
 mod sections;
@@ -29,7 +30,7 @@ pub use snapshot::{
     LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,
 };
 
-use compile::PolicySource;
+use compile::{PolicySource, PolicySources};
 
 /// The shipped gateway config, the embedded default of `infergate up`.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/infergate.yaml");
@@ -40,6 +41,9 @@ pub const DEFAULT_ROUTING: &str = include_str!("../../policies/routing.yaml");
 /// The shipped tiers that go with [`DEFAULT_CONFIG`].
 pub const DEFAULT_TENANTS: &str = include_str!("../../policies/tenants.yaml");
 
+/// The shipped prices that go with [`DEFAULT_CONFIG`].
+pub const DEFAULT_PRICES: &str = include_str!("../../policies/prices.yaml");
+
 /// Reads the config file at `config_path` and `<policies>/routing.yaml` and
 /// `<policies>/tenants.yaml` next to it (`policies` defaults to `../policies`, relative to the
 /// config file; a missing routing.yaml there means default policies, a missing tenants.yaml the
@@ -47,13 +51,7 @@ pub const DEFAULT_TENANTS: &str = include_str!("../../policies/tenants.yaml");
 pub fn load(config_path: &Path) -> Result<Snapshot, ConfigErrors> {
     let text = std::fs::read_to_string(config_path)
         .map_err(|err| compile::unreadable(config_path, &err))?;
-    compile::compile(
-        &text,
-        config_path,
-        PolicySource::Policies,
-        PolicySource::Policies,
-        PolicySource::Policies,
-    )
+    compile::compile(&text, config_path, PolicySources::FROM_DISK)
 }
 
 /// Compiles config text (and routing text, when given) without reading them from disk; tiers are
@@ -88,13 +86,32 @@ pub fn load_str_full(
     tenants: Option<(&str, &Path)>,
     degradation: Option<(&str, &Path)>,
 ) -> Result<Snapshot, ConfigErrors> {
-    compile::compile(
+    load_str_all(
         config_text,
         config_path,
-        given(routing),
-        given(tenants),
-        given(degradation),
+        routing,
+        tenants,
+        degradation,
+        None,
     )
+}
+
+/// Like [`load_str_full`], plus prices text (`policies/prices.yaml`).
+pub fn load_str_all(
+    config_text: &str,
+    config_path: &Path,
+    routing: Option<(&str, &Path)>,
+    tenants: Option<(&str, &Path)>,
+    degradation: Option<(&str, &Path)>,
+    prices: Option<(&str, &Path)>,
+) -> Result<Snapshot, ConfigErrors> {
+    let sources = PolicySources {
+        routing: given(routing),
+        tenants: given(tenants),
+        degradation: given(degradation),
+        prices: given(prices),
+    };
+    compile::compile(config_text, config_path, sources)
 }
 
 /// A policy file given as text, or absent.
@@ -108,12 +125,29 @@ fn given<'a>(file: Option<(&'a str, &'a Path)>) -> PolicySource<'a> {
 /// Compiles the embedded defaults ([`DEFAULT_CONFIG`], [`DEFAULT_ROUTING`],
 /// [`DEFAULT_TENANTS`]), named as the shipped files under `config/` and `policies/`.
 pub fn load_default() -> Result<Snapshot, ConfigErrors> {
-    load_str_full(
+    load_embedded("")
+}
+
+/// Compiles the embedded defaults, named as the shipped files under `<prefix>config/` and
+/// `<prefix>policies/` (`infergate up` names them `<embedded>/...`).
+pub fn load_embedded(prefix: &str) -> Result<Snapshot, ConfigErrors> {
+    let name = |file: &str| std::path::PathBuf::from(format!("{prefix}{file}"));
+    let (config, routing, tenants) = (
+        name("config/infergate.yaml"),
+        name("policies/routing.yaml"),
+        name("policies/tenants.yaml"),
+    );
+    let (degradation, prices) = (
+        name("policies/degradation.yaml"),
+        name("policies/prices.yaml"),
+    );
+    load_str_all(
         DEFAULT_CONFIG,
-        Path::new("config/infergate.yaml"),
-        Some((DEFAULT_ROUTING, Path::new("policies/routing.yaml"))),
-        Some((DEFAULT_TENANTS, Path::new("policies/tenants.yaml"))),
-        Some((DEFAULT_DEGRADATION, Path::new("policies/degradation.yaml"))),
+        &config,
+        Some((DEFAULT_ROUTING, &routing)),
+        Some((DEFAULT_TENANTS, &tenants)),
+        Some((DEFAULT_DEGRADATION, &degradation)),
+        Some((DEFAULT_PRICES, &prices)),
     )
 }
 

@@ -28,9 +28,48 @@ pub(super) struct RawConfig {
     pub limits: Option<RawLimits>,
     pub metrics: Option<RawMetrics>,
     pub debug_headers: Option<bool>,
+    pub ledger: Option<RawLedger>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
     pub tenants: Option<Vec<RawTenant>>,
+}
+
+/// `ledger:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLedger {
+    pub enabled: Option<bool>,
+    pub path: Option<Text>,
+    pub retention_days: Option<Spanned<u32>>,
+    pub queue_rows: Option<Spanned<usize>>,
+}
+
+/// `policies/prices.yaml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPricesFile {
+    pub version: Option<Spanned<u32>>,
+    pub currency: Option<Text>,
+    pub models: Option<HashMap<Text, RawPrice>>,
+    pub tiers: Option<HashMap<Text, Spanned<f64>>>,
+}
+
+/// One model's prices, USD per 1M tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrice {
+    pub input: Spanned<f64>,
+    pub cached_input: Option<Spanned<f64>>,
+    pub output: Spanned<f64>,
+}
+
+/// One budget of a tier or tenant (tenants.yaml).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBudget {
+    pub period: Text,
+    pub usd: Spanned<f64>,
+    pub kind: Option<Text>,
 }
 
 /// `metrics:`
@@ -179,6 +218,7 @@ pub(super) struct RawTenant {
 pub(super) struct RawTiersFile {
     pub tiers: Option<HashMap<Text, RawTier>>,
     pub default_tier: Option<Text>,
+    pub budgets: Option<HashMap<Text, Vec<RawBudget>>>,
 }
 
 /// One tier of tenants.yaml; every field is optional (defaults in `TierSpec`).
@@ -192,6 +232,7 @@ pub(super) struct RawTier {
     pub max_tokens: Option<Spanned<u32>>,
     pub default_max_tokens: Option<Spanned<u32>>,
     pub models: Option<Vec<Text>>,
+    pub budgets: Option<Vec<RawBudget>>,
 }
 
 /// `policies/routing.yaml`: pool name → policy.

@@ -264,3 +264,47 @@ pub(super) fn log(sink: &mut Sink<'_>, raw: Option<&RawLog>) -> LogConfig {
     };
     LogConfig { format, level }
 }
+
+/// `ledger:`: a SQLite file (relative to the config file), retention in days (default 90; 0
+/// keeps every row), the writer's queue size (default 65,536 rows).
+pub(super) fn ledger(
+    sink: &mut Sink<'_>,
+    raw: Option<&super::raw::RawLedger>,
+    base: &Path,
+) -> crate::ledger::LedgerConfig {
+    use crate::ledger::{DEFAULT_QUEUE_ROWS, DEFAULT_RETENTION_DAYS, LedgerConfig, LedgerSettings};
+    let Some(raw) = raw else {
+        return LedgerConfig::Unset;
+    };
+    if raw.enabled == Some(false) {
+        return LedgerConfig::Off;
+    }
+    let Some(path) = raw.path.as_ref() else {
+        sink.whole(
+            "ledger: give `path` (a SQLite file, created on first start) or `enabled: false`",
+        );
+        return LedgerConfig::Off;
+    };
+    if path.value.trim().is_empty() {
+        sink.at(&path.referenced, "ledger.path is empty");
+    }
+    let retention_days = match &raw.retention_days {
+        None => Some(DEFAULT_RETENTION_DAYS),
+        Some(d) if d.value == 0 => None,
+        Some(d) => Some(d.value),
+    };
+    let queue_rows = match &raw.queue_rows {
+        None => DEFAULT_QUEUE_ROWS,
+        Some(q) if q.value < 1_000 => {
+            sink.at(&q.referenced, "ledger.queue_rows must be ≥ 1000");
+            DEFAULT_QUEUE_ROWS
+        }
+        Some(q) => q.value,
+    };
+    let joined = base.join(&path.value);
+    LedgerConfig::On(LedgerSettings {
+        path: std::path::absolute(&joined).unwrap_or(joined),
+        retention_days,
+        queue_rows,
+    })
+}

@@ -59,12 +59,29 @@ pub struct Snapshot {
     pub shadows: std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
     /// Degradation policy per pool name, from `policies/degradation.yaml` (absent: none).
     pub degradation: std::collections::BTreeMap<String, crate::degrade::DegradationPolicy>,
+    /// Budgets per tenant name (tenants.yaml `budgets:`), replacing their tier's.
+    pub tenant_budgets: std::collections::BTreeMap<String, Vec<crate::budgets::BudgetSpec>>,
+    /// Prices from `policies/prices.yaml` (version 0 and no models without that file).
+    pub prices: std::sync::Arc<crate::pricing::Prices>,
+    /// The usage ledger (`ledger:`).
+    pub ledger: crate::ledger::LedgerConfig,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
     /// read, tenants' `key_file`s), absolute, for the file watcher.
     pub files: Vec<PathBuf>,
 }
 
 impl Snapshot {
+    /// The budgets of `tenant` of tier `tier`: its own, else its tier's.
+    pub fn budgets_of<'a>(
+        &'a self,
+        tenant: &str,
+        tier: &'a TierSpec,
+    ) -> &'a [crate::budgets::BudgetSpec] {
+        self.tenant_budgets
+            .get(tenant)
+            .map_or(tier.budgets.as_slice(), Vec::as_slice)
+    }
+
     /// The route of the model clients call `name`.
     pub fn model(&self, name: &str) -> Option<&ModelRoute> {
         self.models.iter().find(|m| m.name == name)
@@ -125,6 +142,8 @@ pub struct TierSpec {
     pub default_max_tokens: u32,
     /// Model names the tier may call; `"*"` allows every model. Default `["*"]`.
     pub models: Vec<String>,
+    /// Spending budgets of each tenant of the tier (unless the tenant has its own). Default none.
+    pub budgets: Vec<crate::budgets::BudgetSpec>,
 }
 
 impl TierSpec {

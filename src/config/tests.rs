@@ -88,10 +88,13 @@ fn the_shipped_files_load_from_disk() {
             })
             .expect("default")
     );
-    assert_eq!(snap.files.len(), 4);
+    assert_eq!(snap.files.len(), 5);
     assert!(snap.files[1].ends_with("policies/routing.yaml"));
     assert!(snap.files[2].ends_with("policies/tenants.yaml"));
     assert!(snap.files[3].ends_with("policies/degradation.yaml"));
+    assert!(snap.files[4].ends_with("policies/prices.yaml"));
+    assert_eq!(snap.prices.version, 1);
+    assert!(snap.prices.models.contains_key("llama-3-8b"));
     assert!(snap.degradation.contains_key("local"));
     assert!(snap.files.iter().all(|f| f.is_absolute() && f.is_file()));
 }

@@ -5,8 +5,9 @@
 use serde_saphyr::{Location, Spanned};
 
 use super::error::Sink;
-use super::raw::{RawTier, RawTiersFile, Text};
+use super::raw::{RawBudget, RawTier, RawTiersFile, Text};
 use super::snapshot::{ModelRoute, TierSpec};
+use crate::budgets::{BudgetSpec, Period};
 
 /// Name of the built-in tier used when there is no tenants.yaml.
 pub(super) const BUILTIN_TIER: &str = "default";
@@ -23,6 +24,8 @@ pub(super) struct Tiers {
     pub tiers: Vec<TierSpec>,
     /// The `default_tier`, known to name one of `tiers`.
     pub default_tier: Option<String>,
+    /// `budgets:` per tenant name (checked against the config's tenants by the caller).
+    pub tenant_budgets: Vec<(Text, Vec<BudgetSpec>)>,
 }
 
 /// The built-in tier set: one unlimited tier called `default`, which is also the default tier.
@@ -37,8 +40,10 @@ pub(super) fn builtin() -> Tiers {
             max_tokens: DEFAULT_MAX_TOKENS,
             default_max_tokens: DEFAULT_RESERVED_TOKENS,
             models: vec!["*".to_string()],
+            budgets: Vec::new(),
         }],
         default_tier: Some(BUILTIN_TIER.to_string()),
+        tenant_budgets: Vec::new(),
     }
 }
 
@@ -49,6 +54,7 @@ pub(super) fn parse(text: &str, models: &[ModelRoute], sink: &mut Sink<'_>) -> O
         RawTiersFile {
             tiers: None,
             default_tier: None,
+            budgets: None,
         }
     } else {
         match serde_saphyr::from_str(text) {
@@ -80,10 +86,70 @@ pub(super) fn parse(text: &str, models: &[ModelRoute], sink: &mut Sink<'_>) -> O
         sink.at(&name.referenced, msg);
         None
     });
+    let mut tenant_budgets: Vec<(Text, Vec<BudgetSpec>)> = raw
+        .budgets
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(tenant, list)| {
+            let what = format!("budgets of tenant `{}`", tenant.value);
+            let specs = budgets(&list, &what, sink);
+            (tenant, specs)
+        })
+        .collect();
+    tenant_budgets.sort_by_key(|(name, _)| (name.referenced.line(), name.referenced.column()));
     Some(Tiers {
         tiers,
         default_tier,
+        tenant_budgets,
     })
+}
+
+/// A list of budgets: `{period: day|month, usd: N, kind: hard|soft}` (kind defaults to hard).
+fn budgets(list: &[RawBudget], what: &str, sink: &mut Sink<'_>) -> Vec<BudgetSpec> {
+    let mut out: Vec<BudgetSpec> = Vec::new();
+    for b in list {
+        let period = match b.period.value.as_str() {
+            "day" => Period::Day,
+            "month" => Period::Month,
+            other => {
+                let msg = format!("{what}: period `{other}`: use `day` or `month`");
+                sink.at(&b.period.referenced, msg);
+                continue;
+            }
+        };
+        let hard = match b.kind.as_ref().map(|k| k.value.as_str()) {
+            None | Some("hard") => true,
+            Some("soft") => false,
+            Some(other) => {
+                let msg = format!("{what}: kind `{other}`: use `hard` or `soft`");
+                if let Some(k) = &b.kind {
+                    sink.at(&k.referenced, msg);
+                }
+                continue;
+            }
+        };
+        let Some(limit_nano) = crate::pricing::usd_per_million(b.usd.value).filter(|n| *n > 0)
+        else {
+            let msg = format!("{what}: usd must be above 0 (and at most 1,000,000)");
+            sink.at(&b.usd.referenced, msg);
+            continue;
+        };
+        if out.iter().any(|o| o.period == period && o.hard == hard) {
+            let msg = format!(
+                "{what}: two {} budgets per {}",
+                if hard { "hard" } else { "soft" },
+                period.as_str()
+            );
+            sink.at(&b.period.referenced, msg);
+            continue;
+        }
+        out.push(BudgetSpec {
+            period,
+            limit_nano,
+            hard,
+        });
+    }
+    out
 }
 
 /// One tier with its defaults filled in; every value out of range is reported.
@@ -161,7 +227,13 @@ fn check(name: &Text, raw: &RawTier, models: &[ModelRoute], sink: &mut Sink<'_>)
             list.iter().map(|m| m.value.clone()).collect()
         }
     };
+    let budgets = budgets(
+        raw.budgets.as_deref().unwrap_or_default(),
+        &format!("tier `{tier}`"),
+        sink,
+    );
     TierSpec {
+        budgets,
         name: tier.clone(),
         priority: raw.priority.unwrap_or(0),
         requests_per_minute,

@@ -18,8 +18,10 @@ use crate::proxy::usage::{TokenUsage, UsageTap};
 use crate::workers::state::{InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndReport {
+    /// URL of the worker that answered.
+    pub worker: String,
     /// Usage reported by the worker, when it arrived.
     pub usage: Option<TokenUsage>,
     /// Streamed content events seen (fallback measure of completion tokens).
@@ -62,6 +64,8 @@ pub struct BodyReport {
     pub degrade: Arc<PoolDegradation>,
     /// HTTP status of the upstream response.
     pub status: u16,
+    /// URL of the worker that answered.
+    pub worker: String,
 }
 
 /// Streams an upstream body to the client.
@@ -124,6 +128,7 @@ impl ProxyBody {
             self.done = true;
             if let Some(on_end) = self.on_end.take() {
                 on_end(EndReport {
+                    worker: self.report.worker.clone(),
                     usage: self.tap.usage,
                     content_events: self.tap.content_events,
                     completed,

@@ -177,6 +177,7 @@ pub async fn forward(
                 is_stream,
                 degrade: pool.degrade.clone(),
                 status: status.as_u16(),
+                worker: worker.url.clone(),
             },
             UsageTap::new(is_stream, out.hide_usage_chunk),
             Some(with_feedback(

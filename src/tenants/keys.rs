@@ -37,6 +37,17 @@ pub fn format_hash(hash: &[u8; 32]) -> String {
     out
 }
 
+/// The short id of a key in usage records: the first 12 hex digits of its digest, the start of
+/// its `sha256:` line in the config (enough to tell keys apart, useless to guess one).
+pub fn key_id(hash: &[u8; 32]) -> String {
+    let mut out = String::with_capacity(12);
+    for byte in &hash[..6] {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    out
+}
+
 /// Lowercase hex digits.
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -129,6 +140,11 @@ impl KeyTable {
     /// The index of the tenant whose key is `presented`, if any.
     pub fn lookup(&self, presented: &str) -> Option<usize> {
         self.by_hash.get(&hash_key(presented)).copied()
+    }
+
+    /// The index of the tenant whose key has digest `hash`, if any.
+    pub fn lookup_hash(&self, hash: &[u8; 32]) -> Option<usize> {
+        self.by_hash.get(hash).copied()
     }
 
     /// Number of keys in the table.

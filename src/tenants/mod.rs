@@ -4,4 +4,4 @@
 
 pub mod keys;
 
-pub use keys::{KeyTable, bearer, format_hash, generate_key, hash_key, parse_hash};
+pub use keys::{KeyTable, bearer, format_hash, generate_key, hash_key, key_id, parse_hash};

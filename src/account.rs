@@ -1,0 +1,200 @@
+//! The account phase's guard: holds a request's rate-limit reservation, budget reservation,
+//! concurrency slot, body bytes and admission permit, and settles them exactly once: with the
+//! real usage when the response body ends (pricing it, counting it per tenant and model, and
+//! writing its usage-ledger row), or as a full refund when the request dies before an answer
+//! (Drop; the handler then writes the refusal's row).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::admission::Permit;
+use crate::budgets::{BudgetBook, Period};
+use crate::ledger::{UsageLedger, UsageRow};
+use crate::limits::{ConcurrencySlot, Limiter};
+use crate::metrics::GatewayMetrics;
+use crate::pricing::{Prices, TokenCounts};
+use crate::proxy::body::EndReport;
+use crate::request_body::BodyHold;
+
+/// What the account needs to price a request and write its ledger row.
+pub struct Usage {
+    /// The row so far: request id, start, tenant, key id, model, version, pool, queue time.
+    pub row: UsageRow,
+    /// The prices of the snapshot the request started on.
+    pub prices: Arc<Prices>,
+    /// The model that served it (a canary version's model), priced first.
+    pub served_model: String,
+    /// The tenant's tier (for its price multiplier).
+    pub tier: String,
+    /// Where rows go; `None` when no ledger is configured.
+    pub ledger: Option<Arc<UsageLedger>>,
+    /// The tenant's budget book and the periods this request reserved `budget_estimate` in.
+    pub budgets: Arc<BudgetBook>,
+    /// Periods reserved in.
+    pub budget_periods: Vec<Period>,
+    /// Nano-USD reserved against the budgets.
+    pub budget_estimate: u64,
+}
+
+/// One request's open account.
+pub struct Account {
+    limiter: Arc<dyn Limiter>,
+    metrics: Arc<GatewayMetrics>,
+    tenant: String,
+    reserved: u64,
+    prompt_estimate: u64,
+    slot: Option<ConcurrencySlot>,
+    body: Option<BodyHold>,
+    permit: Option<Permit>,
+    usage: Option<Usage>,
+    started: Instant,
+    settled: bool,
+}
+
+impl Account {
+    /// Opens an account for `tenant`, which reserved `reserved` tokens (`prompt_estimate` of them
+    /// for the prompt) and holds `slot` and the request body's `body` bytes until it settles.
+    pub fn new(
+        limiter: Arc<dyn Limiter>,
+        metrics: Arc<GatewayMetrics>,
+        tenant: &str,
+        (reserved, prompt_estimate): (u64, u64),
+        (slot, body): (ConcurrencySlot, BodyHold),
+        usage: Usage,
+        started: Instant,
+    ) -> Self {
+        Self {
+            limiter,
+            metrics,
+            tenant: tenant.to_string(),
+            reserved,
+            prompt_estimate,
+            slot: Some(slot),
+            body: Some(body),
+            permit: None,
+            usage: Some(usage),
+            started,
+            settled: false,
+        }
+    }
+
+    /// Attaches the admission permit (and the time it waited), released when the account settles.
+    pub fn hold(&mut self, permit: Permit) {
+        if let Some(u) = &mut self.usage {
+            u.row.queue_ms = Some(permit.waited().as_millis() as u64);
+        }
+        self.permit = Some(permit);
+    }
+
+    /// Settles with what the response reported: real usage when the worker sent it, else the
+    /// prompt estimate plus one token per streamed content chunk (cached tokens then 0).
+    pub fn settle(mut self, end: EndReport) {
+        let tokens = match end.usage {
+            Some(u) => TokenCounts {
+                prompt: u.prompt,
+                cached: u.cached.unwrap_or(0).min(u.prompt),
+                completion: u.completion,
+            },
+            None => TokenCounts {
+                prompt: self.prompt_estimate,
+                cached: 0,
+                completion: end.content_events,
+            },
+        };
+        let t = &self.tenant;
+        self.metrics
+            .tenant_tokens
+            .with_label_values(&[t, "prompt"])
+            .inc_by(tokens.prompt);
+        self.metrics
+            .tenant_tokens
+            .with_label_values(&[t, "completion"])
+            .inc_by(tokens.completion);
+        if let Some(usage) = self.usage.take() {
+            self.charge(usage, tokens, &end);
+        }
+        self.close(tokens.prompt + tokens.completion);
+    }
+
+    /// Prices the request, counts it, settles its budgets and writes its row.
+    fn charge(&self, mut usage: Usage, tokens: TokenCounts, end: &EndReport) {
+        let row = &mut usage.row;
+        let cost = usage
+            .prices
+            .cost(&usage.served_model, &row.model, &usage.tier, tokens);
+        let labels = [self.tenant.as_str(), row.model.as_str()];
+        let m = &self.metrics;
+        m.tenant_cost
+            .with_label_values(&labels)
+            .inc_by(cost.nano_usd);
+        m.tenant_prompt_tokens
+            .with_label_values(&labels)
+            .inc_by(tokens.prompt);
+        m.tenant_cached_tokens
+            .with_label_values(&labels)
+            .inc_by(tokens.cached);
+        m.tenant_completion_tokens
+            .with_label_values(&labels)
+            .inc_by(tokens.completion);
+        if !cost.priced {
+            m.unpriced.with_label_values(&[row.model.as_str()]).inc();
+        }
+        let now = crate::utc::now_ms();
+        usage.budgets.settle(
+            &self.tenant,
+            &usage.budget_periods,
+            usage.budget_estimate,
+            cost.nano_usd,
+            now,
+        );
+        if let Some(ledger) = &usage.ledger {
+            row.end_ms = now;
+            row.status = end.status;
+            row.reason = if end.client_gone {
+                "client_gone".into()
+            } else if !end.completed {
+                "upstream_failed".into()
+            } else {
+                String::new()
+            };
+            row.worker = end.worker.clone();
+            row.prompt_tokens = tokens.prompt;
+            row.cached_tokens = tokens.cached;
+            row.completion_tokens = tokens.completion;
+            row.cost_nanousd = cost.nano_usd;
+            row.price_version = cost.price_version;
+            row.ttft_ms = end.ttft.map(|d| d.as_millis() as u64);
+            row.total_ms = self.started.elapsed().as_millis() as u64;
+            ledger.record(std::mem::take(row));
+        }
+    }
+
+    fn close(&mut self, actual: u64) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        self.limiter
+            .reconcile(&self.tenant, self.reserved, actual, Instant::now());
+        // No answer came back: the budget reservation is released, nothing was spent.
+        if let Some(u) = self.usage.take() {
+            u.budgets.settle(
+                &self.tenant,
+                &u.budget_periods,
+                u.budget_estimate,
+                0,
+                crate::utc::now_ms(),
+            );
+        }
+        self.slot = None;
+        self.body = None;
+        self.permit = None;
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        // No answer came back (routing or upstream failure): nothing was spent upstream.
+        self.close(0);
+    }
+}

@@ -1,0 +1,325 @@
+//! The usage ledger: one row per finished or refused request (who, which model and version,
+//! where it ran, how it ended, tokens by class, cost, latencies; never prompts or answers) and a
+//! daily rollup per (day, tenant, key id, model). The request path only pushes a row onto a
+//! bounded in-memory queue; one writer thread flushes it every second or every 500 rows, in one
+//! transaction. A full queue drops its oldest rows (counted). A crash loses at most the rows
+//! queued since the last flush: one flush interval (1 s) of traffic. The storage sits behind
+//! [`LedgerStore`] and [`LedgerReader`] (SQLite here; the fleet mode adds PostgreSQL).
+
+mod query;
+mod sqlite;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub use query::{
+    Dimension, Outcome, UsageGroup, UsagePage, UsageQuery, dimensions, render_csv, render_rows_csv,
+};
+pub use sqlite::SqliteStore;
+
+/// Rows that trigger a flush before the interval ends.
+pub const FLUSH_ROWS: usize = 500;
+/// Longest a row waits in the queue before it is written.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often rows older than the retention are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// One request as the ledger keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    /// `x-request-id`.
+    pub request_id: String,
+    /// Arrival, Unix ms.
+    pub start_ms: i64,
+    /// End of the answer (or the refusal), Unix ms; its UTC day is the rollup's day.
+    pub end_ms: i64,
+    /// Tenant.
+    pub tenant: String,
+    /// Short id of the API key: the first 12 hex digits of its SHA-256 (as in the config's
+    /// `sha256:` entry); empty for the anonymous tenant.
+    pub key_id: String,
+    /// The model the client asked for.
+    pub model: String,
+    /// The version (canary arm) that served it; empty without a split.
+    pub version: String,
+    /// Pool.
+    pub pool: String,
+    /// Worker URL; empty when none answered.
+    pub worker: String,
+    /// HTTP status the client got.
+    pub status: u16,
+    /// Why it was refused or cut short (`rate`, `budget`, `queue_full`, `client_gone`, ...);
+    /// empty for a complete answer.
+    pub reason: String,
+    /// Prompt tokens (cached ones included).
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the worker's prefix cache.
+    pub cached_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Cost, nano-USD.
+    pub cost_nanousd: u64,
+    /// Version of the prices it was priced at.
+    pub price_version: u32,
+    /// Time in the admission queue, ms.
+    pub queue_ms: Option<u64>,
+    /// Time to the first body byte, ms.
+    pub ttft_ms: Option<u64>,
+    /// Arrival to end, ms.
+    pub total_ms: u64,
+}
+
+/// A storage failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerError(pub String);
+
+impl std::fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LedgerError {}
+
+/// Where the writer puts rows.
+pub trait LedgerStore: Send {
+    /// Inserts `rows` and adds them to the daily rollup, in one transaction.
+    fn write_batch(&mut self, rows: &[UsageRow]) -> Result<(), LedgerError>;
+    /// Deletes rows that ended before `before_ms` (the rollup is kept); returns how many.
+    fn prune(&mut self, before_ms: i64) -> Result<u64, LedgerError>;
+}
+
+/// Where the admin API, the dashboard and the CLI read from.
+pub trait LedgerReader: Send + Sync {
+    /// Rows matching `q`, grouped by its dimensions, one page.
+    fn usage(&self, q: &UsageQuery) -> Result<UsagePage, LedgerError>;
+    /// The daily rollup matching `q`'s filters (its dimensions are ignored), one page.
+    fn daily(&self, q: &UsageQuery) -> Result<UsagePage, LedgerError>;
+    /// Raw rows matching `q`'s filters, oldest first, one page.
+    fn rows(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, LedgerError>;
+    /// Cost per tenant since the start of the UTC day holding `since_ms` (from the rollup).
+    fn spend_since(&self, since_ms: i64) -> Result<Vec<(String, u64)>, LedgerError>;
+}
+
+/// Counters the writer keeps (read into the gateway's metrics).
+#[derive(Debug, Default)]
+pub struct LedgerCounters {
+    /// Rows written.
+    pub written: AtomicU64,
+    /// Rows dropped because the queue was full.
+    pub dropped: AtomicU64,
+    /// Rows lost to a failed write.
+    pub failed: AtomicU64,
+    /// Batches written.
+    pub flushes: AtomicU64,
+}
+
+struct Queue {
+    rows: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    rows: VecDeque<UsageRow>,
+    closing: bool,
+}
+
+/// The ledger as the request path sees it: `record` never blocks on the database.
+pub struct UsageLedger {
+    queue: Arc<Queue>,
+    capacity: usize,
+    /// Writer counters.
+    pub counters: Arc<LedgerCounters>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    reader: Arc<dyn LedgerReader>,
+    /// The database file.
+    pub path: PathBuf,
+}
+
+/// The `ledger:` section as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LedgerConfig {
+    /// No `ledger:` section: `infergate gateway` keeps no ledger; `infergate up` keeps one in
+    /// its cache directory.
+    #[default]
+    Unset,
+    /// `ledger: {enabled: false}`.
+    Off,
+    /// A ledger at these settings.
+    On(LedgerSettings),
+}
+
+/// Days of rows kept when `retention_days` is not given.
+pub const DEFAULT_RETENTION_DAYS: u32 = 90;
+/// Queue size when `queue_rows` is not given.
+pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
+
+impl LedgerSettings {
+    /// Default settings for a ledger file at `path`.
+    pub fn at(path: PathBuf) -> Self {
+        Self {
+            path,
+            retention_days: Some(DEFAULT_RETENTION_DAYS),
+            queue_rows: DEFAULT_QUEUE_ROWS,
+        }
+    }
+}
+
+/// `ledger:` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSettings {
+    /// SQLite file, created on first start.
+    pub path: PathBuf,
+    /// Rows older than this many days are deleted (the rollup is kept); `None` keeps all.
+    pub retention_days: Option<u32>,
+    /// Rows the queue holds before it drops the oldest.
+    pub queue_rows: usize,
+}
+
+impl UsageLedger {
+    /// Opens (creating) the SQLite ledger at `settings.path` and starts its writer thread.
+    pub fn open_sqlite(settings: &LedgerSettings) -> Result<Arc<Self>, LedgerError> {
+        let store = SqliteStore::open(&settings.path)?;
+        let reader = SqliteStore::open_reader(&settings.path)?;
+        Ok(Self::start(Box::new(store), Arc::new(reader), settings))
+    }
+
+    /// Starts the writer over `store`.
+    pub fn start(
+        store: Box<dyn LedgerStore>,
+        reader: Arc<dyn LedgerReader>,
+        settings: &LedgerSettings,
+    ) -> Arc<Self> {
+        let queue = Arc::new(Queue {
+            rows: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        });
+        let counters = Arc::new(LedgerCounters::default());
+        let retention = settings
+            .retention_days
+            .map(|d| i64::from(d) * crate::utc::DAY_MS);
+        let writer = {
+            let (queue, counters) = (queue.clone(), counters.clone());
+            std::thread::Builder::new()
+                .name("ledger-writer".into())
+                .spawn(move || write_loop(store, &queue, &counters, retention))
+                .ok()
+        };
+        Arc::new(Self {
+            queue,
+            capacity: settings.queue_rows.max(1),
+            counters,
+            writer: Mutex::new(writer),
+            reader,
+            path: settings.path.clone(),
+        })
+    }
+
+    /// Queues `row`; when the queue is full the oldest row is dropped (and counted).
+    pub fn record(&self, row: UsageRow) {
+        let Ok(mut q) = self.queue.rows.lock() else {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if q.rows.len() >= self.capacity {
+            q.rows.pop_front();
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        q.rows.push_back(row);
+        if q.rows.len() >= FLUSH_ROWS {
+            self.queue.ready.notify_one();
+        }
+    }
+
+    /// Rows waiting to be written.
+    pub fn queued(&self) -> usize {
+        self.queue.rows.lock().map_or(0, |q| q.rows.len())
+    }
+
+    /// The reader of what was written.
+    pub fn reader(&self) -> &Arc<dyn LedgerReader> {
+        &self.reader
+    }
+
+    /// Writes every queued row and stops the writer (at shutdown). Blocks up to the write time.
+    pub fn close(&self) {
+        if let Ok(mut q) = self.queue.rows.lock() {
+            q.closing = true;
+        }
+        self.queue.ready.notify_one();
+        let handle = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for UsageLedger {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The writer thread: waits for a full batch or the interval, writes, prunes now and then.
+fn write_loop(
+    mut store: Box<dyn LedgerStore>,
+    queue: &Queue,
+    counters: &LedgerCounters,
+    retention_ms: Option<i64>,
+) {
+    let mut last_prune: Option<Instant> = None;
+    loop {
+        let (batch, closing) = {
+            let Ok(mut q) = queue.rows.lock() else {
+                return;
+            };
+            let deadline = Instant::now() + FLUSH_INTERVAL;
+            while q.rows.len() < FLUSH_ROWS && !q.closing {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                q = match queue.ready.wait_timeout(q, left) {
+                    Ok((q, _)) => q,
+                    Err(_) => return,
+                };
+            }
+            (q.rows.drain(..).collect::<Vec<_>>(), q.closing)
+        };
+        if !batch.is_empty() {
+            match store.write_batch(&batch) {
+                Ok(()) => {
+                    counters
+                        .written
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    counters.flushes.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    counters
+                        .failed
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    tracing::error!(rows = batch.len(), error = %e, "usage ledger write failed; rows lost");
+                }
+            }
+        }
+        if let Some(keep) = retention_ms
+            && last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
+        {
+            last_prune = Some(Instant::now());
+            match store.prune(crate::utc::now_ms() - keep) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "usage ledger: rows past retention deleted"),
+                Err(e) => tracing::warn!(error = %e, "usage ledger retention failed"),
+            }
+        }
+        if closing {
+            return;
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! The embedded ledger: one SQLite file (WAL, so the admin API reads while the writer writes).
+//! The schema is created on first open and versioned for later migrations.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OpenFlags, params, params_from_iter};
+
+use super::query::{Dimension, Outcome, UsageGroup, UsagePage, UsageQuery};
+use super::{LedgerError, LedgerReader, LedgerStore, UsageRow};
+
+/// The schema this code writes.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY,
+    request_id TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    end_ms INTEGER NOT NULL,
+    day TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    pool TEXT NOT NULL,
+    worker TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_nanousd INTEGER NOT NULL,
+    price_version INTEGER NOT NULL,
+    queue_ms INTEGER,
+    ttft_ms INTEGER,
+    total_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_tenant_time ON usage (tenant, end_ms);
+CREATE INDEX IF NOT EXISTS usage_key_time ON usage (key_id, end_ms);
+CREATE INDEX IF NOT EXISTS usage_time ON usage (end_ms);
+CREATE TABLE IF NOT EXISTS usage_daily (
+    day TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    refused INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_nanousd INTEGER NOT NULL,
+    PRIMARY KEY (day, tenant, key_id, model)
+);
+CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL);
+";
+
+const INSERT_ROW: &str = "INSERT INTO usage (request_id, start_ms, end_ms, day, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
+
+const UPSERT_DAILY: &str = "INSERT INTO usage_daily (day, tenant, key_id, model, requests, refused, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (day, tenant, key_id, model) DO UPDATE SET requests = requests + excluded.requests, refused = refused + excluded.refused, prompt_tokens = prompt_tokens + excluded.prompt_tokens, cached_tokens = cached_tokens + excluded.cached_tokens, completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanousd = cost_nanousd + excluded.cost_nanousd";
+
+/// Groups more than this in one answer are refused (narrow the window or the grouping).
+const MAX_GROUPS: usize = 200_000;
+
+fn err(context: &str) -> impl Fn(rusqlite::Error) -> LedgerError + '_ {
+    move |e| LedgerError(format!("{context}: {e}"))
+}
+
+/// u64 counts into SQLite's i64 (saturating: $9.2 billion in nano-USD is the ceiling).
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn uint(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// A SQLite ledger file.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens `path` for writing, creating the file, its directory and the schema.
+    pub fn open(path: &Path) -> Result<Self, LedgerError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                LedgerError(format!(
+                    "cannot create the ledger directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|e| LedgerError(format!("cannot open the ledger {}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err("busy timeout"))?;
+        // WAL: readers never block the writer; NORMAL sync: a power cut may lose the last
+        // transactions (at most the last flush interval, as documented), never corrupt the file.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err("journal mode"))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(err("synchronous"))?;
+        conn.execute_batch(SCHEMA)
+            .map_err(err("creating the schema"))?;
+        let version: Option<i64> = conn
+            .query_row("SELECT MAX(version) FROM ledger_schema", [], |r| r.get(0))
+            .map_err(err("reading the schema version"))?;
+        match version {
+            None => {
+                conn.execute(
+                    "INSERT INTO ledger_schema (version) VALUES (?1)",
+                    [SCHEMA_VERSION],
+                )
+                .map_err(err("recording the schema version"))?;
+            }
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(LedgerError(format!(
+                    "the ledger {} has schema version {v}, newer than this build's {SCHEMA_VERSION}",
+                    path.display()
+                )));
+            }
+            Some(_) => {}
+        }
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Opens an existing ledger read-only (the admin API's and the CLI's connection).
+    pub fn open_reader(path: &Path) -> Result<Self, LedgerError> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| LedgerError(format!("cannot open the ledger {}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err("busy timeout"))?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        let conn = self
+            .conn
+            .lock()
+            .map_err(|_| LedgerError("ledger connection poisoned".into()))?;
+        f(&conn)
+    }
+}
+
+/// The `WHERE` clause of `q`'s window and filters, with its parameters.
+fn filters(
+    q: &UsageQuery,
+    time_column: &str,
+    rollup: bool,
+) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut sql = String::new();
+    let mut args: Vec<Value> = Vec::new();
+    if rollup {
+        sql.push_str(" WHERE day >= ? AND day < ?");
+        args.push(Value::Text(crate::utc::iso_date(q.from_ms)));
+        // A window ending mid-day still includes that day's rollup row.
+        args.push(Value::Text(crate::utc::iso_date(
+            q.to_ms - 1 + crate::utc::DAY_MS,
+        )));
+    } else {
+        sql.push_str(&format!(" WHERE {time_column} >= ? AND {time_column} < ?"));
+        args.push(Value::Integer(q.from_ms));
+        args.push(Value::Integer(q.to_ms));
+    }
+    for (column, value) in [
+        ("tenant", &q.tenant),
+        ("model", &q.model),
+        ("key_id", &q.key),
+    ] {
+        if let Some(v) = value {
+            sql.push_str(&format!(" AND {column} = ?"));
+            args.push(Value::Text(v.clone()));
+        }
+    }
+    if q.outcome == Outcome::Refused {
+        sql.push_str(if rollup {
+            " AND refused > 0"
+        } else {
+            " AND reason != ''"
+        });
+    }
+    (sql, args)
+}
+
+fn group_parts(
+    conn: &Connection,
+    q: &UsageQuery,
+    rollup: bool,
+) -> Result<Vec<(Vec<String>, String, UsageGroup)>, LedgerError> {
+    let dims: Vec<Dimension> = q
+        .group_by
+        .iter()
+        .copied()
+        .filter(|d| !rollup || d.in_rollup())
+        .collect();
+    let mut select: Vec<&str> = dims.iter().map(|d| d.column()).collect();
+    select.push("model");
+    let cols = select.join(", ");
+    let (table, sums) = if rollup {
+        (
+            "usage_daily",
+            "SUM(requests), SUM(refused), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_nanousd)",
+        )
+    } else {
+        (
+            "usage",
+            "COUNT(*), SUM(reason != ''), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_nanousd)",
+        )
+    };
+    let (where_sql, args) = filters(q, "end_ms", rollup);
+    let sql = format!(
+        "SELECT {cols}, {sums} FROM {table}{where_sql} GROUP BY {cols} LIMIT {}",
+        MAX_GROUPS + 1
+    );
+    let mut stmt = conn.prepare(&sql).map_err(err("usage query"))?;
+    let n = dims.len();
+    let rows = stmt
+        .query_map(params_from_iter(args), |r| {
+            let mut values = Vec::with_capacity(n);
+            for i in 0..n {
+                values.push(r.get::<_, String>(i)?);
+            }
+            let model: String = r.get(n)?;
+            let part = UsageGroup {
+                requests: uint(r.get(n + 1)?),
+                refused: uint(r.get(n + 2)?),
+                prompt_tokens: uint(r.get(n + 3)?),
+                cached_tokens: uint(r.get(n + 4)?),
+                completion_tokens: uint(r.get(n + 5)?),
+                cost_nanousd: uint(r.get(n + 6)?),
+                ..UsageGroup::default()
+            };
+            Ok((values, model, part))
+        })
+        .map_err(err("usage query"))?;
+    let parts: Vec<_> = rows.collect::<Result<_, _>>().map_err(err("usage row"))?;
+    if parts.len() > MAX_GROUPS {
+        return Err(LedgerError(format!(
+            "more than {MAX_GROUPS} groups: narrow the window, add a filter or group by less"
+        )));
+    }
+    Ok(parts)
+}
+
+impl LedgerStore for SqliteStore {
+    fn write_batch(&mut self, rows: &[UsageRow]) -> Result<(), LedgerError> {
+        let conn = self
+            .conn
+            .get_mut()
+            .map_err(|_| LedgerError("ledger connection poisoned".into()))?;
+        let tx = conn.transaction().map_err(err("begin"))?;
+        // The rollup gets one upsert per (day, tenant, key, model) of the batch.
+        let mut deltas: HashMap<(String, &str, &str, &str), [u64; 6]> = HashMap::new();
+        {
+            let mut insert = tx
+                .prepare_cached(INSERT_ROW)
+                .map_err(err("prepare insert"))?;
+            for r in rows {
+                let day = crate::utc::iso_date(r.end_ms);
+                insert
+                    .execute(params![
+                        r.request_id,
+                        r.start_ms,
+                        r.end_ms,
+                        day,
+                        r.tenant,
+                        r.key_id,
+                        r.model,
+                        r.version,
+                        r.pool,
+                        r.worker,
+                        r.status,
+                        r.reason,
+                        int(r.prompt_tokens),
+                        int(r.cached_tokens),
+                        int(r.completion_tokens),
+                        int(r.cost_nanousd),
+                        r.price_version,
+                        r.queue_ms.map(int),
+                        r.ttft_ms.map(int),
+                        int(r.total_ms),
+                    ])
+                    .map_err(err("insert"))?;
+                let d = deltas
+                    .entry((day, &r.tenant, &r.key_id, &r.model))
+                    .or_default();
+                d[0] += 1;
+                d[1] += u64::from(!r.reason.is_empty());
+                d[2] += r.prompt_tokens;
+                d[3] += r.cached_tokens;
+                d[4] += r.completion_tokens;
+                d[5] += r.cost_nanousd;
+            }
+            let mut upsert = tx
+                .prepare_cached(UPSERT_DAILY)
+                .map_err(err("prepare upsert"))?;
+            for ((day, tenant, key, model), d) in &deltas {
+                upsert
+                    .execute(params![
+                        day,
+                        tenant,
+                        key,
+                        model,
+                        int(d[0]),
+                        int(d[1]),
+                        int(d[2]),
+                        int(d[3]),
+                        int(d[4]),
+                        int(d[5]),
+                    ])
+                    .map_err(err("rollup upsert"))?;
+            }
+        }
+        tx.commit().map_err(err("commit"))
+    }
+
+    fn prune(&mut self, before_ms: i64) -> Result<u64, LedgerError> {
+        let conn = self
+            .conn
+            .get_mut()
+            .map_err(|_| LedgerError("ledger connection poisoned".into()))?;
+        let n = conn
+            .execute("DELETE FROM usage WHERE end_ms < ?1", [before_ms])
+            .map_err(err("retention"))?;
+        Ok(n as u64)
+    }
+}
+
+impl LedgerReader for SqliteStore {
+    fn usage(&self, q: &UsageQuery) -> Result<UsagePage, LedgerError> {
+        self.with(|c| Ok(UsagePage::assemble(q, group_parts(c, q, false)?)))
+    }
+
+    fn daily(&self, q: &UsageQuery) -> Result<UsagePage, LedgerError> {
+        let mut rollup_q = q.clone();
+        rollup_q.group_by.retain(|d| d.in_rollup());
+        self.with(|c| {
+            Ok(UsagePage::assemble(
+                &rollup_q,
+                group_parts(c, &rollup_q, true)?,
+            ))
+        })
+    }
+
+    fn rows(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, LedgerError> {
+        self.with(|c| {
+            let (where_sql, args) = filters(q, "end_ms", false);
+            let sql = format!(
+                "SELECT request_id, start_ms, end_ms, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms FROM usage{where_sql} ORDER BY end_ms, id LIMIT {} OFFSET {}",
+                q.limit, q.offset
+            );
+            let mut stmt = c.prepare(&sql).map_err(err("rows query"))?;
+            let rows = stmt
+                .query_map(params_from_iter(args), |r| {
+                    Ok(UsageRow {
+                        request_id: r.get(0)?,
+                        start_ms: r.get(1)?,
+                        end_ms: r.get(2)?,
+                        tenant: r.get(3)?,
+                        key_id: r.get(4)?,
+                        model: r.get(5)?,
+                        version: r.get(6)?,
+                        pool: r.get(7)?,
+                        worker: r.get(8)?,
+                        status: r.get(9)?,
+                        reason: r.get(10)?,
+                        prompt_tokens: uint(r.get(11)?),
+                        cached_tokens: uint(r.get(12)?),
+                        completion_tokens: uint(r.get(13)?),
+                        cost_nanousd: uint(r.get(14)?),
+                        price_version: r.get(15)?,
+                        queue_ms: r.get::<_, Option<i64>>(16)?.map(uint),
+                        ttft_ms: r.get::<_, Option<i64>>(17)?.map(uint),
+                        total_ms: uint(r.get(18)?),
+                    })
+                })
+                .map_err(err("rows query"))?;
+            rows.collect::<Result<_, _>>().map_err(err("row"))
+        })
+    }
+
+    fn spend_since(&self, since_ms: i64) -> Result<Vec<(String, u64)>, LedgerError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare("SELECT tenant, SUM(cost_nanousd) FROM usage_daily WHERE day >= ?1 GROUP BY tenant")
+                .map_err(err("spend query"))?;
+            // The rollup outlives the rows' retention, and budget periods start on UTC days.
+            let day = crate::utc::iso_date(since_ms);
+            let rows = stmt
+                .query_map([day], |r| Ok((r.get::<_, String>(0)?, uint(r.get(1)?))))
+                .map_err(err("spend query"))?;
+            rows.collect::<Result<_, _>>().map_err(err("spend row"))
+        })
+    }
+}
