@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
+use crate::usage_api::UsageRoute;
 
 /// `GET /healthz` and `GET /readyz` on the admin listener (no admin key: probes carry none),
 /// answered without leaving the admin thread; `None` for every other route.
@@ -29,6 +30,11 @@ pub fn probe(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<ResBody>>
 
 /// Serves one admin request.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBody> {
+    // The dashboard page is static and holds no data: a browser cannot send the admin key on
+    // navigation, so the page asks for it and sends it with every data call.
+    if req.method() == Method::GET && req.uri().path() == "/admin/dashboard" {
+        return crate::dashboard::page();
+    }
     let live = gw.live();
     if let Some(key) = &live.snapshot.admin.api_key {
         let given = req
@@ -63,6 +69,16 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
                 json!({"reloaded": false, "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>()}).to_string(),
             ),
         },
+        (&Method::GET, "/admin/usage") => {
+            crate::usage_api::usage(&gw, UsageRoute::Json, req.uri().query()).await
+        }
+        (&Method::GET, "/admin/usage.csv") => {
+            crate::usage_api::usage(&gw, UsageRoute::Csv, req.uri().query()).await
+        }
+        (&Method::GET, "/admin/usage/daily") => {
+            crate::usage_api::usage(&gw, UsageRoute::Daily, req.uri().query()).await
+        }
+        (&Method::GET, "/admin/budgets") => crate::usage_api::budgets(&gw, req.uri().query()),
         (&Method::GET, "/admin/canary") => canary_status(&gw),
         (&Method::POST, path) if path.starts_with("/admin/canary/") => {
             let op = path.trim_start_matches("/admin/canary/").to_string();

@@ -125,8 +125,13 @@ pub fn format_usd(nano: u64) -> String {
     format!("{}.{:09}", nano / NANO_PER_USD, nano % NANO_PER_USD)
 }
 
-/// Nano-USD as USD rounded to cents, for people (`$12.35`).
+/// Nano-USD for people: rounded to cents (`$12.35`), or to millionths below a cent
+/// (`$0.000128`), so small budgets do not read as `$0.00`.
 pub fn format_usd_cents(nano: u64) -> String {
+    if nano < 10_000_000 {
+        let micro = (nano + 500) / 1_000;
+        return format!("$0.{micro:06}");
+    }
     let cents = (nano + 5_000_000) / 10_000_000;
     format!("${}.{:02}", cents / 100, cents % 100)
 }
@@ -261,6 +266,8 @@ mod tests {
         assert_eq!(format_usd(1_234_567_890), "1.234567890");
         assert_eq!(format_usd(5), "0.000000005");
         assert_eq!(format_usd_cents(12_345_000_000), "$12.35");
+        assert_eq!(format_usd_cents(128_400), "$0.000128");
+        assert_eq!(format_usd_cents(0), "$0.000000");
         let saving = table().models["m"].cache_saving(1_000_000);
         assert_eq!(saving, 2_700_000_000);
     }

@@ -18,7 +18,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use query::{
-    Dimension, Outcome, UsageGroup, UsagePage, UsageQuery, dimensions, render_csv, render_rows_csv,
+    DEFAULT_LIMIT, Dimension, MAX_LIMIT, Outcome, UsageGroup, UsagePage, UsageQuery, dimensions,
+    render_csv, render_rows_csv,
 };
 pub use sqlite::SqliteStore;
 
