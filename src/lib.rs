@@ -33,6 +33,7 @@ pub mod tokens;
 pub mod up;
 pub mod upstream;
 pub mod usage_api;
+pub mod usage_cli;
 pub mod utc;
 pub mod workers;
 pub mod workload;

@@ -39,6 +39,8 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// The usage ledger as a table: spend and tokens per day, tenant, model, key, version.
+    Usage(infergate::usage_cli::UsageArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -195,6 +197,16 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: cannot read randomness: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Usage(args) => match infergate::usage_cli::run(&args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
                 ExitCode::FAILURE
             }
         },

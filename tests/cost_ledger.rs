@@ -247,6 +247,48 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
         ))
         .await;
     assert!(cached > 0.0);
+
+    // `infergate usage` prints the same spend from the ledger file the config names.
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args([
+            "usage",
+            "--config",
+            &config.to_string_lossy(),
+            "--by",
+            "tenant",
+        ])
+        .output()
+        .expect("run infergate usage");
+    let table = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    for (tenant, cost) in &per_tenant {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(tenant))
+            .unwrap_or_else(|| panic!("no {tenant} line in:\n{table}"));
+        assert!(
+            line.contains(&infergate::pricing::format_usd(*cost)),
+            "{line}"
+        );
+    }
+    assert!(table.lines().any(|l| l.starts_with("total")), "{table}");
+    let csv = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args([
+            "usage",
+            "--config",
+            &config.to_string_lossy(),
+            "--by",
+            "day,model",
+            "--csv",
+        ])
+        .output()
+        .expect("run infergate usage --csv");
+    let csv = String::from_utf8_lossy(&csv.stdout);
+    assert!(csv.starts_with("day,model,requests,"), "{csv}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
