@@ -1,5 +1,6 @@
 //! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
-//! through `infergate gateway`, and through nginx as a plain reverse proxy, side by side in one run.
+//! through `infergate gateway`, through the gateway with its usage ledger on (prices, one SQLite
+//! row per request), and through nginx as a plain reverse proxy, side by side in one run.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
 #![forbid(unsafe_code)]
@@ -120,7 +121,8 @@ async fn run() -> Result<(), BoxError> {
     let upstream_url = format!("http://{upstream}");
     let dir = TempDir::new("overhead");
 
-    let gateway = start_gateway(&bin, &dir, &upstream_url).await?;
+    let gateway = start_gateway(&bin, &dir, &upstream_url, false).await?;
+    let with_ledger = start_gateway(&bin, &dir, &upstream_url, true).await?;
     let mut targets = vec![
         Target {
             name: "direct",
@@ -131,6 +133,11 @@ async fn run() -> Result<(), BoxError> {
             name: "infergate gateway",
             url: gateway.url.clone(),
             pid: gateway.pid(),
+        },
+        Target {
+            name: "infergate + usage ledger",
+            url: with_ledger.url.clone(),
+            pid: with_ledger.pid(),
         },
     ];
     let mut notes = Vec::new();
@@ -174,6 +181,7 @@ async fn run() -> Result<(), BoxError> {
         p.stop().await;
     }
     gateway.stop().await;
+    with_ledger.stop().await;
 
     println!("\n{}", plain_table(&targets, &plain).render());
     println!("{}", stream_table(&targets, &streamed).render());
@@ -477,22 +485,42 @@ impl Body for UpBody {
 }
 
 /// Starts `infergate gateway` with one pool whose only worker is the upstream.
-async fn start_gateway(bin: &Path, dir: &TempDir, upstream: &str) -> Result<Proc, BoxError> {
+/// `infergate gateway` in front of `upstream`; with `ledger`, it also prices every request and
+/// writes its usage-ledger row (SQLite in the temp dir).
+async fn start_gateway(
+    bin: &Path,
+    dir: &TempDir,
+    upstream: &str,
+    ledger: bool,
+) -> Result<Proc, BoxError> {
+    let sub = if ledger { "gateway-ledger" } else { "gateway" };
+    let ledger_line = if ledger {
+        "ledger: {path: usage.sqlite}\n"
+    } else {
+        ""
+    };
     let config = dir.write(
-        "gateway/infergate.yaml",
+        &format!("{sub}/infergate.yaml"),
         &format!(
             "listen: \"127.0.0.1:0\"\n\
              admin: {{listen: \"127.0.0.1:0\"}}\n\
              log: {{format: text, level: warn}}\n\
              policies: policies\n\
+             {ledger_line}\
              models:\n  - {{name: bench, pool: bench}}\n\
              pools:\n  - name: bench\n    dialect: vllm\n    workers:\n      - url: {upstream}\n"
         ),
     );
     dir.write(
-        "gateway/policies/routing.yaml",
+        &format!("{sub}/policies/routing.yaml"),
         "pools:\n  bench:\n    policy: round_robin\n",
     );
+    if ledger {
+        dir.write(
+            &format!("{sub}/policies/prices.yaml"),
+            "version: 1\nmodels:\n  bench: {input: 1.0, cached_input: 0.25, output: 4.0}\n",
+        );
+    }
     let args: Vec<String> = [
         "gateway",
         "--config",

@@ -95,6 +95,8 @@ impl BudgetRefusal {
 pub struct BudgetCheck {
     /// Soft budgets at or over their limit.
     pub soft_over: Vec<BudgetSpec>,
+    /// Of those, the ones found over for the first time this period (to log once).
+    pub soft_first: Vec<(BudgetSpec, u64)>,
 }
 
 /// One budget's state, for `/admin/budgets` and the dashboard.
@@ -131,6 +133,8 @@ struct Spend {
     period_start: i64,
     settled: u64,
     in_flight: u64,
+    /// A soft budget over its limit was reported this period.
+    soft_reported: bool,
 }
 
 impl Spend {
@@ -140,6 +144,7 @@ impl Spend {
         if start != self.period_start {
             self.period_start = start;
             self.settled = 0;
+            self.soft_reported = false;
         }
         self
     }
@@ -196,6 +201,10 @@ impl BudgetBook {
                     });
                 }
                 check.soft_over.push(*b);
+                if !s.soft_reported {
+                    s.soft_reported = true;
+                    check.soft_first.push((*b, spent));
+                }
             }
         }
         for period in periods(budgets) {
@@ -343,7 +352,13 @@ mod tests {
         let now = t("2026-12-15T00:00:00Z");
         book.seed("a", Period::Month, 2_000, now);
         let check = book.admit("a", &[MONTH_SOFT], 5, now);
-        assert_eq!(check.map(|c| c.soft_over), Ok(vec![MONTH_SOFT]));
+        assert_eq!(
+            check.map(|c| (c.soft_over, c.soft_first)),
+            Ok((vec![MONTH_SOFT], vec![(MONTH_SOFT, 2_000)]))
+        );
+        // Reported once a period.
+        let again = book.admit("a", &[MONTH_SOFT], 5, now);
+        assert_eq!(again.map(|c| c.soft_first.len()), Ok(0));
         let status = book.status("a", &[MONTH_SOFT], now);
         assert_eq!(status.len(), 1);
         assert!(status[0].reached);

@@ -328,6 +328,15 @@ async fn proxy(
                     .max(1),
             }
         })?;
+    for (over, spent) in &check.soft_first {
+        tracing::warn!(
+            tenant = %tenant.name,
+            period = over.period.as_str(),
+            limit = %crate::pricing::format_usd_cents(over.limit_nano),
+            spent = %crate::pricing::format_usd_cents(*spent),
+            "tenant is over its soft budget (requests still pass)"
+        );
+    }
     for over in &check.soft_over {
         gw.metrics
             .budget_soft_exceeded

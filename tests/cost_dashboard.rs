@@ -97,6 +97,7 @@ async fn dashboard_shows_each_tenants_spend_budgets_and_refusals() {
     let r = post(&url, Some(&key_of("globex")), &bad).await;
     assert!(r.status.is_client_error(), "{}: {}", r.status, r.text);
 
+    // Globex: its 2 answers and the refusal.
     let usage = wait_for_ledger(&gw, &[("acme", 5), ("globex", 3)]).await;
     let (status, text) = common::get(&format!("{}/admin/budgets", gw.admin)).await;
     assert_eq!(status, StatusCode::OK, "{text}");
@@ -104,20 +105,23 @@ async fn dashboard_shows_each_tenants_spend_budgets_and_refusals() {
 
     let page = format!("{}/admin/dashboard", gw.admin);
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
+    std::fs::create_dir_all(shot.parent().expect("target/")).expect("create target/");
     let _ = std::fs::remove_file(&shot);
     let dom_args = ["--dump-dom".to_string()];
     let shot_args = [
         format!("--screenshot={}", shot.display()),
         "--window-size=1400,1800".to_string(),
     ];
-    let (dom, _) = tokio::join!(chromium(&dom_args, &page), chromium(&shot_args, &page));
+    // The tenant filter, picked from the fragment (the key there is sent, and ignored here).
+    let globex_page = format!("{page}#tenant=globex&key=unused");
+    let (dom, _, globex_dom) = tokio::join!(
+        chromium(&dom_args, &page),
+        chromium(&shot_args, &page),
+        chromium(&dom_args, &globex_page),
+    );
 
     // The page finished: every fetch answered and everything was drawn.
-    assert!(
-        dom.contains("data-ready=\"1\""),
-        "the page never set data-ready=\"1\"; status: {:?}\nDOM:\n{dom}",
-        between(&dom, "id=\"status\">", "<")
-    );
+    assert_ready(&dom);
     let status_text = between(&dom, "id=\"status\">", "<").unwrap_or_default();
     assert!(
         status_text.starts_with("updated "),
@@ -175,6 +179,21 @@ async fn dashboard_shows_each_tenants_spend_budgets_and_refusals() {
     assert!(
         refusals.contains("data-reason=\"validation\"") && refusals.contains("globex"),
         "the refused request is not listed:\n{refusals}"
+    );
+
+    // Filtered to globex: its row only, and its chart only.
+    assert_ready(&globex_dom);
+    let table = between(&globex_dom, "id=\"top-tenants\"", "</table>")
+        .unwrap_or_else(|| panic!("no #top-tenants table when filtered:\n{globex_dom}"));
+    let row = row_of(table, "data-tenant=\"globex\"").expect("globex row when filtered");
+    assert_eq!(cost_cell(row).map(|c| c.0), Some(usage["globex"]));
+    assert!(
+        row_of(table, "data-tenant=\"acme\"").is_none(),
+        "acme shown under a globex filter"
+    );
+    assert!(
+        !globex_dom.contains("data-chart-tenant=\"acme\""),
+        "acme charted under a globex filter"
     );
 
     // The screenshot: a PNG of the window's size with something in it.
@@ -281,6 +300,19 @@ async fn chromium(args: &[String], url: &str) -> String {
     stdout
 }
 
+/// Asserts that the page's own script marked `<body>` ready (every fetch answered, all drawn).
+fn assert_ready(dom: &str) {
+    let body = dom
+        .find("<body")
+        .and_then(|at| between(&dom[at..], "<body", ">"))
+        .unwrap_or_else(|| panic!("no <body> in the DOM:\n{dom}"));
+    assert!(
+        body.contains("data-ready=\"1\""),
+        "<body{body}>: the page is not ready; #status: {:?}\nDOM:\n{dom}",
+        between(dom, "id=\"status\">", "<")
+    );
+}
+
 /// The text after `start` up to the next `end`.
 fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
     let from = text.find(start)? + start.len();
@@ -319,7 +351,7 @@ fn usd(nano: u64) -> String {
     let dollars = (cents / 100).to_string();
     let mut grouped = String::new();
     for (i, c) in dollars.chars().enumerate() {
-        if i > 0 && (dollars.len() - i) % 3 == 0 {
+        if i > 0 && (dollars.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(c);

@@ -495,3 +495,41 @@ async fn five_thousand_requests_at_full_speed_lose_no_row() {
     assert_eq!(groups.len(), 2);
     assert!(groups.iter().all(|g| g["requests"] == N as u64 / 2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_keeps_the_ledger_in_its_cache_directory() {
+    use tokio::io::AsyncBufReadExt;
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("upcache");
+    // The same config without a `ledger:` section.
+    let (workers, tenants) = ([engine.url.as_str()], [("acme", "full")]);
+    let mut s = setup(&workers, &tenants, "tiers:\n  full: {priority: 1}\n");
+    s.extra = "";
+    let config = write_setup(&dir, &s, PRICES_PLAIN);
+    let cache = dir.path.join("cache");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["up", "--config", &config.to_string_lossy()])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env("INFERGATE_CACHE_DIR", &cache)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn infergate up");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let want = format!("usage ledger: {}", cache.join("ledger.sqlite").display());
+    let found = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line == want {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "`up` never printed `{want}`");
+    assert!(cache.join("ledger.sqlite").is_file());
+    let _ = child.start_kill();
+}

@@ -232,3 +232,141 @@ fn a_broken_tenants_file_is_one_error_and_hides_tier_checks() {
     let errs = tenant_errors("", Some("tiers:\n  t: {priority: -1}\n"));
     assert_eq!((errs.len(), errs[0].1), (1, Some(2)), "{errs:#?}");
 }
+
+const PRICES: &str = "/etc/infergate/prices.yaml";
+
+/// Compiles `MINIMAL` with `TIERS` (plus `tiers_extra`) and prices text.
+fn load_priced(tiers_extra: &str, prices: &str) -> Result<Snapshot, ConfigErrors> {
+    let tiers = TIERS.replace("default_tier", &format!("{tiers_extra}default_tier"));
+    load_str_all(
+        MINIMAL,
+        Path::new(CONFIG),
+        None,
+        Some((&tiers, Path::new(TENANTS))),
+        None,
+        Some((prices, Path::new(PRICES))),
+    )
+}
+
+fn errors_of(r: Result<Snapshot, ConfigErrors>) -> Vec<(String, Option<u64>, String)> {
+    let Err(errors) = r else {
+        panic!("expected errors");
+    };
+    let name = |e: &ConfigError| e.file.file_name().map(|n| n.to_string_lossy().into_owned());
+    errors
+        .0
+        .iter()
+        .map(|e| (name(e).unwrap_or_default(), e.line, e.message.clone()))
+        .collect()
+}
+
+#[test]
+fn prices_and_budgets_load_into_integer_nano_usd() {
+    let budgets = "budgets:\n  nobody-checks: []\n";
+    let prices = "version: 3\nmodels:\n  m: {input: 0.15, cached_input: 0.075, output: 0.6}\ntiers:\n  paid: 0.8\n";
+    let tiers = format!(
+        "{}\n",
+        TIERS.replace(
+            "paid: {priority: 10}",
+            "paid: {priority: 10, budgets: [{period: day, usd: 12.5}, {period: month, usd: 100, kind: soft}]}"
+        )
+    );
+    let s = load_str_all(
+        MINIMAL,
+        Path::new(CONFIG),
+        None,
+        Some((&format!("{tiers}{budgets}"), Path::new(TENANTS))),
+        None,
+        Some((prices, Path::new(PRICES))),
+    )
+    .expect("valid");
+    assert_eq!(s.prices.version, 3);
+    let m = s.prices.models["m"];
+    assert_eq!(
+        (m.input, m.cached_input, m.output),
+        (150_000_000, 75_000_000, 600_000_000)
+    );
+    assert_eq!(s.prices.tier_multipliers["paid"], 800_000);
+    let paid = s.tier("paid").expect("paid");
+    assert_eq!(paid.budgets.len(), 2);
+    assert_eq!(paid.budgets[0].limit_nano, 12_500_000_000);
+    assert!(paid.budgets[0].hard && !paid.budgets[1].hard);
+    // The config declares no tenants: a budget for any name is kept (`up`'s demo tenant).
+    assert!(s.tenant_budgets.contains_key("nobody-checks"));
+    // Without cached_input, cached tokens cost the input price.
+    let s = load_priced("", "version: 1\nmodels:\n  m: {input: 1, output: 2}\n").expect("valid");
+    assert_eq!(
+        s.prices.models["m"].cached_input,
+        s.prices.models["m"].input
+    );
+}
+
+#[test]
+fn price_and_budget_errors_are_reported_with_their_lines() {
+    let prices = "\
+version: 0
+currency: EUR
+models:
+  m: {input: -1, output: 2}
+  ghost: {input: 1, output: 1}
+tiers:
+  gold: 0.5
+  paid: 0
+";
+    let errs = errors_of(load_priced("", prices));
+    let lines: Vec<(&str, Option<u64>)> = errs.iter().map(|e| (e.0.as_str(), e.1)).collect();
+    let expected = [1, 2, 4, 5, 7, 8].map(|l| ("prices.yaml", Some(l)));
+    assert_eq!(lines, expected, "{errs:#?}");
+    assert!(errs[0].2.contains("version must be ≥ 1"));
+    assert!(errs[1].2.contains("only USD"));
+    assert!(
+        errs[2]
+            .2
+            .contains("model `m`: input must be USD per 1M tokens")
+    );
+    assert!(
+        errs[3]
+            .2
+            .contains("model `ghost` is not in the config's models")
+    );
+    assert!(errs[4].2.contains("tier `gold` is not in tenants.yaml"));
+    assert!(errs[5].2.contains("multiplier must be above 0"));
+    let errs = errors_of(load_priced("", "models: {}\n"));
+    assert!(errs[0].2.contains("no `version`"), "{errs:#?}");
+
+    let budgets = concat!(
+        "  b:\n",
+        "    budgets:\n",
+        "      - {period: week, usd: 1}\n",
+        "      - {period: day, usd: 0}\n",
+        "      - {period: day, usd: 1, kind: maybe}\n",
+        "      - {period: day, usd: 1}\n",
+        "      - {period: day, usd: 2}\n",
+    );
+    let errs = errors_of(load_priced(budgets, "version: 1\n"));
+    let lines: Vec<Option<u64>> = errs.iter().map(|e| e.1).collect();
+    assert_eq!(lines, [Some(6), Some(7), Some(8), Some(10)], "{errs:#?}");
+    assert!(errs[0].2.contains("period `week`: use `day` or `month`"));
+    assert!(errs[1].2.contains("usd must be above 0"));
+    assert!(errs[2].2.contains("kind `maybe`"));
+    assert!(errs[3].2.contains("two hard budgets per day"));
+}
+
+#[test]
+fn a_budget_for_an_undeclared_tenant_is_a_typo() {
+    let extra = format!(
+        "tenants:\n  - {{name: acme, tier: free, keys: [\"{}\"]}}\n",
+        format_hash(&hash_key("k"))
+    );
+    let tiers = format!(
+        "{TIERS}budgets:\n  acme: [{{period: day, usd: 1}}]\n  acne: [{{period: day, usd: 1}}]\n"
+    );
+    let errs = tenant_errors(&extra, Some(&tiers));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!((errs[0].0.as_str(), errs[0].1), ("tenants.yaml", Some(7)));
+    assert!(
+        errs[0]
+            .2
+            .contains("tenant `acne` is not one of the config's tenants")
+    );
+}

@@ -291,8 +291,10 @@ fn write_loop(
                     Err(_) => return,
                 };
             }
-            (q.rows.drain(..).collect::<Vec<_>>(), q.closing)
+            // Swapped out, not copied: the request path never waits on a long batch.
+            (std::mem::take(&mut q.rows), q.closing)
         };
+        let batch = Vec::from(batch);
         if !batch.is_empty() {
             match store.write_batch(&batch) {
                 Ok(()) => {
