@@ -533,3 +533,74 @@ async fn up_keeps_the_ledger_in_its_cache_directory() {
     assert!(cache.join("ledger.sqlite").is_file());
     let _ = child.start_kill();
 }
+
+/// A worker whose usage has no `prompt_tokens_details` (as some engines answer): every POST gets
+/// a completion with 7 prompt and 3 completion tokens; `GET /metrics` idle vLLM gauges.
+async fn worker_without_cached_field() -> String {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let body = if req.uri().path() == "/metrics" {
+                            "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n".to_string()
+                        } else {
+                            json!({
+                            "id": "cmpl-1", "object": "text_completion", "created": 0, "model": MODEL,
+                            "choices": [{"index": 0, "text": "a b c", "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+                        })
+                        .to_string()
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from(body),
+                        )))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_omits_cached_tokens_is_priced_uncached_and_counted() {
+    let worker = worker_without_cached_field().await;
+    let dir = TempDir::new("nocached");
+    let tiers = "tiers:\n  full: {priority: 1}\n";
+    let (workers, tenants) = ([worker.as_str()], [("acme", "full")]);
+    let config = write_setup(&dir, &setup(&workers, &tenants, tiers), PRICES_PLAIN);
+    let gw = launch(&config).await;
+    let reply = post(
+        &gw.at("/v1/completions"),
+        Some(&key_of("acme")),
+        &completion("hi", 3),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    wait_rows(&gw, 1).await;
+    let rows = rows(&gw).await;
+    let row = &rows[&request_id(&reply)];
+    assert_eq!(
+        (
+            row["prompt_tokens"].as_str(),
+            row["cached_tokens"].as_str(),
+            row["completion_tokens"].as_str()
+        ),
+        ("7", "0", "3")
+    );
+    assert_eq!(nano(&row["cost_usd"]), hand_cost(7, 0, 3, 1, 1_000_000));
+    let unreported = gw
+        .metric("infergate_routing_cached_tokens_unreported_total{pool=\"main\"}")
+        .await;
+    assert_eq!(unreported, 1.0);
+}
