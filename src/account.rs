@@ -95,6 +95,8 @@ impl Account {
                 cached: u.cached.unwrap_or(0).min(u.prompt),
                 completion: u.completion,
             },
+            // An error answer without usage (a worker's 4xx/5xx) did no billable work.
+            None if !(200..300).contains(&end.status) => TokenCounts::default(),
             None => TokenCounts {
                 prompt: self.prompt_estimate,
                 cached: 0,
@@ -113,7 +115,7 @@ impl Account {
         if let Some(usage) = self.usage.take() {
             self.charge(usage, tokens, &end);
         }
-        self.close(tokens.prompt + tokens.completion);
+        self.close(tokens.prompt.saturating_add(tokens.completion));
     }
 
     /// Prices the request, counts it, settles its budgets and writes its row.
@@ -154,6 +156,8 @@ impl Account {
                 "client_gone".into()
             } else if !end.completed {
                 "upstream_failed".into()
+            } else if !(200..300).contains(&end.status) {
+                "upstream_status".into()
             } else {
                 String::new()
             };

@@ -186,20 +186,31 @@ impl BudgetBook {
         let Ok(mut map) = self.spend.lock() else {
             return Ok(check);
         };
-        for b in budgets {
+        // Hard budgets first: of those reached, the one that resets last decides Retry-After
+        // (a day budget's midnight would only be refused again under a reached month budget).
+        let mut refusal: Option<BudgetRefusal> = None;
+        for b in budgets.iter().filter(|b| b.hard) {
+            let s = map.entry((tenant.to_string(), b.period)).or_default();
+            let s = s.at(b.period, now);
+            let spent = s.settled.saturating_add(s.in_flight);
+            let reset_ms = b.period.end(now);
+            if spent >= b.limit_nano && refusal.as_ref().is_none_or(|r| reset_ms > r.reset_ms) {
+                refusal = Some(BudgetRefusal {
+                    spec: *b,
+                    spent_nano: spent,
+                    reset_ms,
+                    retry_after_ms: reset_ms - now,
+                });
+            }
+        }
+        if let Some(r) = refusal {
+            return Err(r);
+        }
+        for b in budgets.iter().filter(|b| !b.hard) {
             let s = map.entry((tenant.to_string(), b.period)).or_default();
             let s = s.at(b.period, now);
             let spent = s.settled.saturating_add(s.in_flight);
             if spent >= b.limit_nano {
-                if b.hard {
-                    let reset_ms = b.period.end(now);
-                    return Err(BudgetRefusal {
-                        spec: *b,
-                        spent_nano: spent,
-                        reset_ms,
-                        retry_after_ms: reset_ms - now,
-                    });
-                }
                 check.soft_over.push(*b);
                 if !s.soft_reported {
                     s.soft_reported = true;
@@ -330,6 +341,21 @@ mod tests {
             book.admit("a", &budgets, 1, t("2026-12-02T00:00:01Z"))
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn of_two_reached_hard_budgets_the_later_reset_is_the_retry_after() {
+        let book = BudgetBook::new();
+        let now = t("2026-12-10T10:00:00Z");
+        let month = BudgetSpec {
+            period: Period::Month,
+            limit_nano: 500,
+            hard: true,
+        };
+        book.seed("a", Period::Day, 5_000, now);
+        book.seed("a", Period::Month, 5_000, now);
+        let r = book.admit("a", &[DAY, month], 1, now).err();
+        assert_eq!(r.map(|r| r.reset_ms), Some(t("2027-01-01")));
     }
 
     #[test]

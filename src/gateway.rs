@@ -202,6 +202,17 @@ impl Gateway {
         }
         let (old, new) = (&now.prices, &snapshot.prices);
         let same_prices = old.models == new.models && old.tier_multipliers == new.tier_multipliers;
+        if new.version > old.version
+            && let Some(l) = &self.ledger
+            && let Err(e) = l.note_prices(new)
+        {
+            return Err(ConfigErrors(vec![config::ConfigError {
+                file: PathBuf::new(),
+                line: None,
+                column: None,
+                message: format!("{e}; the running prices keep serving"),
+            }]));
+        }
         if new.version < old.version || (new.version == old.version && !same_prices) {
             let prices_file = snapshot
                 .files
@@ -254,6 +265,9 @@ impl Gateway {
             .set(i64::try_from(self.body_budget.held()).unwrap_or(i64::MAX));
         if let Some(l) = &self.ledger {
             use std::sync::atomic::Ordering::Relaxed;
+            // Two scrapes at once must not both add the same difference.
+            static SYNC: Mutex<()> = Mutex::new(());
+            let _one = SYNC.lock().unwrap_or_else(|e| e.into_inner());
             let c = &l.counters;
             for (result, n) in [
                 ("written", c.written.load(Relaxed)),

@@ -40,6 +40,28 @@ struct RequestCtx {
     /// Time waited in the admission queue.
     queue_ms: Option<u64>,
     reject_reason: Option<&'static str>,
+    /// The ledger, once the caller is known; with `row_owned` false at drop, the client left
+    /// before any answer (hyper dropped the request) and the row is written here.
+    ledger: Option<Arc<crate::ledger::UsageLedger>>,
+    /// An answer or error exists: its row is written by the body's account or by [`account`].
+    row_owned: bool,
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        if self.row_owned || self.tenant.is_empty() {
+            return;
+        }
+        if let Some(ledger) = &self.ledger {
+            let mut row = self.usage_row();
+            row.end_ms = crate::utc::now_ms();
+            // nginx's code for a client that closed the connection before the answer.
+            row.status = 499;
+            row.reason = "client_gone".into();
+            row.total_ms = self.started.elapsed().as_millis() as u64;
+            ledger.record(row);
+        }
+    }
 }
 
 impl RequestCtx {
@@ -67,6 +89,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
         Err(e) => Err(e),
         Ok(()) => route(&gw, req, &path, &mut ctx).await,
     };
+    ctx.row_owned = true;
     let (mut res, err) = match res {
         Ok(r) => (r, None),
         Err(e) => (e.into_response(), Some(e)),
@@ -189,6 +212,8 @@ fn accept(req: &Request<Incoming>) -> RequestCtx {
         version: String::new(),
         queue_ms: None,
         reject_reason: None,
+        ledger: None,
+        row_owned: false,
     }
 }
 
@@ -212,6 +237,7 @@ async fn proxy(
     let (tenant, key_id) = authenticate(&live, &parts.headers)?;
     ctx.tenant = tenant.name.clone();
     ctx.key_id = key_id;
+    ctx.ledger = gw.ledger.clone();
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
@@ -819,7 +845,7 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
         }
         // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
         // bad keys must not fill the ledger).
-        if let Some(ledger) = gw.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
+        if let Some(ledger) = ctx.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
             let mut row = ctx.usage_row();
             row.end_ms = crate::utc::now_ms();
             row.status = status.as_u16();

@@ -55,6 +55,12 @@ pub struct Cost {
 }
 
 impl Prices {
+    /// A stable hash of the prices (not the version), to tell two tables apart.
+    pub fn fingerprint(&self) -> String {
+        let text = format!("{:?}|{:?}", self.models, self.tier_multipliers);
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+    }
+
     /// The price of `model`, else of `fallback` (the model the client asked for, when a canary
     /// version served it).
     pub fn price_of(&self, model: &str, fallback: &str) -> Option<&ModelPrice> {
@@ -86,11 +92,16 @@ impl ModelPrice {
         let cached = tokens.cached.min(tokens.prompt);
         let uncached = tokens.prompt - cached;
         // Units: nano-USD × 1M (prices are per 1M tokens), then × 1M for the ppm multiplier.
-        let scaled = u128::from(uncached) * u128::from(self.input)
-            + u128::from(cached) * u128::from(self.cached_input)
-            + u128::from(tokens.completion) * u128::from(self.output);
+        // Saturating: token counts come from the worker and may be absurd.
+        let part = |n: u64, price: u64| u128::from(n).saturating_mul(u128::from(price));
+        let scaled = part(uncached, self.input)
+            .saturating_add(part(cached, self.cached_input))
+            .saturating_add(part(tokens.completion, self.output));
         let scale = u128::from(PPM_ONE) * u128::from(PPM_ONE);
-        let total = (scaled * u128::from(multiplier_ppm) + scale / 2) / scale;
+        let total = scaled
+            .saturating_mul(u128::from(multiplier_ppm))
+            .saturating_add(scale / 2)
+            / scale;
         u64::try_from(total).unwrap_or(u64::MAX)
     }
 
@@ -109,6 +120,14 @@ pub fn usd_per_million(usd: f64) -> Option<u64> {
         return None;
     }
     // f64 holds 15 significant digits: exact for any price written with up to 9 decimals.
+    Some((usd * NANO_PER_USD as f64).round() as u64)
+}
+
+/// USD (a budget) → nano-USD; `None` when negative, not finite or above $1 billion.
+pub fn usd_to_nano(usd: f64) -> Option<u64> {
+    if !usd.is_finite() || !(0.0..=1e9).contains(&usd) {
+        return None;
+    }
     Some((usd * NANO_PER_USD as f64).round() as u64)
 }
 
@@ -268,6 +287,16 @@ mod tests {
         assert_eq!(format_usd_cents(12_345_000_000), "$12.35");
         assert_eq!(format_usd_cents(128_400), "$0.000128");
         assert_eq!(format_usd_cents(0), "$0.000000");
+        assert_eq!(usd_to_nano(2_000_000.0), Some(2_000_000_000_000_000));
+        // Absurd token counts saturate instead of wrapping.
+        let huge = TokenCounts {
+            prompt: u64::MAX,
+            cached: 0,
+            completion: u64::MAX,
+        };
+        let mut p = table();
+        p.tier_multipliers.insert("x".into(), 100_000_000);
+        assert_eq!(p.cost("m", "m", "x", huge).nano_usd, u64::MAX);
         let saving = table().models["m"].cache_saving(1_000_000);
         assert_eq!(saving, 2_700_000_000);
     }

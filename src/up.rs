@@ -50,7 +50,14 @@ pub async fn run(
     // Before the workers start, so they inherit it.
     crate::server::raise_open_file_limit();
     // Before any worker starts, so a ledger that cannot open leaves nothing behind.
-    let ledger = open_ledger(&snapshot.ledger, demo_key)?;
+    let ledger = open_ledger(&snapshot.ledger, &snapshot.prices, demo_key)?;
+    let has_budgets = snapshot.tiers.iter().any(|t| !t.budgets.is_empty())
+        || snapshot.tenant_budgets.values().any(|b| !b.is_empty());
+    if ledger.is_none() && has_budgets {
+        eprintln!(
+            "warning: budgets are configured but no usage ledger is kept (`ledger:`): spend starts at 0 at every restart"
+        );
+    }
     let overrides = (args.listen, args.admin_listen);
     if let Some(listen) = args.listen {
         snapshot.listen = listen;
@@ -155,6 +162,7 @@ pub async fn run(
 /// directory when the config says nothing.
 fn open_ledger(
     config: &crate::ledger::LedgerConfig,
+    prices: &crate::pricing::Prices,
     in_cache: bool,
 ) -> Result<Option<Arc<crate::ledger::UsageLedger>>, String> {
     use crate::ledger::{LedgerConfig, LedgerSettings, UsageLedger};
@@ -166,6 +174,9 @@ fn open_ledger(
         LedgerConfig::Unset | LedgerConfig::Off => return Ok(None),
     };
     let ledger = UsageLedger::open_sqlite(&settings).map_err(|e| format!("usage ledger: {e}"))?;
+    ledger
+        .note_prices(prices)
+        .map_err(|e| format!("usage ledger {}: {e}", settings.path.display()))?;
     println!("usage ledger: {}", settings.path.display());
     Ok(Some(ledger))
 }

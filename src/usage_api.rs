@@ -33,7 +33,15 @@ pub async fn usage(gw: &Arc<Gateway>, route: UsageRoute, query: Option<&str>) ->
         .into_response();
     };
     let params = query_pairs(query.unwrap_or(""));
-    let raw_rows = route == UsageRoute::Csv && !params.iter().any(|(k, _)| k == "group_by");
+    let grouped = params.iter().any(|(k, _)| k == "group_by" || k == "by");
+    let raw_rows = route == UsageRoute::Csv && !grouped;
+    if route == UsageRoute::Daily && params.iter().any(|(k, v)| k == "outcome" && v == "refused") {
+        return GatewayError::bad_request(
+            "the daily rollup counts refusals but keeps no per-refusal tokens: use /admin/usage?outcome=refused",
+            Some("outcome"),
+        )
+        .into_response();
+    }
     let default_group: &[Dimension] = if raw_rows { &[] } else { &[Dimension::Day] };
     let mut q = match UsageQuery::from_params(&params, crate::utc::now_ms(), default_group) {
         Ok(q) => q,
@@ -48,7 +56,9 @@ pub async fn usage(gw: &Arc<Gateway>, route: UsageRoute, query: Option<&str>) ->
         let reader: &dyn LedgerReader = reader.as_ref();
         if raw_rows {
             let rows = reader.rows(&q).map_err(|e| e.to_string())?;
-            return Ok(csv_response(crate::ledger::render_rows_csv(&rows)));
+            // A full page may have more behind it.
+            let next = (rows.len() == q.limit).then_some(q.offset + rows.len());
+            return Ok(csv_response(crate::ledger::render_rows_csv(&rows), next));
         }
         let mut page: UsagePage = match route {
             UsageRoute::Daily => reader.daily(&q),
@@ -57,7 +67,7 @@ pub async fn usage(gw: &Arc<Gateway>, route: UsageRoute, query: Option<&str>) ->
         .map_err(|e| e.to_string())?;
         page.price_savings(&prices);
         Ok(match route {
-            UsageRoute::Csv => csv_response(crate::ledger::render_csv(&page)),
+            UsageRoute::Csv => csv_response(crate::ledger::render_csv(&page), page.next_offset),
             _ => json_response(
                 StatusCode::OK,
                 serde_json::to_string(&page).map_err(|e| e.to_string())?,
@@ -72,9 +82,13 @@ pub async fn usage(gw: &Arc<Gateway>, route: UsageRoute, query: Option<&str>) ->
     }
 }
 
-fn csv_response(body: String) -> Response<ResBody> {
+/// CSV with `x-next-offset` when the page was cut (ask again with `offset=` that value).
+fn csv_response(body: String, next: Option<usize>) -> Response<ResBody> {
     let mut res = json_response(StatusCode::OK, body);
     let h = res.headers_mut();
+    if let Some(n) = next {
+        h.insert("x-next-offset", HeaderValue::from(n));
+    }
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/csv; charset=utf-8"),
@@ -97,7 +111,18 @@ pub fn budgets(gw: &Gateway, query: Option<&str>) -> Response<ResBody> {
         .map(|(_, v)| v);
     let now = crate::utc::now_ms();
     let mut out = Vec::new();
-    for tenant in &snapshot.tenants {
+    // Without declared tenants every caller is the anonymous tenant of the default tier.
+    let anonymous = crate::config::TenantSpec {
+        name: "anonymous".into(),
+        tier: snapshot.default_tier.clone().unwrap_or_default(),
+        key_hashes: Vec::new(),
+    };
+    let tenants = if snapshot.tenants.is_empty() {
+        std::slice::from_ref(&anonymous)
+    } else {
+        snapshot.tenants.as_slice()
+    };
+    for tenant in tenants {
         if only.as_ref().is_some_and(|t| *t != tenant.name) {
             continue;
         }

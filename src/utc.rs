@@ -90,7 +90,12 @@ pub fn parse_time(text: &str) -> Option<i64> {
     if parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
-    let mut ms = days_from_civil(year, month, day) * DAY_MS;
+    let days = days_from_civil(year, month, day);
+    // 2026-02-31 is not a date (it would silently become March 3rd).
+    if civil_from_days(days) != (year, month, day) {
+        return None;
+    }
+    let mut ms = days * DAY_MS;
     if let Some(t) = time {
         let mut hms = t.split(':');
         let h: i64 = hms.next()?.parse().ok()?;
@@ -129,6 +134,8 @@ mod tests {
         let feb = parse_time("2028-02-10").unwrap_or_default();
         assert_eq!(iso_date(next_month_start(feb)), "2028-03-01");
         assert_eq!(parse_time("2026-13-01"), None);
+        assert_eq!(parse_time("2026-02-31"), None);
+        assert!(parse_time("2028-02-29").is_some());
         assert_eq!(parse_time("1700000000000"), Some(1_700_000_000_000));
         assert_eq!(
             parse_time("2026-12-01T10:30Z"),

@@ -604,3 +604,73 @@ async fn a_worker_that_omits_cached_tokens_is_priced_uncached_and_counted() {
         .await;
     assert_eq!(unreported, 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_the_answer_gets_a_row_and_prices_keep_their_version() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("gone");
+    let tiers = "tiers:\n  full: {priority: 1}\n";
+    let (workers, tenants) = ([engine.url.as_str()], [("acme", "full")]);
+    let config = write_setup(&dir, &setup(&workers, &tenants, tiers), PRICES_PLAIN);
+    let gw = launch(&config).await;
+    // A whole (non-streamed) answer of 400 tokens takes the sim worker seconds; the client
+    // gives up after 300 ms, before any byte of it.
+    let slow = completion(&words(50, 3), 400);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        post(&gw.at("/v1/completions"), Some(&key_of("acme")), &slow),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the answer came too fast to test a client leaving"
+    );
+    wait_rows(&gw, 1).await;
+    let rows = rows(&gw).await;
+    let row = rows.values().next().expect("one row");
+    assert_eq!(
+        (
+            row["status"].as_str(),
+            row["reason"].as_str(),
+            row["tenant"].as_str()
+        ),
+        ("499", "client_gone", "acme"),
+        "{row:?}"
+    );
+
+    // Stopped, the prices edited under the same version: the next start is refused.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid.to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while tenant_support::is_running(gw.pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway did not exit on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(gw);
+    std::fs::write(
+        dir.path.join("policies/prices.yaml"),
+        "version: 1\nmodels:\n  llama-3-8b: {input: 9.0, output: 9.0}\n",
+    )
+    .expect("write");
+    let cfg = config.to_string_lossy().into_owned();
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["gateway", "--config", &cfg, "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the gateway exits at once")
+        .expect("run the gateway");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("version 1 already priced requests with different prices"),
+        "{stderr}"
+    );
+}

@@ -128,9 +128,8 @@ fn budgets(list: &[RawBudget], what: &str, sink: &mut Sink<'_>) -> Vec<BudgetSpe
                 continue;
             }
         };
-        let Some(limit_nano) = crate::pricing::usd_per_million(b.usd.value).filter(|n| *n > 0)
-        else {
-            let msg = format!("{what}: usd must be above 0 (and at most 1,000,000)");
+        let Some(limit_nano) = crate::pricing::usd_to_nano(b.usd.value).filter(|n| *n > 0) else {
+            let msg = format!("{what}: usd must be above 0 (and at most 1,000,000,000)");
             sink.at(&b.usd.referenced, msg);
             continue;
         };

@@ -2,8 +2,8 @@
 //! where it ran, how it ended, tokens by class, cost, latencies; never prompts or answers) and a
 //! daily rollup per (day, tenant, key id, model). The request path only pushes a row onto a
 //! bounded in-memory queue; one writer thread flushes it every second or every 500 rows, in one
-//! transaction. A full queue drops its oldest rows (counted). A crash loses at most the rows
-//! queued since the last flush: one flush interval (1 s) of traffic. The storage sits behind
+//! transaction. A full queue drops its oldest rows (counted). A crash loses the rows queued since
+//! the last flush: one flush interval (1 s) of traffic, more only when the writer fell behind. The storage sits behind
 //! [`LedgerStore`] and [`LedgerReader`] (SQLite here; the fleet mode adds PostgreSQL).
 
 mod query;
@@ -188,7 +188,7 @@ impl UsageLedger {
     pub fn open_sqlite(settings: &LedgerSettings) -> Result<Arc<Self>, LedgerError> {
         let store = SqliteStore::open(&settings.path)?;
         let reader = SqliteStore::open_reader(&settings.path)?;
-        Ok(Self::start(Box::new(store), Arc::new(reader), settings))
+        Self::start(Box::new(store), Arc::new(reader), settings)
     }
 
     /// Starts the writer over `store`.
@@ -196,7 +196,7 @@ impl UsageLedger {
         store: Box<dyn LedgerStore>,
         reader: Arc<dyn LedgerReader>,
         settings: &LedgerSettings,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, LedgerError> {
         let queue = Arc::new(Queue {
             rows: Mutex::new(QueueState::default()),
             ready: Condvar::new(),
@@ -210,16 +210,24 @@ impl UsageLedger {
             std::thread::Builder::new()
                 .name("ledger-writer".into())
                 .spawn(move || write_loop(store, &queue, &counters, retention))
-                .ok()
+                .map_err(|e| LedgerError(format!("cannot start the ledger writer: {e}")))?
         };
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             queue,
             capacity: settings.queue_rows.max(1),
             counters,
-            writer: Mutex::new(writer),
+            writer: Mutex::new(Some(writer)),
             reader,
             path: settings.path.clone(),
-        })
+        }))
+    }
+
+    /// Checks and records which price table `version` names (see [`SqliteStore::note_prices`]).
+    pub fn note_prices(&self, prices: &crate::pricing::Prices) -> Result<(), LedgerError> {
+        if prices.version == 0 {
+            return Ok(());
+        }
+        SqliteStore::open(&self.path)?.note_prices(prices.version, &prices.fingerprint())
     }
 
     /// Queues `row`; when the queue is full the oldest row is dropped (and counted).
@@ -228,6 +236,11 @@ impl UsageLedger {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        if q.closing {
+            // The writer has stopped (shutdown): the row cannot be written.
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if q.rows.len() >= self.capacity {
             q.rows.pop_front();
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);

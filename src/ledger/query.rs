@@ -377,7 +377,7 @@ pub fn render_rows_csv(rows: &[super::UsageRow]) -> String {
 /// A CSV field, quoted when it holds a comma, quote or line break; a leading `=`, `+`, `-` or
 /// `@` is prefixed with `'` so spreadsheets do not run it as a formula.
 fn csv_field(v: &str) -> String {
-    let v = if v.starts_with(['=', '+', '-', '@']) {
+    let v = if v.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{v}")
     } else {
         v.to_string()

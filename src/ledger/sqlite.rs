@@ -54,6 +54,11 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     PRIMARY KEY (day, tenant, key_id, model)
 );
 CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS price_versions (
+    version INTEGER PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    first_used_ms INTEGER NOT NULL
+);
 ";
 
 const INSERT_ROW: &str = "INSERT INTO usage (request_id, start_ms, end_ms, day, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
@@ -96,11 +101,11 @@ impl SqliteStore {
             .map_err(|e| LedgerError(format!("cannot open the ledger {}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(err("busy timeout"))?;
-        // WAL: readers never block the writer; NORMAL sync: a power cut may lose the last
-        // transactions (at most the last flush interval, as documented), never corrupt the file.
+        // WAL: readers never block the writer. FULL: each batch's commit is on disk before the
+        // next one starts (one fsync a second), so a power cut loses no committed batch.
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err("journal mode"))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
+        conn.pragma_update(None, "synchronous", "FULL")
             .map_err(err("synchronous"))?;
         conn.execute_batch(SCHEMA)
             .map_err(err("creating the schema"))?;
@@ -125,6 +130,39 @@ impl SqliteStore {
         }
         Ok(Self {
             conn: Mutex::new(conn),
+        })
+    }
+
+    /// Records that price `version` means the table with `fingerprint`; refuses when the ledger
+    /// already holds that version for a different table (prices edited without a new version
+    /// while the gateway was stopped), so one version never names two price tables.
+    pub fn note_prices(&self, version: u32, fingerprint: &str) -> Result<(), LedgerError> {
+        self.with(|c| {
+            let known: Option<String> = c
+                .query_row(
+                    "SELECT fingerprint FROM price_versions WHERE version = ?1",
+                    [version],
+                    |r| r.get(0),
+                )
+                .map(Some)
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                    e => Err(e),
+                })
+                .map_err(err("price versions"))?;
+            match known {
+                Some(f) if f == fingerprint => Ok(()),
+                Some(_) => Err(LedgerError(format!(
+                    "prices.yaml version {version} already priced requests with different prices: raise `version`"
+                ))),
+                None => c
+                    .execute(
+                        "INSERT INTO price_versions (version, fingerprint, first_used_ms) VALUES (?1, ?2, ?3)",
+                        params![version, fingerprint, crate::utc::now_ms()],
+                    )
+                    .map(|_| ())
+                    .map_err(err("price versions")),
+            }
         })
     }
 
@@ -297,12 +335,17 @@ impl LedgerStore for SqliteStore {
                 let d = deltas
                     .entry((day, &r.tenant, &r.key_id, &r.model))
                     .or_default();
-                d[0] += 1;
-                d[1] += u64::from(!r.reason.is_empty());
-                d[2] += r.prompt_tokens;
-                d[3] += r.cached_tokens;
-                d[4] += r.completion_tokens;
-                d[5] += r.cost_nanousd;
+                let add = [
+                    1,
+                    u64::from(!r.reason.is_empty()),
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    r.completion_tokens,
+                    r.cost_nanousd,
+                ];
+                for (sum, v) in d.iter_mut().zip(add) {
+                    *sum = sum.saturating_add(v);
+                }
             }
             let mut upsert = tx
                 .prepare_cached(UPSERT_DAILY)

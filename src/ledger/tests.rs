@@ -163,7 +163,8 @@ fn a_full_queue_drops_its_oldest_rows_and_counts_them() {
         Box::new(Gate(gate.clone(), seen.clone())),
         reader,
         &settings(&file.0, 100),
-    );
+    )
+    .expect("start");
     // The first row goes to the (blocked) store within a flush interval; the rest wait in the
     // queue of 100.
     ledger.record(row(0, "acme", "a", T0));
