@@ -47,6 +47,12 @@ pub struct Account {
     body: Option<BodyHold>,
     permit: Option<Permit>,
     usage: Option<Usage>,
+    /// Where the rate reservation is held when fleet mode admitted it.
+    shared: Option<(
+        Arc<crate::limits::SharedLimiter>,
+        crate::limits::TierLimits,
+        crate::limits::Held,
+    )>,
     started: Instant,
     settled: bool,
 }
@@ -73,9 +79,20 @@ impl Account {
             body: Some(body),
             permit: None,
             usage: Some(usage),
+            shared: None,
             started,
             settled: false,
         }
+    }
+
+    /// Settles the rate reservation in fleet mode's shared store (or its local share).
+    pub fn shared_by(
+        &mut self,
+        limiter: Arc<crate::limits::SharedLimiter>,
+        limits: crate::limits::TierLimits,
+        held: crate::limits::Held,
+    ) {
+        self.shared = Some((limiter, limits, held));
     }
 
     /// Attaches the admission permit (and the time it waited), released when the account settles.
@@ -178,8 +195,14 @@ impl Account {
             return;
         }
         self.settled = true;
-        self.limiter
-            .reconcile(&self.tenant, self.reserved, actual, Instant::now());
+        match self.shared.take() {
+            Some((shared, limits, held)) => {
+                shared.settle(&self.tenant, &limits, held, (self.reserved, actual));
+            }
+            None => self
+                .limiter
+                .reconcile(&self.tenant, self.reserved, actual, Instant::now()),
+        }
         // No answer came back: the budget reservation is released, nothing was spent.
         if let Some(u) = self.usage.take() {
             u.budgets.settle(

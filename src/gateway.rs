@@ -100,6 +100,8 @@ pub struct Gateway {
     pub ledger: Option<Arc<crate::ledger::UsageLedger>>,
     /// Tenants' spend against their budgets.
     pub budgets: Arc<crate::budgets::BudgetBook>,
+    /// Fleet mode: tenant limits shared through Redis (`state.redis`).
+    pub shared: Option<Arc<crate::limits::SharedLimiter>>,
     extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
     /// Set when the drain's grace is over: streams and requests still waiting end now.
@@ -124,6 +126,13 @@ impl Gateway {
         ledger: Option<Arc<crate::ledger::UsageLedger>>,
     ) -> Result<Arc<Self>, String> {
         let budgets = Arc::new(crate::budgets::BudgetBook::new());
+        let shared = match &snapshot.redis {
+            Some(settings) => Some(crate::limits::SharedLimiter::new(
+                settings.clone(),
+                snapshot.forward.total_timeout,
+            )?),
+            None => None,
+        };
         if let Some(l) = &ledger {
             seed_budgets(&budgets, l.reader().as_ref())?;
         }
@@ -144,6 +153,7 @@ impl Gateway {
             body_budget: Arc::default(),
             ledger,
             budgets,
+            shared,
             extra_tenants,
             draining: AtomicBool::new(false),
             grace_over: tokio::sync::watch::channel(false).0,
@@ -199,6 +209,9 @@ impl Gateway {
         }
         if snapshot.ledger != now.ledger {
             changed.push("`ledger`".to_string());
+        }
+        if snapshot.redis != now.redis {
+            changed.push("`state`".to_string());
         }
         let (old, new) = (&now.prices, &snapshot.prices);
         let same_prices = old.models == new.models && old.tier_multipliers == new.tier_multipliers;
@@ -263,6 +276,16 @@ impl Gateway {
         self.metrics
             .body_bytes_held
             .set(i64::try_from(self.body_budget.held()).unwrap_or(i64::MAX));
+        if let Some(s) = &self.shared {
+            let m = &self.metrics;
+            m.state_fallback.set(i64::from(!s.is_healthy()));
+            m.state_replicas.set(i64::from(s.replicas()));
+            let errors = s.errors.load(std::sync::atomic::Ordering::Relaxed);
+            static SYNC_STATE: Mutex<()> = Mutex::new(());
+            let _one = SYNC_STATE.lock().unwrap_or_else(|e| e.into_inner());
+            m.state_errors
+                .inc_by(errors.saturating_sub(m.state_errors.get()));
+        }
         if let Some(l) = &self.ledger {
             use std::sync::atomic::Ordering::Relaxed;
             // Two scrapes at once must not both add the same difference.
@@ -305,9 +328,11 @@ impl Gateway {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Ready: not draining and at least one healthy worker.
+    /// Ready: not draining, shared state reachable when the config fails closed, and at least
+    /// one healthy worker.
     pub fn is_ready(&self) -> bool {
         !self.is_draining()
+            && !self.shared.as_ref().is_some_and(|s| s.blocks_readiness())
             && self
                 .live()
                 .pools

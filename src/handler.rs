@@ -381,10 +381,18 @@ async fn proxy(
         budget_estimate,
     };
     let reserve = prompt_tokens + valid.max_tokens;
-    let reservation = match gw
-        .limiter
-        .acquire(&tenant.name, &limits, reserve, Instant::now())
-    {
+    // Fleet mode: one round trip to Redis for the tenant's shared rate and concurrency.
+    let acquired = match &gw.shared {
+        Some(shared) => shared
+            .acquire(&tenant.name, &limits, reserve)
+            .await
+            .map(|(r, held)| (r, Some(held))),
+        None => gw
+            .limiter
+            .acquire(&tenant.name, &limits, reserve, Instant::now())
+            .map(|r| (r, None)),
+    };
+    let (reservation, held) = match acquired {
         Ok(r) => r,
         Err(r) => {
             // Refused after the budget reserved: release it.
@@ -407,6 +415,9 @@ async fn proxy(
         usage,
         ctx.started,
     );
+    if let (Some(shared), Some(held)) = (&gw.shared, held) {
+        ledger.shared_by(shared.clone(), limits, held);
+    }
 
     // Admit: wait in the pool's bounded priority queue (leaving it at once if the client goes).
     let (_, queue) = &pool.admission;

@@ -86,6 +86,12 @@ pub struct GatewayMetrics {
     pub ledger_rows: IntCounterVec,
     /// `infergate_ledger_queue_rows`: rows waiting for the ledger writer.
     pub ledger_queue: IntGauge,
+    /// `infergate_state_fallback`: 1 while Redis is unreachable and limits use the local share.
+    pub state_fallback: IntGauge,
+    /// `infergate_state_replicas`: live gateway replicas counted through Redis heartbeats.
+    pub state_replicas: IntGauge,
+    /// `infergate_state_errors_total`: Redis calls that failed or timed out.
+    pub state_errors: IntCounter,
     /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, validation, draining).
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
@@ -342,6 +348,30 @@ impl GatewayMetrics {
                 )?;
                 registry.register(Box::new(g.clone()))?;
                 g
+            },
+            state_fallback: {
+                let g = IntGauge::new(
+                    "infergate_state_fallback",
+                    "1 while Redis is unreachable and tenant limits use this replica's local share.",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            state_replicas: {
+                let g = IntGauge::new(
+                    "infergate_state_replicas",
+                    "Gateway replicas counted through Redis heartbeats (the local share's divisor).",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            state_errors: {
+                let c = IntCounter::new(
+                    "infergate_state_errors_total",
+                    "Redis calls that failed or timed out.",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
             },
             rejections: counter(
                 "infergate_rejections_total",

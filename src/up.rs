@@ -192,6 +192,15 @@ async fn serve_gateway(
     let first_model = snapshot.models.first().map(|m| m.name.clone());
     let tls = snapshot.tls.is_some();
     let gw = Gateway::new(snapshot, source, tenants, ledger)?;
+    if let Some(s) = &gw.shared {
+        s.start().await;
+        let state = if s.is_healthy() {
+            "shared through Redis"
+        } else {
+            "local share (Redis unreachable)"
+        };
+        println!("tenant limits: {state}");
+    }
     gw.keep_listen_overrides(overrides);
     let listeners = crate::server::bind(&gw).await?;
     let public = listeners.public.local_addr().map_err(|e| e.to_string())?;

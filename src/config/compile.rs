@@ -178,6 +178,11 @@ pub(super) fn compile(
         tenant_budgets,
         prices: std::sync::Arc::new(prices),
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
+        redis: raw
+            .state
+            .as_ref()
+            .and_then(|s| s.redis.as_ref())
+            .and_then(|r| sections::redis(&mut sink, r)),
         files: std::iter::once(path.to_path_buf())
             .chain(routing.map(|(_, p)| p))
             .chain(tenants.map(|(_, p)| p))

@@ -29,9 +29,28 @@ pub(super) struct RawConfig {
     pub metrics: Option<RawMetrics>,
     pub debug_headers: Option<bool>,
     pub ledger: Option<RawLedger>,
+    pub state: Option<RawState>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
     pub tenants: Option<Vec<RawTenant>>,
+}
+
+/// `state:` (fleet mode).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawState {
+    pub redis: Option<RawRedis>,
+}
+
+/// `state.redis:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    pub url: Text,
+    pub key_prefix: Option<Text>,
+    pub timeout: Option<Text>,
+    pub replicas: Option<Spanned<u32>>,
+    pub fail_closed: Option<bool>,
 }
 
 /// `ledger:`

@@ -308,3 +308,55 @@ pub(super) fn ledger(
         queue_rows,
     })
 }
+
+/// `state.redis`: a `redis://` URL, a key prefix (default `infergate`), the timeout of one call
+/// (default 50ms) past which the replica uses its local share, `replicas` (≥ 1; the divisor of
+/// that share before any heartbeat was counted), `fail_closed` (default false).
+pub(super) fn redis(
+    sink: &mut Sink<'_>,
+    raw: &super::raw::RawRedis,
+) -> Option<crate::limits::RedisSettings> {
+    let url = raw.url.value.trim();
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        sink.at(
+            &raw.url.referenced,
+            "state.redis.url must start with redis://",
+        );
+        return None;
+    }
+    let timeout = match &raw.timeout {
+        None => Duration::from_millis(50),
+        Some(t) => match parse_duration(&t.value) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                sink.at(&t.referenced, "state.redis.timeout must be above 0");
+                return None;
+            }
+            Err(msg) => {
+                sink.at(&t.referenced, format!("state.redis.timeout: {msg}"));
+                return None;
+            }
+        },
+    };
+    let key_prefix = raw
+        .key_prefix
+        .as_ref()
+        .map_or_else(|| "infergate".to_string(), |k| k.value.clone());
+    if let Some(k) = raw
+        .key_prefix
+        .as_ref()
+        .filter(|k| k.value.trim().is_empty())
+    {
+        sink.at(&k.referenced, "state.redis.key_prefix is empty");
+    }
+    if let Some(r) = raw.replicas.as_ref().filter(|r| r.value == 0) {
+        sink.at(&r.referenced, "state.redis.replicas must be ≥ 1");
+    }
+    Some(crate::limits::RedisSettings {
+        url: url.to_string(),
+        key_prefix,
+        timeout,
+        replicas: raw.replicas.as_ref().map(|r| r.value.max(1)),
+        fail_closed: raw.fail_closed.unwrap_or(false),
+    })
+}

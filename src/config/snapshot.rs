@@ -63,6 +63,8 @@ pub struct Snapshot {
     pub tenant_budgets: std::collections::BTreeMap<String, Vec<crate::budgets::BudgetSpec>>,
     /// Prices from `policies/prices.yaml` (version 0 and no models without that file).
     pub prices: std::sync::Arc<crate::pricing::Prices>,
+    /// Fleet mode: tenant limits shared through Redis (`state.redis`); `None` keeps them local.
+    pub redis: Option<crate::limits::RedisSettings>,
     /// The usage ledger (`ledger:`).
     pub ledger: crate::ledger::LedgerConfig,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
