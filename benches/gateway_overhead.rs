@@ -1,6 +1,8 @@
 //! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
 //! through `infergate gateway`, through the gateway with its usage ledger on (prices, one SQLite
-//! row per request), and through nginx as a plain reverse proxy, side by side in one run.
+//! row per request), through the gateway with its tenant limits in Redis (fleet mode, when
+//! `redis-server` is installed), and through nginx as a plain reverse proxy, side by side in one
+//! run.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
 #![forbid(unsafe_code)]
@@ -121,8 +123,8 @@ async fn run() -> Result<(), BoxError> {
     let upstream_url = format!("http://{upstream}");
     let dir = TempDir::new("overhead");
 
-    let gateway = start_gateway(&bin, &dir, &upstream_url, false).await?;
-    let with_ledger = start_gateway(&bin, &dir, &upstream_url, true).await?;
+    let gateway = start_gateway(&bin, &dir, &upstream_url, Variant::Plain).await?;
+    let with_ledger = start_gateway(&bin, &dir, &upstream_url, Variant::Ledger).await?;
     let mut targets = vec![
         Target {
             name: "direct",
@@ -141,6 +143,24 @@ async fn run() -> Result<(), BoxError> {
         },
     ];
     let mut notes = Vec::new();
+    // Fleet mode: the same gateway with its tenant limits in a Redis on loopback.
+    let redis = match find_program("redis-server") {
+        Some(redis_bin) => {
+            let redis = start_redis(&redis_bin, &dir).await?;
+            let url = format!("redis://127.0.0.1:{}/", redis.1);
+            let gw = start_gateway(&bin, &dir, &upstream_url, Variant::Redis(url)).await?;
+            targets.push(Target {
+                name: "infergate + Redis limits",
+                url: gw.url.clone(),
+                pid: gw.pid(),
+            });
+            Some((redis.0, gw))
+        }
+        None => {
+            notes.push("redis-server not found: the Redis column is skipped".to_string());
+            None
+        }
+    };
     let nginx = match find_nginx() {
         Some(nginx_bin) => {
             let (proc, url) = start_nginx(&nginx_bin, &dir, upstream).await?;
@@ -182,6 +202,11 @@ async fn run() -> Result<(), BoxError> {
     }
     gateway.stop().await;
     with_ledger.stop().await;
+    if let Some((mut redis, gw)) = redis {
+        gw.stop().await;
+        let _ = redis.kill();
+        let _ = redis.wait();
+    }
 
     println!("\n{}", plain_table(&targets, &plain).render());
     println!("{}", stream_table(&targets, &streamed).render());
@@ -485,20 +510,37 @@ impl Body for UpBody {
 }
 
 /// Starts `infergate gateway` with one pool whose only worker is the upstream.
-/// `infergate gateway` in front of `upstream`; with `ledger`, it also prices every request and
-/// writes its usage-ledger row (SQLite in the temp dir).
+/// Which gateway a column runs.
+enum Variant {
+    /// Limits in process, no ledger.
+    Plain,
+    /// Plus the usage ledger (SQLite in the temp dir) and prices.
+    Ledger,
+    /// Tenant limits in the Redis at this URL (fleet mode), no ledger.
+    Redis(String),
+}
+
+/// `infergate gateway` in front of `upstream`. Every variant's anonymous tenant has a tier with
+/// requests, tokens and concurrency limits far above the load, so each request runs the limiter.
 async fn start_gateway(
     bin: &Path,
     dir: &TempDir,
     upstream: &str,
-    ledger: bool,
+    variant: Variant,
 ) -> Result<Proc, BoxError> {
-    let sub = if ledger { "gateway-ledger" } else { "gateway" };
-    let ledger_line = if ledger {
-        "ledger: {path: usage.sqlite}\n"
-    } else {
-        ""
+    let (sub, extra) = match &variant {
+        Variant::Plain => ("gateway", String::new()),
+        Variant::Ledger => (
+            "gateway-ledger",
+            "ledger: {path: usage.sqlite}\n".to_string(),
+        ),
+        Variant::Redis(url) => (
+            "gateway-redis",
+            format!("state: {{redis: {{url: \"{url}\", key_prefix: bench, timeout: 50ms}}}}\n"),
+        ),
     };
+    let ledger = matches!(variant, Variant::Ledger);
+    let ledger_line = extra.as_str();
     let config = dir.write(
         &format!("{sub}/infergate.yaml"),
         &format!(
@@ -514,6 +556,10 @@ async fn start_gateway(
     dir.write(
         &format!("{sub}/policies/routing.yaml"),
         "pools:\n  bench:\n    policy: round_robin\n",
+    );
+    dir.write(
+        &format!("{sub}/policies/tenants.yaml"),
+        "tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n",
     );
     if ledger {
         dir.write(
@@ -537,6 +583,53 @@ async fn start_gateway(
         .await
         .map_err(|e| format!("{e}; gateway stderr:\n{}", gw.stderr()))?;
     Ok(gw)
+}
+
+/// `name` on `PATH` or in `/usr/sbin` / `/usr/bin`.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    from_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `redis-server` on a free loopback port without persistence; waits until it accepts.
+async fn start_redis(bin: &Path, dir: &TempDir) -> Result<(std::process::Child, u16), BoxError> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let data = dir.write("redis/.keep", "");
+    let child = std::process::Command::new(bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(data.parent().unwrap_or(Path::new(".")))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            return Err("redis-server did not start".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((child, port))
 }
 
 /// nginx on `PATH` or at Debian's `/usr/sbin/nginx`.
