@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use infergate::ledger::{LedgerSettings, UsageLedger, UsageRow};
+use infergate::ledger::{LedgerBackend, LedgerSettings, UsageLedger, UsageRow};
 
 /// Rows per run.
 const ROWS: u64 = 300_000;
@@ -44,12 +44,12 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("infergate-ledger-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let settings = LedgerSettings {
-        path: dir.join("usage.sqlite"),
+        backend: LedgerBackend::Sqlite(dir.join("usage.sqlite")),
         retention_days: None,
         // Room for the whole run: this measures the writer, not the drop policy.
         queue_rows: ROWS as usize,
     };
-    let ledger = match UsageLedger::open_sqlite(&settings) {
+    let ledger = match UsageLedger::open(&settings) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
@@ -94,7 +94,7 @@ fn main() {
         c.dropped.load(Ordering::Relaxed)
     );
     ledger.close();
-    let size = std::fs::metadata(&settings.path).map_or(0, |m| m.len());
+    let size = std::fs::metadata(dir.join("usage.sqlite")).map_or(0, |m| m.len());
     println!(
         "file: {:.1} MiB ({} bytes per row)",
         size as f64 / 1_048_576.0,

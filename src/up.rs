@@ -173,11 +173,12 @@ fn open_ledger(
         ),
         LedgerConfig::Unset | LedgerConfig::Off => return Ok(None),
     };
-    let ledger = UsageLedger::open_sqlite(&settings).map_err(|e| format!("usage ledger: {e}"))?;
+    let place = settings.backend.describe();
+    let ledger = UsageLedger::open(&settings).map_err(|e| format!("usage ledger {place}: {e}"))?;
     ledger
         .note_prices(prices)
-        .map_err(|e| format!("usage ledger {}: {e}", settings.path.display()))?;
-    println!("usage ledger: {}", settings.path.display());
+        .map_err(|e| format!("usage ledger {place}: {e}"))?;
+    println!("usage ledger: {place}");
     Ok(Some(ledger))
 }
 

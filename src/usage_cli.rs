@@ -1,11 +1,11 @@
 //! `infergate usage`: the usage ledger as a table (or CSV) on the terminal, read from the ledger
 //! file the config names (or the one `infergate up` keeps in its cache directory).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::ledger::{LedgerConfig, LedgerReader, SqliteStore, UsagePage, UsageQuery, render_csv};
+use crate::ledger::{LedgerBackend, LedgerConfig, UsageLedger, UsagePage, UsageQuery, render_csv};
 use crate::pricing::format_usd;
 
 /// `infergate usage` arguments.
@@ -49,15 +49,19 @@ pub fn run(args: &UsageArgs) -> Result<String, String> {
         }
         None => None,
     };
-    let path = match (&args.ledger, snapshot.as_ref().map(|s| &s.ledger)) {
-        (Some(p), _) => p.clone(),
-        (None, Some(LedgerConfig::On(s))) => s.path.clone(),
+    let backend = match (&args.ledger, snapshot.as_ref().map(|s| &s.ledger)) {
+        (Some(p), _) => LedgerBackend::Sqlite(p.clone()),
+        (None, Some(LedgerConfig::On(s))) => s.backend.clone(),
         (None, Some(LedgerConfig::Off)) => {
             return Err("the config turns the ledger off (`ledger: {enabled: false}`)".into());
         }
-        (None, _) => infergate_engine::model::default_model::cache_root().join("ledger.sqlite"),
+        (None, _) => LedgerBackend::Sqlite(
+            infergate_engine::model::default_model::cache_root().join("ledger.sqlite"),
+        ),
     };
-    if !path.is_file() {
+    if let LedgerBackend::Sqlite(path) = &backend
+        && !path.is_file()
+    {
         return Err(format!("no usage ledger at {}", path.display()));
     }
     let mut params: Vec<(String, String)> = vec![
@@ -75,7 +79,9 @@ pub fn run(args: &UsageArgs) -> Result<String, String> {
         }
     }
     let q = UsageQuery::from_params(&params, crate::utc::now_ms(), &[])?;
-    let mut page = read(&path, &q)?;
+    let mut page = UsageLedger::reader_of(&backend)
+        .and_then(|r| r.usage(&q))
+        .map_err(|e| format!("usage ledger {}: {e}", backend.describe()))?;
     if let Some(s) = &snapshot {
         page.price_savings(&s.prices);
     }
@@ -84,11 +90,6 @@ pub fn run(args: &UsageArgs) -> Result<String, String> {
     } else {
         table(&page)
     })
-}
-
-fn read(path: &Path, q: &UsageQuery) -> Result<UsagePage, String> {
-    let reader = SqliteStore::open_reader(path).map_err(|e| e.to_string())?;
-    reader.usage(q).map_err(|e| e.to_string())
 }
 
 /// The page as an aligned text table with a total line.

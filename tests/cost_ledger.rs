@@ -200,6 +200,10 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
         assert_eq!(row["status"], "200");
         assert_eq!(row["reason"], "");
         assert_eq!(row["worker"], engine.url);
+        assert!(
+            !row["ttft_ms"].is_empty() && !row["queue_ms"].is_empty(),
+            "{row:?}"
+        );
         assert_eq!(row["model"], MODEL);
         // The key id is the start of the key's sha256, never the key.
         let hash = infergate::tenants::format_hash(&infergate::tenants::hash_key(&key_of(tenant)));

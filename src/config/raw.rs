@@ -59,8 +59,16 @@ pub(super) struct RawRedis {
 pub(super) struct RawLedger {
     pub enabled: Option<bool>,
     pub path: Option<Text>,
+    pub postgres: Option<RawPostgres>,
     pub retention_days: Option<Spanned<u32>>,
     pub queue_rows: Option<Spanned<usize>>,
+}
+
+/// `ledger.postgres:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPostgres {
+    pub url: Text,
 }
 
 /// `policies/prices.yaml`.

@@ -265,29 +265,55 @@ pub(super) fn log(sink: &mut Sink<'_>, raw: Option<&RawLog>) -> LogConfig {
     LogConfig { format, level }
 }
 
-/// `ledger:`: a SQLite file (relative to the config file), retention in days (default 90; 0
-/// keeps every row), the writer's queue size (default 65,536 rows).
+/// `ledger:`: a SQLite file (`path`, relative to the config file) or a PostgreSQL database
+/// (`postgres: {url}`), retention in days (default 90; 0 keeps every row), the writer's queue
+/// size (default 65,536 rows).
 pub(super) fn ledger(
     sink: &mut Sink<'_>,
     raw: Option<&super::raw::RawLedger>,
     base: &Path,
 ) -> crate::ledger::LedgerConfig {
-    use crate::ledger::{DEFAULT_QUEUE_ROWS, DEFAULT_RETENTION_DAYS, LedgerConfig, LedgerSettings};
+    use crate::ledger::{
+        DEFAULT_QUEUE_ROWS, DEFAULT_RETENTION_DAYS, LedgerBackend, LedgerConfig, LedgerSettings,
+    };
     let Some(raw) = raw else {
         return LedgerConfig::Unset;
     };
     if raw.enabled == Some(false) {
         return LedgerConfig::Off;
     }
-    let Some(path) = raw.path.as_ref() else {
-        sink.whole(
-            "ledger: give `path` (a SQLite file, created on first start) or `enabled: false`",
-        );
-        return LedgerConfig::Off;
+    let backend = match (&raw.path, &raw.postgres) {
+        (Some(path), None) => {
+            if path.value.trim().is_empty() {
+                sink.at(&path.referenced, "ledger.path is empty");
+            }
+            let joined = base.join(&path.value);
+            LedgerBackend::Sqlite(std::path::absolute(&joined).unwrap_or(joined))
+        }
+        (None, Some(pg)) => {
+            let url = pg.url.value.trim();
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                sink.at(
+                    &pg.url.referenced,
+                    "ledger.postgres.url must start with postgres://",
+                );
+            }
+            LedgerBackend::Postgres(url.to_string())
+        }
+        (Some(path), Some(_)) => {
+            sink.at(
+                &path.referenced,
+                "ledger: give `path` (SQLite) or `postgres` (PostgreSQL), not both",
+            );
+            return LedgerConfig::Off;
+        }
+        (None, None) => {
+            sink.whole(
+                "ledger: give `path` (a SQLite file, created on first start), `postgres: {url}` or `enabled: false`",
+            );
+            return LedgerConfig::Off;
+        }
     };
-    if path.value.trim().is_empty() {
-        sink.at(&path.referenced, "ledger.path is empty");
-    }
     let retention_days = match &raw.retention_days {
         None => Some(DEFAULT_RETENTION_DAYS),
         Some(d) if d.value == 0 => None,
@@ -301,9 +327,8 @@ pub(super) fn ledger(
         }
         Some(q) => q.value,
     };
-    let joined = base.join(&path.value);
     LedgerConfig::On(LedgerSettings {
-        path: std::path::absolute(&joined).unwrap_or(joined),
+        backend,
         retention_days,
         queue_rows,
     })

@@ -6,6 +6,7 @@
 //! the last flush: one flush interval (1 s) of traffic, more only when the writer fell behind. The storage sits behind
 //! [`LedgerStore`] and [`LedgerReader`] (SQLite here; the fleet mode adds PostgreSQL).
 
+pub mod postgres;
 mod query;
 mod sqlite;
 #[cfg(test)]
@@ -139,8 +140,8 @@ pub struct UsageLedger {
     pub counters: Arc<LedgerCounters>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     reader: Arc<dyn LedgerReader>,
-    /// The database file.
-    pub path: PathBuf,
+    /// Where the rows go.
+    pub backend: LedgerBackend,
 }
 
 /// The `ledger:` section as configured.
@@ -165,18 +166,51 @@ impl LedgerSettings {
     /// Default settings for a ledger file at `path`.
     pub fn at(path: PathBuf) -> Self {
         Self {
-            path,
+            backend: LedgerBackend::Sqlite(path),
             retention_days: Some(DEFAULT_RETENTION_DAYS),
             queue_rows: DEFAULT_QUEUE_ROWS,
         }
     }
 }
 
+/// Where the rows are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerBackend {
+    /// A SQLite file (one replica).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database shared by the fleet (`postgres://...`).
+    Postgres(String),
+}
+
+impl LedgerBackend {
+    /// For logs: the file, or the URL without its password.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Sqlite(p) => p.display().to_string(),
+            Self::Postgres(url) => redact_password(url),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{scheme}://{name}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// `ledger:` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerSettings {
-    /// SQLite file, created on first start.
-    pub path: PathBuf,
+    /// SQLite file (created on first start) or PostgreSQL database.
+    pub backend: LedgerBackend,
     /// Rows older than this many days are deleted (the rollup is kept); `None` keeps all.
     pub retention_days: Option<u32>,
     /// Rows the queue holds before it drops the oldest.
@@ -184,11 +218,29 @@ pub struct LedgerSettings {
 }
 
 impl UsageLedger {
-    /// Opens (creating) the SQLite ledger at `settings.path` and starts its writer thread.
-    pub fn open_sqlite(settings: &LedgerSettings) -> Result<Arc<Self>, LedgerError> {
-        let store = SqliteStore::open(&settings.path)?;
-        let reader = SqliteStore::open_reader(&settings.path)?;
-        Self::start(Box::new(store), Arc::new(reader), settings)
+    /// Opens (creating or migrating) the ledger `settings` names and starts its writer thread.
+    pub fn open(settings: &LedgerSettings) -> Result<Arc<Self>, LedgerError> {
+        match &settings.backend {
+            LedgerBackend::Sqlite(path) => {
+                let store = SqliteStore::open(path)?;
+                let reader = SqliteStore::open_reader(path)?;
+                Self::start(Box::new(store), Arc::new(reader), settings)
+            }
+            LedgerBackend::Postgres(url) => {
+                postgres::migrate(url)?;
+                let store = postgres::PgWriter::new(url);
+                let reader = postgres::PgReader::new(url);
+                Self::start(Box::new(store), Arc::new(reader), settings)
+            }
+        }
+    }
+
+    /// A reader of the ledger `backend` names, without a writer (the CLI's).
+    pub fn reader_of(backend: &LedgerBackend) -> Result<Arc<dyn LedgerReader>, LedgerError> {
+        Ok(match backend {
+            LedgerBackend::Sqlite(path) => Arc::new(SqliteStore::open_reader(path)?),
+            LedgerBackend::Postgres(url) => Arc::new(postgres::PgReader::new(url)),
+        })
     }
 
     /// Starts the writer over `store`.
@@ -218,7 +270,7 @@ impl UsageLedger {
             counters,
             writer: Mutex::new(Some(writer)),
             reader,
-            path: settings.path.clone(),
+            backend: settings.backend.clone(),
         }))
     }
 
@@ -227,7 +279,14 @@ impl UsageLedger {
         if prices.version == 0 {
             return Ok(());
         }
-        SqliteStore::open(&self.path)?.note_prices(prices.version, &prices.fingerprint())
+        match &self.backend {
+            LedgerBackend::Sqlite(path) => {
+                SqliteStore::open(path)?.note_prices(prices.version, &prices.fingerprint())
+            }
+            LedgerBackend::Postgres(url) => {
+                postgres::note_prices(url, prices.version, &prices.fingerprint())
+            }
+        }
     }
 
     /// Queues `row`; when the queue is full the oldest row is dropped (and counted).

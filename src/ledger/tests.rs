@@ -26,7 +26,7 @@ impl Drop for TempFile {
 
 fn settings(path: &std::path::Path, queue_rows: usize) -> LedgerSettings {
     LedgerSettings {
-        path: path.to_path_buf(),
+        backend: LedgerBackend::Sqlite(path.to_path_buf()),
         retention_days: None,
         queue_rows,
     }
@@ -85,7 +85,7 @@ fn rows_survive_a_restart_and_the_rollup_equals_their_sum() {
         })
         .collect();
     {
-        let ledger = UsageLedger::open_sqlite(&settings(&file.0, 10_000)).expect("open");
+        let ledger = UsageLedger::open(&settings(&file.0, 10_000)).expect("open");
         for r in &rows {
             ledger.record(r.clone());
         }
@@ -128,7 +128,7 @@ fn rows_survive_a_restart_and_the_rollup_equals_their_sum() {
     );
     assert_eq!(from_rows.totals.refused, 240);
     // Reopening for writing keeps the rows and adds to them.
-    let ledger = UsageLedger::open_sqlite(&settings(&file.0, 10_000)).expect("open again");
+    let ledger = UsageLedger::open(&settings(&file.0, 10_000)).expect("open again");
     ledger.record(row(5_000, "acme", "a", T0 + 5));
     ledger.close();
     let again = reader.usage(&query(&[Dimension::Tenant])).expect("usage");

@@ -226,21 +226,27 @@ impl Body for ProxyBody {
                     let frame = match frame.into_data() {
                         Ok(data) => {
                             let mut data = this.tap.feed(data);
-                            if this.inner.is_end_stream() {
-                                // A body with a content-length is complete now: hyper stops
-                                // polling once it has written that many bytes, so settle here.
+                            // A body with a content-length is complete now: hyper stops
+                            // polling once it has written that many bytes, so settle here.
+                            let end = this.inner.is_end_stream();
+                            if end {
                                 let rest = this.tap.flush();
                                 if !rest.is_empty() {
                                     let mut joined = data.to_vec();
                                     joined.extend_from_slice(&rest);
                                     data = Bytes::from(joined);
                                 }
+                            }
+                            // Timed before the settlement, so the account sees its first byte.
+                            if !data.is_empty() {
+                                this.on_data();
+                            }
+                            if end {
                                 this.finish(true);
                             }
                             if data.is_empty() {
                                 continue;
                             }
-                            this.on_data();
                             Frame::data(data)
                         }
                         Err(other) => other,
