@@ -135,6 +135,10 @@ struct Spend {
     in_flight: u64,
     /// A soft budget over its limit was reported this period.
     soft_reported: bool,
+    /// Settled here but not yet added to the fleet's shared total (fleet mode).
+    unshared: u64,
+    /// Seeded from the ledger and not yet offered to the shared store.
+    seeded: bool,
 }
 
 impl Spend {
@@ -145,6 +149,8 @@ impl Spend {
             self.period_start = start;
             self.settled = 0;
             self.soft_reported = false;
+            self.unshared = 0;
+            self.seeded = false;
         }
         self
     }
@@ -166,7 +172,60 @@ impl BudgetBook {
     pub fn seed(&self, tenant: &str, period: Period, spent_nano: u64, now: i64) {
         if let Ok(mut map) = self.spend.lock() {
             let s = map.entry((tenant.to_string(), period)).or_default();
-            s.at(period, now).settled = spent_nano;
+            let s = s.at(period, now);
+            s.settled = spent_nano;
+            s.seeded = true;
+        }
+    }
+
+    /// Fleet mode, step 1: every (tenant, period) this replica tracks, with the spend settled
+    /// here since the last exchange (taken) and its ledger seed the first time (offered only
+    /// if the shared store has no total yet).
+    pub fn take_unshared(&self, now: i64) -> Vec<SharedSpend> {
+        let Ok(mut map) = self.spend.lock() else {
+            return Vec::new();
+        };
+        map.iter_mut()
+            .map(|((tenant, period), s)| {
+                let s = s.at(*period, now);
+                let out = SharedSpend {
+                    tenant: tenant.clone(),
+                    period: *period,
+                    period_start: s.period_start,
+                    delta: s.unshared,
+                    // The seed is what the ledger said, without what settled here since.
+                    seed: s.seeded.then_some(s.settled.saturating_sub(s.unshared)),
+                };
+                s.unshared = 0;
+                s.seeded = false;
+                out
+            })
+            .collect()
+    }
+
+    /// Fleet mode, step 2: the fleet's total after adding this replica's `delta`; what settled
+    /// here meanwhile stays on top of it.
+    pub fn apply_shared(&self, spend: &SharedSpend, total: u64, now: i64) {
+        if let Ok(mut map) = self.spend.lock()
+            && let Some(s) = map.get_mut(&(spend.tenant.clone(), spend.period))
+        {
+            let s = s.at(spend.period, now);
+            if s.period_start == spend.period_start {
+                s.settled = total.saturating_add(s.unshared);
+            }
+        }
+    }
+
+    /// Fleet mode, when the exchange failed: the taken delta is kept for the next one.
+    pub fn restore_unshared(&self, spend: &SharedSpend, now: i64) {
+        if let Ok(mut map) = self.spend.lock()
+            && let Some(s) = map.get_mut(&(spend.tenant.clone(), spend.period))
+        {
+            let s = s.at(spend.period, now);
+            if s.period_start == spend.period_start {
+                s.unshared = s.unshared.saturating_add(spend.delta);
+                s.seeded |= spend.seed.is_some();
+            }
         }
     }
 
@@ -237,6 +296,7 @@ impl BudgetBook {
             s.in_flight = s.in_flight.saturating_sub(estimate);
             let s = s.at(period, now);
             s.settled = s.settled.saturating_add(actual);
+            s.unshared = s.unshared.saturating_add(actual);
         }
     }
 
@@ -271,6 +331,21 @@ impl BudgetBook {
             })
             .collect()
     }
+}
+
+/// One tenant's spend in one period, as exchanged with the fleet's shared store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedSpend {
+    /// Tenant.
+    pub tenant: String,
+    /// Period.
+    pub period: Period,
+    /// Start of the period instance, Unix ms (part of the shared key).
+    pub period_start: i64,
+    /// Nano-USD settled here since the last exchange.
+    pub delta: u64,
+    /// This replica's ledger seed, offered once (the store keeps the first one it gets).
+    pub seed: Option<u64>,
 }
 
 /// The distinct periods of `budgets`.
@@ -356,6 +431,29 @@ mod tests {
         book.seed("a", Period::Month, 5_000, now);
         let r = book.admit("a", &[DAY, month], 1, now).err();
         assert_eq!(r.map(|r| r.reset_ms), Some(t("2027-01-01")));
+    }
+
+    #[test]
+    fn shared_totals_replace_local_spend_and_keep_what_settled_meanwhile() {
+        let book = BudgetBook::new();
+        let now = t("2026-12-01T10:00:00Z");
+        book.seed("a", Period::Day, 100, now);
+        assert!(book.admit("a", &[DAY], 10, now).is_ok());
+        book.settle("a", &[Period::Day], 10, 40, now);
+        let taken = book.take_unshared(now);
+        assert_eq!(taken.len(), 1);
+        assert_eq!((taken[0].delta, taken[0].seed), (40, Some(100)));
+        // While the exchange runs, 5 more settle here.
+        assert!(book.admit("a", &[DAY], 1, now).is_ok());
+        book.settle("a", &[Period::Day], 1, 5, now);
+        // The fleet total (other replicas included) is 900.
+        book.apply_shared(&taken[0], 900, now);
+        assert_eq!(book.status("a", &[DAY], now)[0].spent_nanousd, 905);
+        let again = book.take_unshared(now);
+        assert_eq!((again[0].delta, again[0].seed), (5, None));
+        // A failed exchange keeps the delta for the next one.
+        book.restore_unshared(&again[0], now);
+        assert_eq!(book.take_unshared(now)[0].delta, 5);
     }
 
     #[test]

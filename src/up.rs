@@ -194,7 +194,7 @@ async fn serve_gateway(
     let tls = snapshot.tls.is_some();
     let gw = Gateway::new(snapshot, source, tenants, ledger)?;
     if let Some(s) = &gw.shared {
-        s.start().await;
+        s.start(gw.budgets.clone()).await;
         let state = if s.is_healthy() {
             "shared through Redis"
         } else {

@@ -374,3 +374,61 @@ async fn two_replicas_choose_the_same_worker_and_version_for_the_same_request() 
     // The split really splits (hashing, not one arm for everyone).
     assert!(versions.iter().all(|&n| n > N / 4), "{versions:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_spent_on_one_replica_refuses_on_the_other() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("fleet-budget");
+    let redis = Redis::start(None, &dir.path);
+    std::fs::write(
+        dir.path.join("policies/prices.yaml"),
+        format!("version: 1\nmodels:\n  {MODEL}: {{input: 2.0, output: 8.0}}\n"),
+    )
+    .expect("prices.yaml");
+    // One answer of 16 tokens costs 128,000+ nano-USD: over the $0.0001 day budget at once.
+    let tiers = "tiers:\n  fleet:\n    priority: 1\n    budgets: [{period: day, usd: 0.0001, kind: hard}]\n";
+    let (a, b) = replicas(&dir, &engine, &redis, tiers).await;
+    let body = completion("what does it cost", 16);
+    let first = post(&a.at("/v1/completions"), Some(&key_of("acme")), &body).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text);
+    // Replica b learns a's spend within a heartbeat or two.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut answered = 0;
+    loop {
+        let r = post(
+            &b.at("/v1/completions"),
+            Some(&key_of("acme")),
+            &completion("x", 1),
+        )
+        .await;
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(
+                r.json()["error"]["type"],
+                "insufficient_quota",
+                "{}",
+                r.text
+            );
+            break;
+        }
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        answered += 1;
+        assert!(Instant::now() < deadline, "replica b never saw a's spend");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each request b admitted before it knew is spend too, but only a heartbeat's worth.
+    assert!(
+        answered <= 30,
+        "b admitted {answered} before it learned of the budget"
+    );
+    let status = admin(&b, "/admin/budgets?tenant=acme").await;
+    assert!(
+        status["budgets"][0]["spent_nanousd"].as_u64() >= Some(128_000),
+        "{status}"
+    );
+}
+
+async fn admin(gw: &Gw, path: &str) -> serde_json::Value {
+    let (status, text) = common::get(&format!("{}{path}", gw.admin)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    serde_json::from_str(&text).expect("json")
+}

@@ -86,9 +86,20 @@ fn uint(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// The error with the server's own message (tokio-postgres's Display says only "db error").
 fn pg(context: &str) -> impl Fn(tokio_postgres::Error) -> LedgerError + '_ {
-    move |e| LedgerError(format!("{context}: {e}"))
+    move |e| match e.as_db_error() {
+        Some(db) => LedgerError(format!(
+            "{context}: {} (SQLSTATE {})",
+            db.message(),
+            db.code().code()
+        )),
+        None => LedgerError(format!("{context}: {e}")),
+    }
 }
+
+/// Key of the advisory lock that serializes migrations of replicas starting together.
+const MIGRATION_LOCK: i64 = 0x1f6a_7e00_1ed6;
 
 fn runtime() -> Result<tokio::runtime::Runtime, LedgerError> {
     tokio::runtime::Builder::new_current_thread()
@@ -138,6 +149,14 @@ fn with_connection<T: Send>(
 pub fn migrate(url: &str) -> Result<(), LedgerError> {
     with_connection(url, |c| {
         Box::pin(async move {
+            // One transaction holding an advisory lock: replicas starting at the same moment
+            // migrate one after the other (concurrent CREATE ... IF NOT EXISTS can collide).
+            c.batch_execute("BEGIN")
+                .await
+                .map_err(pg("begin migration"))?;
+            c.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await
+                .map_err(pg("migration lock"))?;
             c.batch_execute(SCHEMA)
                 .await
                 .map_err(pg("creating the schema"))?;
@@ -161,7 +180,9 @@ pub fn migrate(url: &str) -> Result<(), LedgerError> {
                 }
                 Some(_) => {}
             }
-            Ok(())
+            c.batch_execute("COMMIT")
+                .await
+                .map_err(pg("commit migration"))
         })
     })
 }
@@ -230,7 +251,19 @@ impl LedgerStore for PgWriter {
                 Some(c) if !c.is_closed() => c,
                 _ => connect(&url).await?,
             };
-            write(&mut client, rows).await.map(|()| client)
+            match write(&mut client, rows).await {
+                Ok(()) => Ok(client),
+                // A connection that died while idle (a PostgreSQL restart) fails at BEGIN,
+                // before anything was sent: one fresh connection, one retry, no duplicate.
+                Err(Failure::BeforeWrite(_)) => {
+                    let mut fresh = connect(&url).await?;
+                    write(&mut fresh, rows)
+                        .await
+                        .map(|()| fresh)
+                        .map_err(Failure::into_error)
+                }
+                Err(f) => Err(f.into_error()),
+            }
         });
         // A failed batch drops the connection: the next one reconnects.
         match result {
@@ -254,9 +287,34 @@ impl LedgerStore for PgWriter {
     }
 }
 
+/// How a batch failed.
+enum Failure {
+    /// Before any statement reached the server (safe to retry).
+    BeforeWrite(LedgerError),
+    /// After: the transaction may or may not have committed.
+    During(LedgerError),
+}
+
+impl Failure {
+    fn into_error(self) -> LedgerError {
+        match self {
+            Self::BeforeWrite(e) | Self::During(e) => e,
+        }
+    }
+}
+
+impl From<LedgerError> for Failure {
+    fn from(e: LedgerError) -> Self {
+        Self::During(e)
+    }
+}
+
 /// One batch in one transaction: the rows, then the rollup deltas.
-async fn write(client: &mut Client, rows: &[UsageRow]) -> Result<(), LedgerError> {
-    let tx = client.transaction().await.map_err(pg("begin"))?;
+async fn write(client: &mut Client, rows: &[UsageRow]) -> Result<(), Failure> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| Failure::BeforeWrite(pg("begin")(e)))?;
     let mut deltas: HashMap<(String, &str, &str, &str), [i64; 6]> = HashMap::new();
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
         let days: Vec<String> = chunk
@@ -356,7 +414,7 @@ async fn write(client: &mut Client, rows: &[UsageRow]) -> Result<(), LedgerError
             .await
             .map_err(pg("rollup upsert"))?;
     }
-    tx.commit().await.map_err(pg("commit"))
+    Ok(tx.commit().await.map_err(pg("commit"))?)
 }
 
 /// The readers' side: each call opens its own short connection.

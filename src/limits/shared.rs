@@ -165,11 +165,12 @@ impl SharedLimiter {
         }))
     }
 
-    /// Connects (within the timeout) and starts the heartbeat that counts replicas and
-    /// reconnects after a failure. A Redis that is down at start only means starting on the
-    /// local share.
-    pub async fn start(self: &Arc<Self>) {
+    /// Connects (within the timeout) and starts the heartbeat that counts replicas, reconnects
+    /// after a failure and exchanges `budgets`' spend with the fleet. A Redis that is down at
+    /// start only means starting on the local share.
+    pub async fn start(self: &Arc<Self>, budgets: Arc<crate::budgets::BudgetBook>) {
         self.heartbeat().await;
+        self.share_budgets(&budgets).await;
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(HEARTBEAT);
@@ -178,8 +179,67 @@ impl SharedLimiter {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
                 me.heartbeat().await;
+                me.share_budgets(&budgets).await;
             }
         });
+    }
+
+    /// Adds the spend settled here since the last exchange to each tenant's fleet total in
+    /// Redis and takes the totals back (one pipelined round trip). A replica's own ledger seed
+    /// starts a total that Redis does not have yet. Spend is shared within a heartbeat (1 s);
+    /// estimates in flight stay per replica.
+    async fn share_budgets(&self, book: &crate::budgets::BudgetBook) {
+        if !self.is_healthy() {
+            return;
+        }
+        let Some(mut conn) = self.connection() else {
+            return;
+        };
+        let now = crate::utc::now_ms();
+        let items = book.take_unshared(now);
+        if items.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for s in &items {
+            let key = format!(
+                "{}:budget:{{{}}}:{}:{}",
+                self.settings.key_prefix,
+                s.tenant,
+                s.period.as_str(),
+                s.period_start
+            );
+            // Kept a day past the period's end.
+            let ttl = (s.period.end(now) - now) / 1000 + 86_400;
+            if let Some(seed) = s.seed {
+                pipe.cmd("SET").arg(&key).arg(seed).arg("NX").ignore();
+            }
+            pipe.cmd("INCRBY").arg(&key).arg(s.delta);
+            pipe.cmd("EXPIRE").arg(&key).arg(ttl).ignore();
+        }
+        match tokio::time::timeout(
+            self.settings.timeout,
+            pipe.query_async::<Vec<i64>>(&mut conn),
+        )
+        .await
+        {
+            Ok(Ok(totals)) if totals.len() == items.len() => {
+                for (s, total) in items.iter().zip(totals) {
+                    book.apply_shared(s, u64::try_from(total).unwrap_or(0), now);
+                }
+            }
+            other => {
+                for s in &items {
+                    book.restore_unshared(s, now);
+                }
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(_)) => "unexpected answer".into(),
+                    Err(_) => "timed out".into(),
+                };
+                self.failed("budgets", &why);
+            }
+        }
     }
 
     /// True while Redis answers.
