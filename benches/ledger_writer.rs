@@ -1,7 +1,8 @@
 //! The usage ledger's writer on SQLite: sustained rows per second through the real path (rows
 //! pushed onto the bounded queue as fast as one thread can, the writer thread flushing batches
 //! of up to 500 in one transaction with the daily-rollup upsert), and the time one `record`
-//! call costs the request path. Run with `cargo bench --bench ledger_writer`.
+//! call costs the request path; then the same into PostgreSQL when `INFERGATE_BENCH_POSTGRES`
+//! names a database. Run with `cargo bench --bench ledger_writer`.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering;
@@ -43,8 +44,29 @@ fn row(i: u64, now: i64) -> UsageRow {
 fn main() {
     let dir = std::env::temp_dir().join(format!("infergate-ledger-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    run(
+        "SQLite, WAL, synchronous=FULL",
+        LedgerBackend::Sqlite(dir.join("usage.sqlite")),
+    );
+    let size = std::fs::metadata(dir.join("usage.sqlite")).map_or(0, |m| m.len());
+    println!(
+        "file: {:.1} MiB ({} bytes per row)",
+        size as f64 / 1_048_576.0,
+        size / ROWS
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    // PostgreSQL when a database is given (the rows are left in it).
+    match std::env::var("INFERGATE_BENCH_POSTGRES") {
+        Ok(url) if !url.is_empty() => run("PostgreSQL", LedgerBackend::Postgres(url)),
+        _ => println!(
+            "PostgreSQL: skipped (set INFERGATE_BENCH_POSTGRES=postgres://USER@HOST:PORT/DB)"
+        ),
+    }
+}
+
+fn run(label: &str, backend: LedgerBackend) {
     let settings = LedgerSettings {
-        backend: LedgerBackend::Sqlite(dir.join("usage.sqlite")),
+        backend,
         retention_days: None,
         // Room for the whole run: this measures the writer, not the drop policy.
         queue_rows: ROWS as usize,
@@ -79,7 +101,7 @@ fn main() {
     let pct = |p: f64| push_ns[((push_ns.len() - 1) as f64 * p) as usize];
     let c = &ledger.counters;
     println!(
-        "ledger writer (SQLite, WAL, synchronous=NORMAL): {ROWS} rows in {:.2} s = {:.0} rows/s sustained, {} batches",
+        "ledger writer ({label}): {ROWS} rows in {:.2} s = {:.0} rows/s sustained, {} batches",
         all.as_secs_f64(),
         ROWS as f64 / all.as_secs_f64(),
         c.flushes.load(Ordering::Relaxed)
@@ -94,11 +116,4 @@ fn main() {
         c.dropped.load(Ordering::Relaxed)
     );
     ledger.close();
-    let size = std::fs::metadata(dir.join("usage.sqlite")).map_or(0, |m| m.len());
-    println!(
-        "file: {:.1} MiB ({} bytes per row)",
-        size as f64 / 1_048_576.0,
-        size / ROWS
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
