@@ -15,7 +15,10 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
-use super::query::{Dimension, Outcome, UsageGroup, UsagePage, UsageQuery};
+use super::query::{
+    MAX_GROUPS, ROW_COLUMNS, SqlValue, UsageGroup, UsagePage, UsageQuery, grouped_sql, rows_sql,
+    too_many_groups,
+};
 use super::{LedgerError, LedgerReader, LedgerStore, UsageRow};
 
 /// The schema this code writes.
@@ -69,14 +72,10 @@ CREATE TABLE IF NOT EXISTS price_versions (
 );
 ";
 
-const ROW_COLUMNS: &str = "request_id, start_ms, end_ms, day, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms";
-
 /// Rows per INSERT statement (20 parameters each, under PostgreSQL's 65,535).
 const ROWS_PER_STATEMENT: usize = 1_000;
 /// Longest a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Groups more than this in one answer are refused.
-const MAX_GROUPS: usize = 200_000;
 
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -431,13 +430,7 @@ impl PgReader {
     }
 }
 
-/// Parameter values of a query, owned.
-enum Param {
-    Int(i64),
-    Text(String),
-}
-
-impl Param {
+impl SqlValue {
     fn as_sql(&self) -> &(dyn ToSql + Sync) {
         match self {
             Self::Int(v) => v,
@@ -446,87 +439,25 @@ impl Param {
     }
 }
 
-/// `WHERE` of `q`'s window and filters with `$n` placeholders.
-fn filters(q: &UsageQuery, rollup: bool) -> (String, Vec<Param>) {
-    let mut sql = String::new();
-    let mut args = Vec::new();
-    if rollup {
-        sql.push_str(" WHERE day >= $1 AND day < $2");
-        args.push(Param::Text(crate::utc::iso_date(q.from_ms)));
-        args.push(Param::Text(crate::utc::iso_date(
-            q.to_ms - 1 + crate::utc::DAY_MS,
-        )));
-    } else {
-        sql.push_str(" WHERE end_ms >= $1 AND end_ms < $2");
-        args.push(Param::Int(q.from_ms));
-        args.push(Param::Int(q.to_ms));
-    }
-    for (column, value) in [
-        ("tenant", &q.tenant),
-        ("model", &q.model),
-        ("key_id", &q.key),
-    ] {
-        if let Some(v) = value {
-            args.push(Param::Text(v.clone()));
-            sql.push_str(&format!(" AND {column} = ${}", args.len()));
-        }
-    }
-    if q.outcome == Outcome::Refused {
-        sql.push_str(if rollup {
-            " AND refused > 0"
-        } else {
-            " AND reason <> ''"
-        });
-    }
-    (sql, args)
-}
-
 async fn group_parts(
     c: &Client,
     q: &UsageQuery,
     rollup: bool,
 ) -> Result<Vec<(Vec<String>, String, UsageGroup)>, LedgerError> {
-    let dims: Vec<Dimension> = q
-        .group_by
-        .iter()
-        .copied()
-        .filter(|d| !rollup || d.in_rollup())
-        .collect();
-    let mut select: Vec<&str> = dims.iter().map(|d| d.column()).collect();
-    select.push("model");
-    let cols = select.join(", ");
-    let (table, sums) = if rollup {
-        (
-            "usage_daily",
-            "SUM(requests)::BIGINT, SUM(refused)::BIGINT, SUM(prompt_tokens)::BIGINT, SUM(cached_tokens)::BIGINT, SUM(completion_tokens)::BIGINT, SUM(cost_nanousd)::BIGINT",
-        )
-    } else {
-        (
-            "usage",
-            "COUNT(*)::BIGINT, SUM(CASE WHEN reason <> '' THEN 1 ELSE 0 END)::BIGINT, SUM(prompt_tokens)::BIGINT, SUM(cached_tokens)::BIGINT, SUM(completion_tokens)::BIGINT, SUM(cost_nanousd)::BIGINT",
-        )
-    };
-    let (where_sql, args) = filters(q, rollup);
-    let sql = format!(
-        "SELECT {cols}, {sums} FROM {table}{where_sql} GROUP BY {cols} LIMIT {}",
-        MAX_GROUPS + 1
-    );
-    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(Param::as_sql).collect();
+    let (sql, args, n) = grouped_sql(q, rollup);
+    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(SqlValue::as_sql).collect();
     let rows = c
         .query(sql.as_str(), &params)
         .await
         .map_err(pg("usage query"))?;
     if rows.len() > MAX_GROUPS {
-        return Err(LedgerError(format!(
-            "more than {MAX_GROUPS} groups: narrow the window, add a filter or group by less"
-        )));
+        return Err(too_many_groups());
     }
-    let n = dims.len();
     rows.iter()
         .map(|r| {
-            let get = |i: usize| -> Result<i64, LedgerError> {
-                r.try_get::<_, Option<i64>>(i)
-                    .map(|v| v.unwrap_or(0))
+            let sum = |i: usize| -> Result<u64, LedgerError> {
+                r.try_get::<_, Option<i64>>(n + i)
+                    .map(|v| uint(v.unwrap_or(0)))
                     .map_err(pg("usage row"))
             };
             let mut values = Vec::with_capacity(n);
@@ -535,12 +466,12 @@ async fn group_parts(
             }
             let model: String = r.try_get(n).map_err(pg("usage row"))?;
             let part = UsageGroup {
-                requests: uint(get(n + 1)?),
-                refused: uint(get(n + 2)?),
-                prompt_tokens: uint(get(n + 3)?),
-                cached_tokens: uint(get(n + 4)?),
-                completion_tokens: uint(get(n + 5)?),
-                cost_nanousd: uint(get(n + 6)?),
+                requests: sum(1)?,
+                refused: sum(2)?,
+                prompt_tokens: sum(3)?,
+                cached_tokens: sum(4)?,
+                completion_tokens: sum(5)?,
+                cost_nanousd: sum(6)?,
                 ..UsageGroup::default()
             };
             Ok((values, model, part))
@@ -568,12 +499,8 @@ impl LedgerReader for PgReader {
         let q = q.clone();
         with_connection(&self.url, move |c| {
             Box::pin(async move {
-                let (where_sql, args) = filters(&q, false);
-                let sql = format!(
-                    "SELECT {ROW_COLUMNS} FROM usage{where_sql} ORDER BY end_ms, id LIMIT {} OFFSET {}",
-                    q.limit, q.offset
-                );
-                let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(Param::as_sql).collect();
+                let (sql, args) = rows_sql(&q);
+                let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(SqlValue::as_sql).collect();
                 let rows = c
                     .query(sql.as_str(), &params)
                     .await

@@ -388,3 +388,123 @@ fn csv_field(v: &str) -> String {
         v
     }
 }
+
+/// A parameter of a ledger query, bound by each backend in its own types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlValue {
+    /// An integer (times in Unix ms).
+    Int(i64),
+    /// Text (names, days).
+    Text(String),
+}
+
+/// The `WHERE` clause of `q`'s window and filters with `$1`, `$2`... placeholders (both
+/// PostgreSQL and SQLite read them), and its values in order. On the rollup the window is whole
+/// UTC days: a window ending mid-day still includes that day's row.
+pub fn where_clause(q: &UsageQuery, rollup: bool) -> (String, Vec<SqlValue>) {
+    let mut sql = String::new();
+    let mut args = Vec::new();
+    if rollup {
+        sql.push_str(" WHERE day >= $1 AND day < $2");
+        args.push(SqlValue::Text(crate::utc::iso_date(q.from_ms)));
+        args.push(SqlValue::Text(crate::utc::iso_date(
+            q.to_ms - 1 + crate::utc::DAY_MS,
+        )));
+    } else {
+        sql.push_str(" WHERE end_ms >= $1 AND end_ms < $2");
+        args.push(SqlValue::Int(q.from_ms));
+        args.push(SqlValue::Int(q.to_ms));
+    }
+    for (column, value) in [
+        ("tenant", &q.tenant),
+        ("model", &q.model),
+        ("key_id", &q.key),
+    ] {
+        if let Some(v) = value {
+            args.push(SqlValue::Text(v.clone()));
+            sql.push_str(&format!(" AND {column} = ${}", args.len()));
+        }
+    }
+    if q.outcome == Outcome::Refused {
+        sql.push_str(if rollup {
+            " AND refused > 0"
+        } else {
+            " AND reason <> ''"
+        });
+    }
+    (sql, args)
+}
+
+/// Groups more than this in one answer are refused (narrow the window or the grouping).
+pub const MAX_GROUPS: usize = 200_000;
+
+/// The grouped query of `q` (on the rows, or the rollup), portable SQL: its text, values, and
+/// how many dimension columns lead each result row (then `model`, then six sums as BIGINT:
+/// requests, refused, prompt, cached, completion, cost).
+pub fn grouped_sql(q: &UsageQuery, rollup: bool) -> (String, Vec<SqlValue>, usize) {
+    let dims: Vec<Dimension> = q
+        .group_by
+        .iter()
+        .copied()
+        .filter(|d| !rollup || d.in_rollup())
+        .collect();
+    let mut select: Vec<&str> = dims.iter().map(|d| d.column()).collect();
+    select.push("model");
+    let cols = select.join(", ");
+    let (table, sums): (&str, [&str; 6]) = if rollup {
+        (
+            "usage_daily",
+            [
+                "requests",
+                "refused",
+                "prompt_tokens",
+                "cached_tokens",
+                "completion_tokens",
+                "cost_nanousd",
+            ],
+        )
+    } else {
+        (
+            "usage",
+            [
+                "1",
+                "CASE WHEN reason <> '' THEN 1 ELSE 0 END",
+                "prompt_tokens",
+                "cached_tokens",
+                "completion_tokens",
+                "cost_nanousd",
+            ],
+        )
+    };
+    let sums: Vec<String> = sums
+        .iter()
+        .map(|e| format!("CAST(SUM({e}) AS BIGINT)"))
+        .collect();
+    let (where_sql, args) = where_clause(q, rollup);
+    let sql = format!(
+        "SELECT {cols}, {} FROM {table}{where_sql} GROUP BY {cols} LIMIT {}",
+        sums.join(", "),
+        MAX_GROUPS + 1
+    );
+    (sql, args, dims.len())
+}
+
+/// The rows query of `q`: every column in [`super::UsageRow`] order, oldest first, one page.
+pub fn rows_sql(q: &UsageQuery) -> (String, Vec<SqlValue>) {
+    let (where_sql, args) = where_clause(q, false);
+    let sql = format!(
+        "SELECT {ROW_COLUMNS} FROM usage{where_sql} ORDER BY end_ms, id LIMIT {} OFFSET {}",
+        q.limit, q.offset
+    );
+    (sql, args)
+}
+
+/// The columns of a row, in the order both backends insert and read them.
+pub const ROW_COLUMNS: &str = "request_id, start_ms, end_ms, day, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms";
+
+/// The error for an answer with more than [`MAX_GROUPS`] groups.
+pub fn too_many_groups() -> super::LedgerError {
+    super::LedgerError(format!(
+        "more than {MAX_GROUPS} groups: narrow the window, add a filter or group by less"
+    ))
+}

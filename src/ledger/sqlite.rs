@@ -7,7 +7,9 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OpenFlags, params, params_from_iter};
 
-use super::query::{Dimension, Outcome, UsageGroup, UsagePage, UsageQuery};
+use super::query::{
+    MAX_GROUPS, SqlValue, UsageGroup, UsagePage, UsageQuery, grouped_sql, rows_sql, too_many_groups,
+};
 use super::{LedgerError, LedgerReader, LedgerStore, UsageRow};
 
 /// The schema this code writes.
@@ -64,9 +66,6 @@ CREATE TABLE IF NOT EXISTS price_versions (
 const INSERT_ROW: &str = "INSERT INTO usage (request_id, start_ms, end_ms, day, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
 
 const UPSERT_DAILY: &str = "INSERT INTO usage_daily (day, tenant, key_id, model, requests, refused, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (day, tenant, key_id, model) DO UPDATE SET requests = requests + excluded.requests, refused = refused + excluded.refused, prompt_tokens = prompt_tokens + excluded.prompt_tokens, cached_tokens = cached_tokens + excluded.cached_tokens, completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanousd = cost_nanousd + excluded.cost_nanousd";
-
-/// Groups more than this in one answer are refused (narrow the window or the grouping).
-const MAX_GROUPS: usize = 200_000;
 
 fn err(context: &str) -> impl Fn(rusqlite::Error) -> LedgerError + '_ {
     move |e| LedgerError(format!("{context}: {e}"))
@@ -192,45 +191,15 @@ impl SqliteStore {
     }
 }
 
-/// The `WHERE` clause of `q`'s window and filters, with its parameters.
-fn filters(
-    q: &UsageQuery,
-    time_column: &str,
-    rollup: bool,
-) -> (String, Vec<rusqlite::types::Value>) {
+/// A query's values as SQLite binds them.
+fn bind(args: Vec<SqlValue>) -> Vec<rusqlite::types::Value> {
     use rusqlite::types::Value;
-    let mut sql = String::new();
-    let mut args: Vec<Value> = Vec::new();
-    if rollup {
-        sql.push_str(" WHERE day >= ? AND day < ?");
-        args.push(Value::Text(crate::utc::iso_date(q.from_ms)));
-        // A window ending mid-day still includes that day's rollup row.
-        args.push(Value::Text(crate::utc::iso_date(
-            q.to_ms - 1 + crate::utc::DAY_MS,
-        )));
-    } else {
-        sql.push_str(&format!(" WHERE {time_column} >= ? AND {time_column} < ?"));
-        args.push(Value::Integer(q.from_ms));
-        args.push(Value::Integer(q.to_ms));
-    }
-    for (column, value) in [
-        ("tenant", &q.tenant),
-        ("model", &q.model),
-        ("key_id", &q.key),
-    ] {
-        if let Some(v) = value {
-            sql.push_str(&format!(" AND {column} = ?"));
-            args.push(Value::Text(v.clone()));
-        }
-    }
-    if q.outcome == Outcome::Refused {
-        sql.push_str(if rollup {
-            " AND refused > 0"
-        } else {
-            " AND reason != ''"
-        });
-    }
-    (sql, args)
+    args.into_iter()
+        .map(|v| match v {
+            SqlValue::Int(i) => Value::Integer(i),
+            SqlValue::Text(t) => Value::Text(t),
+        })
+        .collect()
 }
 
 fn group_parts(
@@ -238,47 +207,23 @@ fn group_parts(
     q: &UsageQuery,
     rollup: bool,
 ) -> Result<Vec<(Vec<String>, String, UsageGroup)>, LedgerError> {
-    let dims: Vec<Dimension> = q
-        .group_by
-        .iter()
-        .copied()
-        .filter(|d| !rollup || d.in_rollup())
-        .collect();
-    let mut select: Vec<&str> = dims.iter().map(|d| d.column()).collect();
-    select.push("model");
-    let cols = select.join(", ");
-    let (table, sums) = if rollup {
-        (
-            "usage_daily",
-            "SUM(requests), SUM(refused), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_nanousd)",
-        )
-    } else {
-        (
-            "usage",
-            "COUNT(*), SUM(reason != ''), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_nanousd)",
-        )
-    };
-    let (where_sql, args) = filters(q, "end_ms", rollup);
-    let sql = format!(
-        "SELECT {cols}, {sums} FROM {table}{where_sql} GROUP BY {cols} LIMIT {}",
-        MAX_GROUPS + 1
-    );
+    let (sql, args, n) = grouped_sql(q, rollup);
     let mut stmt = conn.prepare(&sql).map_err(err("usage query"))?;
-    let n = dims.len();
     let rows = stmt
-        .query_map(params_from_iter(args), |r| {
+        .query_map(params_from_iter(bind(args)), |r| {
             let mut values = Vec::with_capacity(n);
             for i in 0..n {
                 values.push(r.get::<_, String>(i)?);
             }
             let model: String = r.get(n)?;
+            let sum = |i: usize| r.get::<_, Option<i64>>(n + i).map(|v| uint(v.unwrap_or(0)));
             let part = UsageGroup {
-                requests: uint(r.get(n + 1)?),
-                refused: uint(r.get(n + 2)?),
-                prompt_tokens: uint(r.get(n + 3)?),
-                cached_tokens: uint(r.get(n + 4)?),
-                completion_tokens: uint(r.get(n + 5)?),
-                cost_nanousd: uint(r.get(n + 6)?),
+                requests: sum(1)?,
+                refused: sum(2)?,
+                prompt_tokens: sum(3)?,
+                cached_tokens: sum(4)?,
+                completion_tokens: sum(5)?,
+                cost_nanousd: sum(6)?,
                 ..UsageGroup::default()
             };
             Ok((values, model, part))
@@ -286,9 +231,7 @@ fn group_parts(
         .map_err(err("usage query"))?;
     let parts: Vec<_> = rows.collect::<Result<_, _>>().map_err(err("usage row"))?;
     if parts.len() > MAX_GROUPS {
-        return Err(LedgerError(format!(
-            "more than {MAX_GROUPS} groups: narrow the window, add a filter or group by less"
-        )));
+        return Err(too_many_groups());
     }
     Ok(parts)
 }
@@ -400,34 +343,31 @@ impl LedgerReader for SqliteStore {
 
     fn rows(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, LedgerError> {
         self.with(|c| {
-            let (where_sql, args) = filters(q, "end_ms", false);
-            let sql = format!(
-                "SELECT request_id, start_ms, end_ms, tenant, key_id, model, version, pool, worker, status, reason, prompt_tokens, cached_tokens, completion_tokens, cost_nanousd, price_version, queue_ms, ttft_ms, total_ms FROM usage{where_sql} ORDER BY end_ms, id LIMIT {} OFFSET {}",
-                q.limit, q.offset
-            );
+            let (sql, args) = rows_sql(q);
             let mut stmt = c.prepare(&sql).map_err(err("rows query"))?;
             let rows = stmt
-                .query_map(params_from_iter(args), |r| {
+                .query_map(params_from_iter(bind(args)), |r| {
+                    // Column 3 is the row's day (derived from end_ms).
                     Ok(UsageRow {
                         request_id: r.get(0)?,
                         start_ms: r.get(1)?,
                         end_ms: r.get(2)?,
-                        tenant: r.get(3)?,
-                        key_id: r.get(4)?,
-                        model: r.get(5)?,
-                        version: r.get(6)?,
-                        pool: r.get(7)?,
-                        worker: r.get(8)?,
-                        status: r.get(9)?,
-                        reason: r.get(10)?,
-                        prompt_tokens: uint(r.get(11)?),
-                        cached_tokens: uint(r.get(12)?),
-                        completion_tokens: uint(r.get(13)?),
-                        cost_nanousd: uint(r.get(14)?),
-                        price_version: r.get(15)?,
-                        queue_ms: r.get::<_, Option<i64>>(16)?.map(uint),
-                        ttft_ms: r.get::<_, Option<i64>>(17)?.map(uint),
-                        total_ms: uint(r.get(18)?),
+                        tenant: r.get(4)?,
+                        key_id: r.get(5)?,
+                        model: r.get(6)?,
+                        version: r.get(7)?,
+                        pool: r.get(8)?,
+                        worker: r.get(9)?,
+                        status: r.get(10)?,
+                        reason: r.get(11)?,
+                        prompt_tokens: uint(r.get(12)?),
+                        cached_tokens: uint(r.get(13)?),
+                        completion_tokens: uint(r.get(14)?),
+                        cost_nanousd: uint(r.get(15)?),
+                        price_version: r.get(16)?,
+                        queue_ms: r.get::<_, Option<i64>>(17)?.map(uint),
+                        ttft_ms: r.get::<_, Option<i64>>(18)?.map(uint),
+                        total_ms: uint(r.get(19)?),
                     })
                 })
                 .map_err(err("rows query"))?;
