@@ -139,19 +139,40 @@ impl UsageTap {
         Bytes::from(out)
     }
 
+    /// Scans whole events (separated by a blank line), as the slow path does.
     fn scan_events(&mut self, data: &[u8]) {
-        for event in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            self.scan_event(event);
+        let mut rest = data;
+        while let Some(end) = rest.windows(2).position(|w| w == b"\n\n") {
+            let event = &rest[..end + 1];
+            rest = &rest[end + 2..];
+            if !event.iter().all(|&b| b == b'\n') {
+                self.scan_event(event);
+            }
         }
     }
 
     /// Looks at one event; returns true when it is a usage-only chunk (empty `choices`).
+    /// Several `data:` lines make one payload, joined with `\n` (the SSE rule).
     fn scan_event(&mut self, event: &[u8]) -> bool {
-        let Some(payload) = event.split(|&b| b == b'\n').find_map(|l| {
+        let mut lines = event.split(|&b| b == b'\n').filter_map(|l| {
             l.strip_prefix(b"data: ")
                 .or_else(|| l.strip_prefix(b"data:"))
-        }) else {
+        });
+        let Some(first) = lines.next() else {
             return false;
+        };
+        let joined;
+        let payload: &[u8] = match lines.next() {
+            None => first,
+            Some(second) => {
+                let mut all = first.to_vec();
+                for l in std::iter::once(second).chain(lines) {
+                    all.push(b'\n');
+                    all.extend_from_slice(l);
+                }
+                joined = all;
+                &joined
+            }
         };
         if payload.starts_with(b"[DONE]") {
             return false;
@@ -177,6 +198,25 @@ impl UsageTap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_of_several_data_lines_is_one_payload_on_both_paths() {
+        let event = "data: {\"choices\":[],\n\
+                     data: \"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n\
+                     data: [DONE]\n\n";
+        // Fast path: whole events in one frame.
+        let mut fast = UsageTap::new(true, false);
+        let _ = fast.feed(Bytes::from(event));
+        // Slow path: split mid-event.
+        let mut slow = UsageTap::new(true, false);
+        let (a, b) = event.split_at(20);
+        let _ = slow.feed(Bytes::from(a.to_string()));
+        let _ = slow.feed(Bytes::from(b.to_string()));
+        for tap in [&fast, &slow] {
+            assert_eq!(tap.usage.map(|u| (u.prompt, u.completion)), Some((5, 2)));
+            assert_eq!(tap.content_events, 0, "a usage-only event is not content");
+        }
+    }
 
     const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n";
 
