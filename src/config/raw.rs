@@ -46,7 +46,8 @@ pub(super) struct RawState {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRedis {
-    pub url: Text,
+    pub url: Option<Text>,
+    pub url_env: Option<Text>,
     pub key_prefix: Option<Text>,
     pub timeout: Option<Text>,
     pub replicas: Option<Spanned<u32>>,
@@ -68,7 +69,8 @@ pub(super) struct RawLedger {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPostgres {
-    pub url: Text,
+    pub url: Option<Text>,
+    pub url_env: Option<Text>,
 }
 
 /// `policies/prices.yaml`.

@@ -291,14 +291,20 @@ pub(super) fn ledger(
             LedgerBackend::Sqlite(std::path::absolute(&joined).unwrap_or(joined))
         }
         (None, Some(pg)) => {
-            let url = pg.url.value.trim();
+            let Some((url, at)) = url_or_env(
+                sink,
+                pg.url.as_ref(),
+                pg.url_env.as_ref(),
+                "ledger.postgres",
+                None,
+            ) else {
+                return LedgerConfig::Off;
+            };
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                sink.at(
-                    &pg.url.referenced,
-                    "ledger.postgres.url must start with postgres://",
-                );
+                // Never repeat the URL: it may hold a password.
+                sink.at(&at, "ledger.postgres.url must start with postgres://");
             }
-            LedgerBackend::Postgres(url.to_string())
+            LedgerBackend::Postgres(url)
         }
         (Some(path), Some(_)) => {
             sink.at(
@@ -341,12 +347,15 @@ pub(super) fn redis(
     sink: &mut Sink<'_>,
     raw: &super::raw::RawRedis,
 ) -> Option<crate::limits::RedisSettings> {
-    let url = raw.url.value.trim();
+    let (url, at) = url_or_env(
+        sink,
+        raw.url.as_ref(),
+        raw.url_env.as_ref(),
+        "state.redis",
+        None,
+    )?;
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-        sink.at(
-            &raw.url.referenced,
-            "state.redis.url must start with redis://",
-        );
+        sink.at(&at, "state.redis.url must start with redis://");
         return None;
     }
     let timeout = match &raw.timeout {
@@ -378,10 +387,51 @@ pub(super) fn redis(
         sink.at(&r.referenced, "state.redis.replicas must be ≥ 1");
     }
     Some(crate::limits::RedisSettings {
-        url: url.to_string(),
+        url,
         key_prefix,
         timeout,
         replicas: raw.replicas.as_ref().map(|r| r.value.max(1)),
         fail_closed: raw.fail_closed.unwrap_or(false),
     })
+}
+
+/// A URL given inline (`url`) or, when it holds a password, in an environment variable
+/// (`url_env`, e.g. from a Kubernetes Secret); exactly one of the two. `what` names the section.
+fn url_or_env(
+    sink: &mut Sink<'_>,
+    url: Option<&Text>,
+    env: Option<&Text>,
+    what: &str,
+    at: Option<&serde_saphyr::Location>,
+) -> Option<(String, serde_saphyr::Location)> {
+    match (url, env) {
+        (Some(u), None) => Some((u.value.trim().to_string(), u.referenced)),
+        (None, Some(e)) => match std::env::var(&e.value) {
+            Ok(v) if !v.trim().is_empty() => Some((v.trim().to_string(), e.referenced)),
+            _ => {
+                let msg = format!(
+                    "{what}.url_env: environment variable `{}` is not set or empty",
+                    e.value
+                );
+                sink.at(&e.referenced, msg);
+                None
+            }
+        },
+        (Some(u), Some(_)) => {
+            sink.at(
+                &u.referenced,
+                format!("{what}: give `url` or `url_env`, not both"),
+            );
+            None
+        }
+        (None, None) => {
+            let msg =
+                format!("{what}: give `url` or `url_env` (an environment variable holding it)");
+            match at {
+                Some(l) => sink.at(l, msg),
+                None => sink.whole(msg),
+            }
+            None
+        }
+    }
 }

@@ -189,3 +189,31 @@ fn canary_arms_are_version_only_unless_direct() {
     let s = load_both(MINIMAL, None).unwrap();
     assert!(!s.debug_headers && !s.metrics_public, "both default off");
 }
+
+#[test]
+fn fleet_urls_come_inline_or_from_an_environment_variable() {
+    let with = |extra: &str| format!("{extra}{MINIMAL}");
+    let s = load_str(
+        &with("state: {redis: {url: \"redis://r:6379/\"}}\nledger: {postgres: {url: \"postgres://u@db/l\"}}\n"),
+        Path::new(CONFIG),
+        None,
+    )
+    .expect("valid");
+    assert_eq!(s.redis.map(|r| r.url), Some("redis://r:6379/".to_string()));
+    // PATH is set but is no URL: read from the variable, checked, and never repeated.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let errs = errors(&with("state: {redis: {url_env: PATH}}\n"), None);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].2.contains("must start with redis://"), "{errs:#?}");
+    assert!(path.is_empty() || !errs[0].2.contains(&path));
+    one_error(
+        &with("ledger: {postgres: {url_env: INFERGATE_TEST_SURELY_UNSET}}\n"),
+        1,
+        "environment variable `INFERGATE_TEST_SURELY_UNSET` is not set",
+    );
+    one_error(
+        &with("state: {redis: {url: \"redis://a/\", url_env: X}}\n"),
+        1,
+        "give `url` or `url_env`, not both",
+    );
+}
