@@ -63,6 +63,12 @@ pub async fn run(
         snapshot.listen = listen;
     }
     if let Some(admin) = args.admin_listen {
+        // The same rule as the config's: the admin API leaves loopback only behind a key.
+        if !admin.ip().is_loopback() && snapshot.admin.api_key.is_none() {
+            return Err(format!(
+                "--admin-listen {admin} is not a loopback address: set admin.api_key_env in the config to the environment variable holding the admin key"
+            ));
+        }
         snapshot.admin.listen = admin;
     }
     if let Some(n) = args.workers {

@@ -432,3 +432,87 @@ async fn admin(gw: &Gw, path: &str) -> serde_json::Value {
     assert_eq!(status, StatusCode::OK, "{text}");
     serde_json::from_str(&text).expect("json")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_fails_readiness_while_redis_is_down() {
+    use tokio::io::AsyncBufReadExt;
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("fleet-closed");
+    // A port with nothing behind it yet; Redis starts there later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let extra = format!(
+        "state: {{redis: {{url: \"redis://127.0.0.1:{port}/\", timeout: 100ms, fail_closed: true}}}}\n"
+    );
+    let setup = Setup {
+        workers: &[&engine.url],
+        admission: None,
+        max_context: None,
+        aliases: &[],
+        extra: &extra,
+        tenants: &[("acme", "fleet")],
+        tiers: "tiers:\n  fleet: {priority: 1, requests_per_minute: 30}\n",
+    };
+    let config = setup.write(&dir).to_string_lossy().into_owned();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["gateway", "--config", &config, "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the gateway");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let admin = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(a) = line.strip_prefix("admin listening on ") {
+                return a.to_string();
+            }
+        }
+        String::new()
+    })
+    .await
+    .expect("the gateway printed its admin address");
+    let readyz = format!("{admin}/readyz");
+    let wait_for = |want: StatusCode| {
+        let readyz = readyz.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let (status, _) = common::get(&readyz).await;
+                if status == want {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "/readyz stayed {status}, wanted {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Redis unreachable: not ready, though the engine is healthy.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = common::get(&format!("{admin}/metrics")).await;
+        let healthy = common::find_metric(&text, "infergate_worker_healthy") == Some(1.0);
+        if healthy && common::find_metric(&text, "infergate_state_fallback") == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker never became healthy:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, _) = common::get(&readyz).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let _redis = Redis::start(Some(port), &dir.path);
+    wait_for(StatusCode::OK).await;
+    let _ = child.start_kill();
+}

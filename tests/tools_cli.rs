@@ -541,3 +541,26 @@ async fn sim_prefills_the_prompt_tokens_bench_sends() {
         100.0 * rel(sim_in, live_in)
     );
 }
+
+#[tokio::test]
+async fn a_public_admin_listen_flag_needs_an_admin_key() {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args([
+                "gateway",
+                "--config",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/config/infergate.yaml"),
+            ])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0"])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exits at once")
+    .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a loopback address"), "{stderr}");
+}
