@@ -505,6 +505,26 @@ async fn two_replicas_write_one_postgres_ledger() {
             assert_eq!(r["status"], "200", "{r:?}");
         }
     }
+    // `infergate usage` reads the same PostgreSQL ledger the config names.
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["usage", "--config", &config, "--by", "tenant"])
+        .output()
+        .expect("run infergate usage");
+    let table = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let total = table
+        .lines()
+        .find(|l| l.starts_with("total"))
+        .unwrap_or_else(|| panic!("no total line:\n{table}"));
+    assert_eq!(
+        total.split_whitespace().nth(1),
+        Some(N.to_string().as_str()),
+        "{table}"
+    );
     eprintln!(
         "two replicas: started in {started:?}, {N} rows in {:?}; written a {} + b {}",
         t0.elapsed(),
