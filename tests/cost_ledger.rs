@@ -119,6 +119,21 @@ async fn wait_rows(gw: &Gw, n: u64) -> Value {
     }
 }
 
+/// SIGTERM, and waits for the gateway to drain and exit (the ledger writes what it queued).
+async fn stop(gw: Gw) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid.to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while tenant_support::is_running(gw.pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway did not exit on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn usage_of(reply: &Reply) -> (u64, u64, u64) {
     let v = reply.json();
     let u = &v["usage"];
@@ -379,18 +394,7 @@ async fn a_hard_budget_refuses_until_the_reset_survives_a_restart_and_a_soft_one
 
     // A graceful restart keeps the ledger, and the budget resumes from it: still refused.
     let spent = of("capped")["spent_nanousd"].as_u64();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &gw.pid.to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while tenant_support::is_running(gw.pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway did not exit on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(gw);
+    stop(gw).await;
     let gw = launch(&config).await;
     let page = admin_json(&gw, "/admin/usage?group_by=tenant").await;
     assert_eq!(page["totals"]["requests"], 5, "{page}");
@@ -643,18 +647,7 @@ async fn a_client_that_leaves_before_the_answer_gets_a_row_and_prices_keep_their
     );
 
     // Stopped, the prices edited under the same version: the next start is refused.
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &gw.pid.to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while tenant_support::is_running(gw.pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway did not exit on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(gw);
+    stop(gw).await;
     std::fs::write(
         dir.path.join("policies/prices.yaml"),
         "version: 1\nmodels:\n  llama-3-8b: {input: 9.0, output: 9.0}\n",
