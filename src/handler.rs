@@ -160,8 +160,10 @@ async fn route(
         }
         (&Method::POST, "/v1/completions") => proxy(gw, req, Endpoint::Completions, ctx).await,
         (&Method::GET, "/v1/models") => Ok(models(gw)),
+        (&Method::GET, p) if p.starts_with("/v1/models/") => model(gw, &p["/v1/models/".len()..]),
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
-        (&Method::GET, "/readyz") => Ok(if gw.is_ready() {
+        // vLLM's, SGLang's and TGI's name for readiness, which tools such as guidellm check first.
+        (&Method::GET, "/readyz" | "/health") => Ok(if gw.is_ready() {
             json_response(StatusCode::OK, "{\"ready\":true}")
         } else {
             json_response(StatusCode::SERVICE_UNAVAILABLE, "{\"ready\":false}")
@@ -177,6 +179,9 @@ async fn route(
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models") => {
             Err(GatewayError::MethodNotAllowed)
         }
+        (_, p) if p.starts_with("/v1/") => Err(GatewayError::NotFound(format!(
+            "no route for {p}: this gateway serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /v1/models/{{model}}"
+        ))),
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
     }
 }
@@ -804,6 +809,30 @@ fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
             headers: Vec::new(),
         },
     }
+}
+
+/// `GET /v1/models/{model}`: one model in OpenAI's shape; 404 in OpenAI's error shape for a model
+/// that is not routed, or is only another model's version (unless `direct: true`).
+fn model(gw: &Gateway, id: &str) -> Result<Response<ResBody>, GatewayError> {
+    let live = gw.live();
+    let known = live
+        .snapshot
+        .model(id)
+        .filter(|m| m.direct || !live.snapshot.is_version_only(&m.name));
+    let Some(m) = known else {
+        return Err(GatewayError::NotFound(format!(
+            "The model `{id}` does not exist or you do not have access to it."
+        )));
+    };
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(json_response(
+        StatusCode::OK,
+        serde_json::json!({"id": m.name, "object": "model", "created": created, "owned_by": "infergate"})
+            .to_string(),
+    ))
 }
 
 /// `GET /v1/models`: the models this gateway routes, in OpenAI's list shape.
