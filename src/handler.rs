@@ -319,7 +319,7 @@ async fn proxy(
         .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
     ctx.pool = pool.name.clone();
     // Split: the model version, sticky per session (stable or canary).
-    let (valid, version) = split(&live, valid, &tenant.name)?;
+    let (valid, version) = split(&live, valid, (&tenant.name, &ctx.request_id))?;
     let pool = live
         .pools
         .get(valid.pool)
@@ -689,11 +689,12 @@ impl VersionChoice {
 }
 
 /// Split: when the model has versions, picks one by the sticky key (session, else user, else
-/// tenant; or as the spec says) and points the request at that version's model and pool.
+/// the request itself; or as the spec says) and points the request at that version's model and
+/// pool.
 fn split(
     live: &Live,
     mut valid: ValidRequest,
-    tenant: &str,
+    (tenant, request_id): (&str, &str),
 ) -> Result<(ValidRequest, Option<VersionChoice>), GatewayError> {
     let (Some(spec), Some(canary)) = (
         live.snapshot.canaries.get(&valid.model),
@@ -702,8 +703,8 @@ fn split(
         return Ok((valid, None));
     };
     let sticky = spec.sticky.pick(
-        valid.session_id.as_deref(),
-        valid.user.as_deref(),
+        (valid.session_id.as_deref(), valid.user.as_deref()),
+        Some(request_id),
         Some(tenant),
     );
     let key = crate::canary::key_of(sticky.unwrap_or(tenant));

@@ -68,7 +68,9 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     });
     let anonymous = stream_with(&gw.at("/v1/chat/completions"), &[], &readme).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
-    let s = stream_with(&gw.at("/v1/chat/completions"), &auth, &readme).await;
+    // One session: the split keeps it on one version.
+    let session = [auth[0], ("x-session-id", "readme-session")];
+    let s = stream_with(&gw.at("/v1/chat/completions"), &session, &readme).await;
     assert_eq!(s.status, StatusCode::OK);
     let header = |name: &str| {
         s.headers
@@ -122,14 +124,14 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
     let (status, headers, text) = send(
         Method::POST,
         &gw.at("/v1/chat/completions"),
-        &[auth[0], ("x-request-id", "e2e-req-42")],
+        &[auth[0], session[1], ("x-request-id", "e2e-req-42")],
         Some(body.to_string()),
     )
     .await
     .expect("non-streamed request");
     assert_eq!(status, StatusCode::OK, "{text}");
     assert_eq!(headers["x-request-id"], "e2e-req-42");
-    // Same tenant, no session: the same version as the streamed request (sticky).
+    // The same session: the same version as the streamed request (sticky).
     assert_eq!(headers["x-infergate-version"], version.as_str());
     assert!(headers.get("x-infergate-worker").is_none(), "{headers:?}");
     let res: Value = serde_json::from_str(&text).expect("JSON answer");
@@ -162,6 +164,27 @@ async fn up_serves_the_readme_request_and_stops_its_workers_on_sigterm() {
         ))
         .await;
     assert_eq!(served, 2.0);
+    // Without a session or user, each request is split on its own by weight: the demo's 90/10
+    // shows (the tenant alone no longer decides the version for all its requests).
+    let plain =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    let mut stable = 0;
+    for _ in 0..200 {
+        let (status, headers, text) = send(
+            Method::POST,
+            &gw.at("/v1/chat/completions"),
+            &auth,
+            Some(plain.to_string()),
+        )
+        .await
+        .expect("request");
+        assert_eq!(status, StatusCode::OK, "{text}");
+        stable += usize::from(headers["x-infergate-version"] == "stable");
+    }
+    assert!(
+        (160..=194).contains(&stable),
+        "stable share {stable} of 200"
+    );
     // /metrics names tenants and workers: only the admin listener serves it by default.
     assert_eq!(get(&gw.at("/metrics")).await.0, StatusCode::NOT_FOUND);
     // The canary arm is reached through the split only: asked for by name it does not exist

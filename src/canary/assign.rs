@@ -49,18 +49,20 @@ pub fn key_of(text: &str) -> u64 {
 
 impl StickyKey {
     /// The text that keys a request: for `Session` the `x-session-id` header, else the body's
-    /// `user`, else the tenant; for `User` the user, else the tenant; for `Tenant` the tenant.
-    /// Empty values count as absent; `None` when no key is present.
+    /// `user`, else the request id; for `User` the user, else the request id; for `Tenant` the
+    /// tenant. Without a session or user, each request is split by weight on its own (keyed by
+    /// its id, so one request is never split twice); keying on the tenant instead would send a
+    /// whole tenant to one version. Empty values count as absent; `None` when none is present.
     pub fn pick<'a>(
         self,
-        session: Option<&'a str>,
-        user: Option<&'a str>,
+        (session, user): (Option<&'a str>, Option<&'a str>),
+        request: Option<&'a str>,
         tenant: Option<&'a str>,
     ) -> Option<&'a str> {
         let present = |v: Option<&'a str>| v.filter(|s| !s.is_empty());
         match self {
-            StickyKey::Session => present(session).or(present(user)).or(present(tenant)),
-            StickyKey::User => present(user).or(present(tenant)),
+            StickyKey::Session => present(session).or(present(user)).or(present(request)),
+            StickyKey::User => present(user).or(present(request)),
             StickyKey::Tenant => present(tenant),
         }
     }
@@ -135,13 +137,14 @@ mod tests {
 
     #[test]
     fn sticky_keys_fall_back_in_order() {
-        let (s, u, t) = (Some("sess"), Some("user"), Some("tenant"));
-        assert_eq!(StickyKey::Session.pick(s, u, t), Some("sess"));
-        assert_eq!(StickyKey::Session.pick(Some(""), u, t), Some("user"));
-        assert_eq!(StickyKey::Session.pick(None, None, t), Some("tenant"));
-        assert_eq!(StickyKey::User.pick(s, u, t), Some("user"));
-        assert_eq!(StickyKey::User.pick(s, None, t), Some("tenant"));
-        assert_eq!(StickyKey::Tenant.pick(s, u, t), Some("tenant"));
-        assert_eq!(StickyKey::Tenant.pick(s, u, None), None);
+        let (s, u, r, t) = (Some("sess"), Some("user"), Some("req"), Some("tenant"));
+        assert_eq!(StickyKey::Session.pick((s, u), r, t), Some("sess"));
+        assert_eq!(StickyKey::Session.pick((Some(""), u), r, t), Some("user"));
+        // No session key: the request alone decides, not its tenant.
+        assert_eq!(StickyKey::Session.pick((None, None), r, t), Some("req"));
+        assert_eq!(StickyKey::User.pick((s, u), r, t), Some("user"));
+        assert_eq!(StickyKey::User.pick((s, None), r, t), Some("req"));
+        assert_eq!(StickyKey::Tenant.pick((s, u), r, t), Some("tenant"));
+        assert_eq!(StickyKey::Tenant.pick((s, u), r, None), None);
     }
 }

@@ -79,10 +79,10 @@ pub struct RawAnalysis {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StickyKey {
-    /// The `x-session-id` header, else the body's `user`, else the tenant.
+    /// The `x-session-id` header, else the body's `user`, else the request itself.
     #[default]
     Session,
-    /// The body's `user`, else the tenant.
+    /// The body's `user`, else the request itself.
     User,
     /// The tenant.
     Tenant,
