@@ -564,3 +564,40 @@ async fn a_public_admin_listen_flag_needs_an_admin_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is not a loopback address"), "{stderr}");
 }
+
+#[tokio::test]
+async fn bench_without_a_key_against_up_stops_with_the_fix_and_fails() {
+    let _machine = shared_machine().await;
+    let gw = Gateway::up(None).await;
+    let dir = TempDir::new("tools-bench-401");
+    let out = dir.path.join("report.json").to_string_lossy().into_owned();
+    let started = std::time::Instant::now();
+    let run = infergate(
+        &[
+            "bench",
+            "--url",
+            &gw.url,
+            "--workload",
+            "chat",
+            "--duration",
+            "20s",
+            "--out",
+            &out,
+            "--quiet",
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_ne!(run.code, Some(0), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("401/403") && run.stderr.contains("pass --api-key"),
+        "{}",
+        run.stderr
+    );
+    // Stopped after the first refusals, not after the 20 s asked for.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -44,6 +44,9 @@ pub async fn open_loop(
     let mut tasks = JoinSet::new();
     let mut records = Vec::new();
     for req in plan {
+        if progress.stopped_on_auth() {
+            break;
+        }
         let t0 = started + req.at;
         if t0 > Instant::now() {
             tokio::time::sleep_until(t0.into()).await;
@@ -53,7 +56,7 @@ pub async fn open_loop(
             let _slot = slots.acquire_owned().await.ok();
             progress.sent();
             let record = target.exchange(&req, t0, req.at.as_secs_f64()).await;
-            progress.done(record.ok());
+            progress.done(record.status, record.ok());
             record
         });
         while let Some(done) = tasks.try_join_next() {
@@ -81,14 +84,14 @@ pub async fn closed_loop(
         let (target, queue, progress) = (target.clone(), queue.clone(), progress.clone());
         clients.spawn(async move {
             let mut mine = Vec::new();
-            while started.elapsed() < until {
+            while started.elapsed() < until && !progress.stopped_on_auth() {
                 let next = queue.lock().ok().and_then(|mut q| q.next());
                 let Some(req) = next else { break };
                 let t0 = Instant::now();
                 progress.sent();
                 let start = t0.duration_since(started).as_secs_f64();
                 let record = target.exchange(&req, t0, start).await;
-                progress.done(record.ok());
+                progress.done(record.status, record.ok());
                 mine.push(record);
             }
             mine

@@ -65,6 +65,7 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
     let planned = overrides.duration.unwrap_or(workload.duration);
     let progress = Arc::new(Progress::default());
     let ticker = Ticker::start(progress.clone(), planned, args.quiet);
+    let watch = progress.clone();
     let outcome = match workload.concurrency() {
         Some(clients) => {
             let plan = workload.plan(&overrides)?;
@@ -77,6 +78,16 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
         }
     };
     ticker.finish();
+    if watch.stopped_on_auth() {
+        let hint = if spec.api_key.is_none() && spec.tenant_keys.is_empty() {
+            "pass --api-key KEY (or set INFERGATE_API_KEY); `infergate up` printed a demo key at start"
+        } else {
+            "the key given was refused: check --api-key / INFERGATE_API_KEY against the gateway's tenants"
+        };
+        return Err(format!(
+            "the target answered 401/403 to the first requests, so the run stopped: {hint}"
+        ));
+    }
     let title = format!(
         "infergate bench · workload {} · {} {} · model {}",
         workload.name,
@@ -97,6 +108,15 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
     if let Some(path) = &args.records {
         write(path, &report::records_jsonl(&outcome.records))?;
         text.push_str(&format!("records: {}\n", path.display()));
+    }
+    if !outcome.records.iter().any(|r| r.ok()) {
+        // The report is written (it says what failed), but a run with no success is no result.
+        print!("{text}");
+        return Err(format!(
+            "none of the {} requests succeeded (see {})",
+            outcome.records.len(),
+            out.display()
+        ));
     }
     Ok(text)
 }

@@ -3,7 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
@@ -14,7 +14,15 @@ pub struct Progress {
     sent: AtomicU64,
     done: AtomicU64,
     errors: AtomicU64,
+    /// 401/403 answers before any success.
+    refused_auth: AtomicU64,
+    ok: AtomicU64,
+    /// Set when the target refuses the credentials: the drivers stop sending.
+    stop: AtomicBool,
 }
+
+/// 401/403 answers (and no success) after which a run stops: the credentials are wrong.
+const AUTH_REFUSALS_TO_STOP: u64 = 3;
 
 impl Progress {
     /// A request was sent.
@@ -22,12 +30,25 @@ impl Progress {
         self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A request finished; `ok` when it answered 2xx.
-    pub fn done(&self, ok: bool) {
+    /// A request finished with `status` (0: no answer); `ok` when it answered 2xx.
+    pub fn done(&self, status: u16, ok: bool) {
         self.done.fetch_add(1, Ordering::Relaxed);
-        if !ok {
+        if ok {
+            self.ok.fetch_add(1, Ordering::Relaxed);
+        } else {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }
+        if matches!(status, 401 | 403)
+            && self.ok.load(Ordering::Relaxed) == 0
+            && self.refused_auth.fetch_add(1, Ordering::Relaxed) + 1 >= AUTH_REFUSALS_TO_STOP
+        {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True once the target refused the credentials of the first requests.
+    pub fn stopped_on_auth(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 
     /// `(sent, done, errors)` now.
