@@ -29,7 +29,8 @@ enum Command {
     Bench(infergate::bench::BenchCli),
     /// Offline what-if: the real engine schedulers and routing policy on a virtual clock.
     Sim(infergate::sim::SimArgs),
-    /// Calculators: KV-cache budget (`plan kv`) and speculative-decoding payoff (`plan spec`).
+    /// Calculators: KV-cache budget (`plan kv`), speculative-decoding payoff (`plan spec`) and
+    /// replicas for an SLO (`plan capacity`).
     Plan {
         #[command(subcommand)]
         command: PlanCommand,
@@ -84,8 +85,12 @@ enum ConfigCommand {
 fn init_logs(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // Colour only on a terminal, and never with NO_COLOR set (https://no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),

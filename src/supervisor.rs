@@ -240,7 +240,7 @@ impl Running {
         if let Some(err) = child.stderr.take() {
             tokio::spawn(forward_lines(err, label.clone()));
         }
-        tracing::info!(worker = %label, pid = ?child.id(), "worker spawned");
+        tracing::info!(worker = %label, pid = child.id().unwrap_or(0), "worker spawned");
         let stdin = child.stdin.take();
         Ok(Running {
             child,
@@ -367,7 +367,10 @@ async fn stop_all<'a>(running: impl Iterator<Item = &'a mut Running>, grace: Dur
             .await
             .is_err()
         {
-            tracing::warn!(pid = ?run.child.id(), "worker ignored SIGTERM for {grace:?}; killing it");
+            tracing::warn!(
+                pid = run.child.id().unwrap_or(0),
+                "worker ignored SIGTERM for {grace:?}; killing it"
+            );
             let _ = run.child.start_kill();
             let _ = run.child.wait().await;
         }

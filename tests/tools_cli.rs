@@ -601,3 +601,35 @@ async fn bench_without_a_key_against_up_stops_with_the_fix_and_fails() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn logs_written_to_a_file_carry_no_colour_codes() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = TempDir::new("tools-nocolor");
+    let log = dir.path.join("engine.log");
+    let file = std::fs::File::create(&log).expect("log file");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["engine", "--backend", "sim", "--port", "0"])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the engine");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+    let text =
+        common::gateway::eventually("the engine's log line", Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            async move { text.contains("listening").then_some(text) }
+        })
+        .await;
+    let _ = child.start_kill();
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI escapes in a log file:\n{text:?}"
+    );
+}

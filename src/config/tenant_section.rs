@@ -99,7 +99,7 @@ fn keys(
     if listed.is_empty() && tenant.key_env.is_none() && tenant.key_file.is_none() {
         fail(
             &tenant.name,
-            "no keys: give `keys` (sha256 hash lines from `infergate keys`), `key_env` or \
+            "no keys: give `keys` (sha256 hash lines from `infergate keys create`), `key_env` or \
              `key_file`"
                 .into(),
         );

@@ -54,7 +54,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Parses `sha256:` followed by 64 hex digits (either case). The error never repeats the input,
 /// which may be a plain key pasted where its hash belongs.
 pub fn parse_hash(text: &str) -> Result<[u8; 32], String> {
-    let hint = "write `sha256:` and 64 hex digits (`infergate keys` prints one)";
+    let hint = "write `sha256:` and 64 hex digits (`infergate keys create` prints one)";
     let Some(hex) = text.trim().strip_prefix(HASH_PREFIX) else {
         return Err(format!(
             "a key hash must start with `sha256:` (plain keys do not belong in the config): {hint}"
