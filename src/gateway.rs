@@ -24,6 +24,14 @@ use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::{PolicyHolder, PoolRuntime};
 use crate::workers::state::{KvEventsState, WorkerState};
 
+/// Raises a Prometheus counter to `total`, a count kept elsewhere (the ledger writer, the Redis
+/// client). One lock for all: two scrapes at once must not both add the same difference.
+fn catch_up(counter: &prometheus::IntCounter, total: u64) {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
 /// Starts each tenant's day and month spend from the ledger.
 fn seed_budgets(
     book: &crate::budgets::BudgetBook,
@@ -280,25 +288,20 @@ impl Gateway {
             let m = &self.metrics;
             m.state_fallback.set(i64::from(!s.is_healthy()));
             m.state_replicas.set(i64::from(s.replicas()));
-            let errors = s.errors.load(std::sync::atomic::Ordering::Relaxed);
-            static SYNC_STATE: Mutex<()> = Mutex::new(());
-            let _one = SYNC_STATE.lock().unwrap_or_else(|e| e.into_inner());
-            m.state_errors
-                .inc_by(errors.saturating_sub(m.state_errors.get()));
+            catch_up(
+                &m.state_errors,
+                s.errors.load(std::sync::atomic::Ordering::Relaxed),
+            );
         }
         if let Some(l) = &self.ledger {
             use std::sync::atomic::Ordering::Relaxed;
-            // Two scrapes at once must not both add the same difference.
-            static SYNC: Mutex<()> = Mutex::new(());
-            let _one = SYNC.lock().unwrap_or_else(|e| e.into_inner());
             let c = &l.counters;
             for (result, n) in [
                 ("written", c.written.load(Relaxed)),
                 ("dropped", c.dropped.load(Relaxed)),
                 ("failed", c.failed.load(Relaxed)),
             ] {
-                let counter = self.metrics.ledger_rows.with_label_values(&[result]);
-                counter.inc_by(n.saturating_sub(counter.get()));
+                catch_up(&self.metrics.ledger_rows.with_label_values(&[result]), n);
             }
             self.metrics
                 .ledger_queue

@@ -53,13 +53,8 @@ impl Drop for RequestCtx {
             return;
         }
         if let Some(ledger) = &self.ledger {
-            let mut row = self.usage_row();
-            row.end_ms = crate::utc::now_ms();
             // nginx's code for a client that closed the connection before the answer.
-            row.status = 499;
-            row.reason = "client_gone".into();
-            row.total_ms = self.started.elapsed().as_millis() as u64;
-            ledger.record(row);
+            ledger.record(self.ended_row(499, "client_gone"));
         }
     }
 }
@@ -77,6 +72,17 @@ impl RequestCtx {
             pool: self.pool.clone(),
             queue_ms: self.queue_ms,
             ..UsageRow::default()
+        }
+    }
+
+    /// The row of a request that ends here, without an answer from a worker.
+    fn ended_row(&self, status: u16, reason: &str) -> UsageRow {
+        UsageRow {
+            end_ms: crate::utc::now_ms(),
+            status,
+            reason: reason.to_string(),
+            total_ms: self.started.elapsed().as_millis() as u64,
+            ..self.usage_row()
         }
     }
 }
@@ -333,19 +339,19 @@ async fn proxy(
     }
     // Budgets: what the tenant spent plus what its requests in flight may cost, before this one.
     let budgets = snapshot.budgets_of(&tenant.name, tier);
-    let budget_estimate = snapshot
-        .prices
-        .cost(
-            &served_model,
-            &ctx.model,
-            &tier.name,
-            crate::pricing::TokenCounts {
-                prompt: prompt_tokens,
-                cached: 0,
-                completion: valid.max_tokens,
-            },
-        )
-        .nano_usd;
+    let budget_estimate = if budgets.is_empty() {
+        0
+    } else {
+        let reserved = crate::pricing::TokenCounts {
+            prompt: prompt_tokens,
+            cached: 0,
+            completion: valid.max_tokens,
+        };
+        let cost = snapshot
+            .prices
+            .cost(&served_model, &ctx.model, &tier.name, reserved);
+        cost.nano_usd
+    };
     let check = gw
         .budgets
         .admit(&tenant.name, budgets, budget_estimate, crate::utc::now_ms())
@@ -376,7 +382,15 @@ async fn proxy(
     }
     let budget_periods = crate::budgets::periods(budgets);
     let usage = Usage {
-        row: ctx.usage_row(),
+        // Without a ledger only the model (the metrics' label) is needed.
+        row: if gw.ledger.is_some() {
+            ctx.usage_row()
+        } else {
+            UsageRow {
+                model: ctx.model.clone(),
+                ..UsageRow::default()
+            }
+        },
         prices: snapshot.prices.clone(),
         served_model,
         tier: tier.name.clone(),
@@ -812,50 +826,39 @@ fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
     }
 }
 
+/// The models clients may name, in OpenAI's model shape. A model that only serves as another
+/// model's non-stable version is reached through the split, not asked for directly (unless the
+/// config says `direct: true`): it is neither listed nor retrievable.
+fn listed_models(live: &Live) -> impl Iterator<Item = serde_json::Value> + '_ {
+    let created = crate::utc::now_ms() / 1000;
+    live.snapshot
+        .models
+        .iter()
+        .filter(|m| m.direct || !live.snapshot.is_version_only(&m.name))
+        .map(move |m| {
+            serde_json::json!({
+                "id": m.name, "object": "model", "created": created, "owned_by": "infergate",
+            })
+        })
+}
+
 /// `GET /v1/models/{model}`: one model in OpenAI's shape; 404 in OpenAI's error shape for a model
-/// that is not routed, or is only another model's version (unless `direct: true`).
+/// that is not listed.
 fn model(gw: &Gateway, id: &str) -> Result<Response<ResBody>, GatewayError> {
     let live = gw.live();
-    let known = live
-        .snapshot
-        .model(id)
-        .filter(|m| m.direct || !live.snapshot.is_version_only(&m.name));
-    let Some(m) = known else {
-        return Err(GatewayError::NotFound(format!(
+    let found = listed_models(&live).find(|m| m["id"] == id);
+    match found {
+        Some(m) => Ok(json_response(StatusCode::OK, m.to_string())),
+        None => Err(GatewayError::NotFound(format!(
             "The model `{id}` does not exist or you do not have access to it."
-        )));
-    };
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(json_response(
-        StatusCode::OK,
-        serde_json::json!({"id": m.name, "object": "model", "created": created, "owned_by": "infergate"})
-            .to_string(),
-    ))
+        ))),
+    }
 }
 
 /// `GET /v1/models`: the models this gateway routes, in OpenAI's list shape.
 fn models(gw: &Gateway) -> Response<ResBody> {
     let live = gw.live();
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    // A model that only serves as another model's non-stable version is reached through the
-    // split, not asked for directly (unless the config says `direct: true`): it is not listed.
-    let data: Vec<serde_json::Value> = live
-        .snapshot
-        .models
-        .iter()
-        .filter(|m| m.direct || !live.snapshot.is_version_only(&m.name))
-        .map(|m| {
-            serde_json::json!({
-                "id": m.name, "object": "model", "created": created, "owned_by": "infergate",
-            })
-        })
-        .collect();
+    let data: Vec<serde_json::Value> = listed_models(&live).collect();
     json_response(
         StatusCode::OK,
         serde_json::json!({"object": "list", "data": data}).to_string(),
@@ -887,12 +890,8 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
         // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
         // bad keys must not fill the ledger).
         if let Some(ledger) = ctx.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
-            let mut row = ctx.usage_row();
-            row.end_ms = crate::utc::now_ms();
-            row.status = status.as_u16();
-            row.reason = reason.to_string();
+            let mut row = ctx.ended_row(status.as_u16(), reason);
             row.price_version = gw.live().snapshot.prices.version;
-            row.total_ms = ctx.started.elapsed().as_millis() as u64;
             ledger.record(row);
         }
     }

