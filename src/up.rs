@@ -23,9 +23,38 @@ pub struct RunArgs {
     /// Override the admin listen address.
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
-    /// Override the number of workers of every `spawn` entry.
+    /// Override the number of workers of every `spawn` entry running the sim backend (cpu and
+    /// other backends keep the config's count: each loads a real model).
     #[arg(long)]
     pub workers: Option<usize>,
+}
+
+/// Sets the count of every `spawn` entry whose worker runs the sim backend (the engine's
+/// default) to `n` (at least 1).
+pub fn scale_sim_spawns(snapshot: &mut Snapshot, n: usize) {
+    for pool in &mut snapshot.pools {
+        for w in &mut pool.workers {
+            if let WorkerSource::Spawn { count, args } = w
+                && spawn_backend(args) == "sim"
+            {
+                *count = n.max(1);
+            }
+        }
+    }
+}
+
+/// The `--backend` a spawn entry's arguments name; `sim` when they name none.
+fn spawn_backend(args: &[String]) -> &str {
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--backend" {
+            return it.next().map_or("sim", String::as_str);
+        }
+        if let Some(value) = arg.strip_prefix("--backend=") {
+            return value;
+        }
+    }
+    "sim"
 }
 
 /// Loads the snapshot named by `config`, or the embedded default.
@@ -72,13 +101,7 @@ pub async fn run(
         snapshot.admin.listen = admin;
     }
     if let Some(n) = args.workers {
-        for pool in &mut snapshot.pools {
-            for w in &mut pool.workers {
-                if let WorkerSource::Spawn { count, .. } = w {
-                    *count = n.max(1);
-                }
-            }
-        }
+        scale_sim_spawns(&mut snapshot, n);
     }
     let mut specs = Vec::new();
     for pool in &snapshot.pools {
@@ -197,6 +220,7 @@ async fn serve_gateway(
     ledger: Option<Arc<crate::ledger::UsageLedger>>,
 ) -> Result<(), String> {
     let first_model = snapshot.models.first().map(|m| m.name.clone());
+    let has_tenants = !snapshot.tenants.is_empty() || !tenants.1.is_empty();
     let tls = snapshot.tls.is_some();
     let gw = Gateway::new(snapshot, source, tenants, ledger)?;
     if let Some(s) = &gw.shared {
@@ -220,6 +244,11 @@ async fn serve_gateway(
             println!("demo API key (new at every start): {key}");
             format!(" -H 'authorization: Bearer {key}'")
         }
+        // Auth is on: the curl needs a key, which only the operator has.
+        None if has_tenants => {
+            println!("auth is on: set INFERGATE_API_KEY to one of the configured tenants' keys");
+            " -H \"authorization: Bearer $INFERGATE_API_KEY\"".to_string()
+        }
         None => String::new(),
     };
     if let Some(model) = first_model {
@@ -229,4 +258,36 @@ async fn serve_gateway(
     }
     tracing::info!(%public, %admin, "gateway ready");
     crate::server::serve(gw, listeners).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_flag_scales_sim_spawns_only() {
+        let (mut snapshot, _) = load_snapshot(None).unwrap();
+        scale_sim_spawns(&mut snapshot, 3);
+        let counts: Vec<(String, usize)> = snapshot
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.workers.iter().filter_map(|w| match w {
+                    WorkerSource::Spawn { count, .. } => Some((p.name.clone(), *count)),
+                    _ => None,
+                })
+            })
+            .collect();
+        let of = |pool: &str| counts.iter().find(|(p, _)| p == pool).map(|(_, c)| *c);
+        assert_eq!(of("cpu"), Some(1), "{counts:?}");
+        assert!(
+            counts
+                .iter()
+                .filter(|(p, _)| p != "cpu")
+                .all(|(_, c)| *c == 3),
+            "{counts:?}"
+        );
+        assert_eq!(spawn_backend(&["--backend=cpu".into()]), "cpu");
+        assert_eq!(spawn_backend(&["--gpu".into(), "h100".into()]), "sim");
+    }
 }

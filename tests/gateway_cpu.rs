@@ -110,3 +110,42 @@ async fn a_gguf_cpu_pool_answers_through_the_gateway() {
         "{res}"
     );
 }
+
+#[tokio::test]
+async fn a_spawn_model_path_resolves_against_the_config_file() {
+    // The model sits beside the config as `./tiny`; the gateway runs from another directory.
+    let dir = TempDir::new("gw-cpu-relative");
+    let elsewhere = TempDir::new("gw-cpu-elsewhere");
+    std::fs::create_dir_all(&elsewhere.path).unwrap();
+    let built = infergate_engine::model::default_model::ensure(&dir.path.join("cache")).unwrap();
+    std::fs::rename(&built, dir.path.join("tiny")).unwrap();
+    std::fs::create_dir_all(dir.path.join("policies")).unwrap();
+    dir.write_routing("pools:\n  cpu:\n    policy: least_load\n");
+    dir.write_config(
+        "listen: \"127.0.0.1:0\"\n\
+         admin:\n  listen: \"127.0.0.1:0\"\n\
+         policies: policies\n\
+         models:\n  - name: tiny\n    pool: cpu\n    max_context: 2048\n\
+         pools:\n  - name: cpu\n    workers:\n      - spawn: {count: 1, args: [\"--backend\", \"cpu\", \"--model\", \"./tiny\", \"--served-model-name\", \"tiny\"]}\n",
+    );
+    let config = dir.config().to_string_lossy().into_owned();
+    let args = [
+        "gateway",
+        "--config",
+        config.as_str(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let gw = Gateway::launch_in(Some(&elsewhere.path), &args, &[]).await;
+    let body = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "ignore_eos": true,
+    });
+    let (status, res) = post(&gw.at("/v1/chat/completions"), None, &body).await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    assert_eq!(res["usage"]["completion_tokens"], 4, "{res}");
+}

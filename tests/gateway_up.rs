@@ -346,3 +346,47 @@ async fn up_exits_within_the_grace_plus_a_second_whatever_its_clients_do() {
         .await;
     }
 }
+
+/// With tenants declared, the printed curl carries the auth header (a key only the operator
+/// has, from `$INFERGATE_API_KEY`), so pasting it after setting the variable works.
+#[tokio::test]
+async fn the_try_curl_has_the_auth_header_when_tenants_are_declared() {
+    let engine = Engine::start(&["--gpu", "h100"]).await;
+    let dir = TempDir::new("try-auth");
+    dir.write_config(&config_yaml(
+        &[&engine.url],
+        "tenants:\n  - name: acme\n    tier: default\n    key_env: TRY_AUTH_KEY\n",
+    ));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[("TRY_AUTH_KEY", "sk-try-auth-0123456789")]).await;
+    let curl = gw.banner.last().expect("banner");
+    assert!(
+        curl.starts_with("curl -N http://")
+            && curl.contains("-H \"authorization: Bearer $INFERGATE_API_KEY\""),
+        "{:?}",
+        gw.banner
+    );
+    assert!(
+        gw.banner
+            .iter()
+            .any(|l| l.contains("set INFERGATE_API_KEY")),
+        "{:?}",
+        gw.banner
+    );
+    // The printed request works once the variable holds a tenant's key.
+    let (status, _, text) = send(
+        Method::POST,
+        &gw.at("/v1/chat/completions"),
+        &[
+            ("authorization", "Bearer sk-try-auth-0123456789"),
+            ("content-type", "application/json"),
+        ],
+        Some(
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+                .to_string(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+}

@@ -56,11 +56,14 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // The stdout line is the one "listening" line (supervisors and scripts read it); the log
+    // line adds what was loaded.
     tracing::info!(
         model = %engine.served_names[0],
         kv_blocks = engine.num_blocks,
         max_model_len = engine.max_model_len,
-        "engine listening on http://{local}"
+        %local,
+        "engine ready"
     );
     println!("infergate engine listening on http://{local}");
     let state = Arc::new(ServerState {

@@ -69,10 +69,11 @@ pub async fn open_loop(
     finish(records, started)
 }
 
-/// Runs `concurrency` clients over `plan` (in order) until it is used up or `until` has passed.
+/// Runs `concurrency` clients over `plan` (in order, drawn as they go) until it is used up or
+/// `until` has passed.
 pub async fn closed_loop(
     target: Arc<Target>,
-    plan: Vec<PlannedRequest>,
+    plan: impl IntoIterator<Item = PlannedRequest, IntoIter: Send + 'static>,
     concurrency: usize,
     until: Duration,
     progress: Arc<Progress>,

@@ -68,7 +68,7 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
     let watch = progress.clone();
     let outcome = match workload.concurrency() {
         Some(clients) => {
-            let plan = workload.plan(&overrides)?;
+            let plan = workload.open_ended(&overrides)?;
             let clients = clients.min(spec.max_connections);
             closed_loop(target.clone(), plan, clients, planned, progress).await
         }

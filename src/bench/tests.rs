@@ -275,3 +275,43 @@ fn diff_reads_two_report_files() {
     assert!(run_diff(&a, &dir.join("missing.json")).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn closed_loop_runs_for_the_whole_duration() {
+    // Answers in ~10 ms, so 2 clients send far more than the one request per client per second
+    // the plan used to hold: the run must still last the 2 s asked.
+    let server = MockServer::start(Duration::from_millis(5), Duration::from_millis(5));
+    let dir = std::env::temp_dir().join(format!("ig-closed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workload = dir.join("closed.yaml");
+    std::fs::write(
+        &workload,
+        "name: closed\nseed: 1\nduration: 2s\narrival: {closed: {concurrency: 2}}\n\
+         prompt_tokens: {dist: fixed, value: 8}\noutput_tokens: {dist: fixed, value: 2}\n",
+    )
+    .unwrap();
+    let out = dir.join("report.json");
+    let Top::Bench(cli) = Cli::try_parse_from([
+        "x",
+        "bench",
+        "--url",
+        &server.url,
+        "--workload",
+        workload.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ])
+    .unwrap()
+    .cmd;
+    main(cli).await.unwrap();
+    let report = Report::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(
+        (report.duration_s - 2.0).abs() <= 0.1,
+        "asked 2 s, ran {} s",
+        report.duration_s
+    );
+    assert!(report.requests > 4, "only {} requests", report.requests);
+    assert_eq!(report.ok, report.requests);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -67,7 +67,7 @@ pub(super) fn compile(
     let degradation = policy_text(degradation, &raw, base, "degradation.yaml", &mut sink);
     let prices_src = policy_text(prices, &raw, base, "prices.yaml", &mut sink);
 
-    let mut pool_specs = pools::pools(&raw.pools, &mut sink);
+    let mut pool_specs = pools::pools(&raw.pools, base, &mut sink);
     let models = pools::models(&raw.models, &pool_specs, &mut sink);
     let mut routing_errors = Vec::new();
     if let Some((routing_text, routing_path)) = &routing {

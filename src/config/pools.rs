@@ -1,6 +1,7 @@
 //! Validation of `pools:` (names, dialects, worker sources) and `models:` (each naming a pool).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use super::error::Sink;
@@ -13,7 +14,8 @@ use crate::routing::{PolicyConfig, PrefixConfig};
 const DEFAULT_DNS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Builds the pools, with the default policy (`prefix`); routing.yaml overrides it later.
-pub(super) fn pools(raw: &[RawPool], sink: &mut Sink<'_>) -> Vec<PoolSpec> {
+/// Spawn arguments naming files resolve against `base`, the config file's directory.
+pub(super) fn pools(raw: &[RawPool], base: &Path, sink: &mut Sink<'_>) -> Vec<PoolSpec> {
     let mut first_line: HashMap<&str, u64> = HashMap::new();
     let mut pools = Vec::with_capacity(raw.len());
     for pool in raw {
@@ -39,7 +41,7 @@ pub(super) fn pools(raw: &[RawPool], sink: &mut Sink<'_>) -> Vec<PoolSpec> {
         }
         let workers = raw_workers
             .iter()
-            .filter_map(|w| worker(&name.value, w, sink))
+            .filter_map(|w| worker(&name.value, w, base, sink))
             .collect();
         let admission = admission(&name.value, pool.admission.as_ref(), sink);
         pools.push(PoolSpec {
@@ -51,6 +53,49 @@ pub(super) fn pools(raw: &[RawPool], sink: &mut Sink<'_>) -> Vec<PoolSpec> {
         });
     }
     pools
+}
+
+/// Engine flags whose value names a file or directory.
+const PATH_FLAGS: [&str; 2] = ["--model", "--chat-template"];
+
+/// Spawn arguments with the values of [`PATH_FLAGS`] resolved against `base`, like every other
+/// path in the config, so a worker finds `--model ./m.gguf` from any working directory. A
+/// `--model` value is a path when it exists under `base`, starts with `./` or `../`, or ends in
+/// `.gguf`; otherwise it is a preset name or Hugging Face id and stays as written.
+pub(super) fn spawn_args(args: &[String], base: &Path) -> Vec<String> {
+    let resolve = |flag: &str, value: &str| -> String {
+        let path = Path::new(value);
+        let joined = base.join(path);
+        let is_path = flag == "--chat-template"
+            || joined.exists()
+            || value.starts_with("./")
+            || value.starts_with("../")
+            || value.ends_with(".gguf");
+        if path.is_absolute() || !is_path {
+            return value.to_string();
+        }
+        std::path::absolute(&joined)
+            .unwrap_or(joined)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut pending: Option<&str> = None;
+    for arg in args {
+        if let Some(flag) = pending.take() {
+            out.push(resolve(flag, arg));
+            continue;
+        }
+        let split = arg.split_once('=');
+        match split.filter(|(flag, _)| PATH_FLAGS.contains(flag)) {
+            Some((flag, value)) => out.push(format!("{flag}={}", resolve(flag, value))),
+            None => {
+                pending = PATH_FLAGS.iter().copied().find(|f| f == arg);
+                out.push(arg.clone());
+            }
+        }
+    }
+    out
 }
 
 /// A pool's admission bounds, defaults filled in; invalid values are reported.
@@ -85,7 +130,7 @@ fn admission(pool: &str, raw: Option<&RawAdmission>, sink: &mut Sink<'_>) -> Adm
 }
 
 /// One worker source, or `None` after reporting why it is invalid.
-fn worker(pool: &str, raw: &RawWorker, sink: &mut Sink<'_>) -> Option<WorkerSource> {
+fn worker(pool: &str, raw: &RawWorker, base: &Path, sink: &mut Sink<'_>) -> Option<WorkerSource> {
     let mut fail = |at: &Text, message: String| {
         sink.at(&at.referenced, format!("pool `{pool}`: {message}"));
         None
@@ -106,7 +151,7 @@ fn worker(pool: &str, raw: &RawWorker, sink: &mut Sink<'_>) -> Option<WorkerSour
             }
             Some(WorkerSource::Spawn {
                 count: count.map_or(1, |c| c.value),
-                args: spawn.args.clone().unwrap_or_default(),
+                args: spawn_args(spawn.args.as_deref().unwrap_or_default(), base),
             })
         }
         RawWorker::Dns(dns) => {

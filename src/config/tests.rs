@@ -217,3 +217,42 @@ fn fleet_urls_come_inline_or_from_an_environment_variable() {
         "give `url` or `url_env`, not both",
     );
 }
+
+#[test]
+fn spawn_paths_resolve_against_the_config_directory() {
+    let dir = std::env::temp_dir().join(format!("infergate-spawn-paths-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("models/m")).unwrap();
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let got = pools::spawn_args(
+        &args(&[
+            "--backend",
+            "cpu",
+            "--model",
+            "models/m",
+            "--chat-template=./t.jinja",
+        ]),
+        &dir,
+    );
+    let m = dir.join("models/m").to_string_lossy().into_owned();
+    let t = dir.join("t.jinja").to_string_lossy().into_owned();
+    assert_eq!(
+        got,
+        args(&[
+            "--backend",
+            "cpu",
+            "--model",
+            &m,
+            &format!("--chat-template={t}")
+        ])
+    );
+    // Preset names and Hugging Face ids stay as written; absolute paths too.
+    for keep in ["llama-3-8b", "meta-llama/Llama-3.1-8B", "/abs/m.gguf"] {
+        let same = pools::spawn_args(&args(&["--model", keep]), &dir);
+        assert_eq!(same, args(&["--model", keep]));
+    }
+    // A `.gguf` or `./` value is a path even before the file exists: the worker's error then
+    // names the place the config meant.
+    let gguf = pools::spawn_args(&args(&["--model", "x.gguf"]), &dir);
+    assert_eq!(gguf[1], dir.join("x.gguf").to_string_lossy());
+    let _ = std::fs::remove_dir_all(&dir);
+}

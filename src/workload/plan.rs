@@ -67,6 +67,17 @@ impl Workload {
         })
     }
 
+    /// The plan of a live closed loop: like `requests`, but the run's duration does not cap the
+    /// count (only `requests:` does), because live clients stop on the clock however fast the
+    /// answers come. Other arrivals are as `requests` builds them.
+    pub fn open_ended(&self, o: &Overrides) -> Result<Requests, String> {
+        let mut requests = self.requests(o)?;
+        if let Source::Closed(n) = &mut requests.source {
+            *n = u64::MAX;
+        }
+        Ok(requests)
+    }
+
     /// The number of clients of a closed loop; `None` for open-loop arrivals and traces.
     pub fn concurrency(&self) -> Option<usize> {
         match self.arrival {

@@ -274,7 +274,15 @@ impl Gateway {
     /// `infergate ARGS` (e.g. `up --listen ...`): reads the start banner (addresses, demo key,
     /// curl line) from stdout, then waits for `/readyz`.
     pub async fn launch(args: &[&str], env: &[(&str, &str)]) -> Gateway {
+        Self::launch_in(None, args, env).await
+    }
+
+    /// `launch`, with the child's working directory set to `cwd` when given.
+    pub async fn launch_in(cwd: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_infergate"));
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
         cmd.args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
