@@ -402,11 +402,26 @@ async fn accept_loop(
                         }
                     };
                     let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    // hyper owns one handle and this task keeps the other: when the header timer
+                    // closes a connection that sent part of its first request, the client still
+                    // gets its 408, encrypted.
+                    let shared = SharedStream::new(tls_stream);
                     let conn = connection_builder(limits, h2)
-                        .serve_connection(TokioIo::new(tls_stream), svc)
+                        .serve_connection(TokioIo::new(shared.clone()), svc)
                         .into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
-                        note_connection_error(&metrics, e.as_ref());
+                    if let Err(e) = watcher.watch(conn).await
+                        && note_connection_error(&metrics, e.as_ref())
+                        && !h2
+                        && !served.load(Ordering::Relaxed)
+                        && let Some(mut tls_stream) = shared.into_inner()
+                    {
+                        use tokio::io::AsyncWriteExt;
+                        let answer = header_timeout_answer(limits.header_read_timeout);
+                        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                            tls_stream.write_all(&answer).await?;
+                            tls_stream.shutdown().await
+                        })
+                        .await;
                     }
                 });
             }
@@ -470,22 +485,107 @@ fn spare_of(stream: &tokio::net::TcpStream) -> Option<std::net::TcpStream> {
     Some(std::net::TcpStream::from(fd))
 }
 
-/// Writes a 408 on `spare` (the socket hyper just gave up on for a header that never ended).
-fn answer_header_timeout(spare: &std::net::TcpStream, limit: Duration) {
-    use std::io::Write;
+/// The whole HTTP/1.1 408 answer for a header block that did not arrive within `limit`.
+fn header_timeout_answer(limit: Duration) -> Vec<u8> {
     let body = serde_json::json!({"error": {
         "message": format!("the request headers did not arrive within {limit:?}"),
         "type": "invalid_request_error", "param": null, "code": 408,
     }})
     .to_string();
-    let head = format!(
+    let mut answer = format!(
         "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
         body.len()
-    );
+    )
+    .into_bytes();
+    answer.extend_from_slice(body.as_bytes());
+    answer
+}
+
+/// Writes a 408 on `spare` (the socket hyper just gave up on for a header that never ended).
+fn answer_header_timeout(spare: &std::net::TcpStream, limit: Duration) {
+    use std::io::Write;
     // Non-blocking and small: it fits the socket buffer, and a failure changes nothing.
     let mut spare = spare;
-    let _ = spare.write_all(head.as_bytes());
-    let _ = spare.write_all(body.as_bytes());
+    let _ = spare.write_all(&header_timeout_answer(limit));
+}
+
+/// A stream with two owners: hyper serves the connection through one handle, and the accept
+/// task takes the stream back through the other once hyper is done (to answer a timeout on a
+/// TLS connection, where the raw socket cannot be written). Only one side polls at a time, so
+/// the lock is never contended.
+struct SharedStream<S>(Arc<Mutex<S>>);
+
+impl<S> Clone for SharedStream<S> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S: Unpin> SharedStream<S> {
+    fn new(stream: S) -> Self {
+        Self(Arc::new(Mutex::new(stream)))
+    }
+
+    /// The stream, once every other handle is gone.
+    fn into_inner(self) -> Option<S> {
+        let mutex = Arc::try_unwrap(self.0).ok()?;
+        Some(mutex.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Runs `f` on the pinned stream (a poisoned lock still holds a usable stream).
+    fn with<T>(&self, f: impl FnOnce(std::pin::Pin<&mut S>) -> T) -> T {
+        let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(std::pin::Pin::new(&mut *guard))
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for SharedStream<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| s.poll_read(cx, buf))
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SharedStream<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.with(|s| s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.with(|s| s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.with(|s| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_write_vectored()
+    }
 }
 
 /// Reload on SIGHUP and on changes to any config file (watching their directories, so that a

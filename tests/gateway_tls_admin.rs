@@ -276,3 +276,55 @@ async fn admin_listener_requires_the_admin_key_when_configured() {
         .unwrap();
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Over TLS as over plain HTTP: half a header block, then silence, is answered 408 (encrypted)
+/// when the header timer fires, and the connection closed; normal clients are served meanwhile.
+#[tokio::test]
+async fn a_half_sent_header_over_tls_gets_408_at_the_header_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let engine = Engine::start(&["--gpu", "h100"]).await;
+    let dir = TempDir::new("tls-408");
+    self_signed(&dir.path).await;
+    dir.write_config(&config_yaml(
+        &[&engine.url],
+        "tls: {cert: cert.pem, key: key.pem}\nlimits: {header_read_timeout: 1s}\n",
+    ));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let ca = dir.path.join("cert.pem");
+    let cfg = client_config(Some(&ca)).expect("client config");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .expect("write half a header");
+    tls.flush().await.expect("flush");
+    let started = std::time::Instant::now();
+    // Meanwhile a normal client is served.
+    let (status, _) = https(
+        gw.addr,
+        client_config(Some(&ca)).unwrap(),
+        Method::GET,
+        "/healthz",
+        None,
+    )
+    .await
+    .expect("HTTPS /healthz");
+    assert_eq!(status, StatusCode::OK);
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut got)).await;
+    let after = started.elapsed();
+    // rustls may report the peer's close without close_notify as an error after the data.
+    assert!(read.is_ok(), "not closed within 5 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?} after {after:?}");
+    assert!(text.contains("did not arrive within"), "{text}");
+    assert!(
+        after >= Duration::from_millis(500),
+        "answered after {after:?}"
+    );
+}
