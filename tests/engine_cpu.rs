@@ -360,3 +360,50 @@ async fn bad_models_and_bad_prompts_get_clear_errors() {
     assert_eq!(status, StatusCode::OK, "{res}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The random-weight default model emits lone byte tokens (bytes of no complete character) all
+/// the time; neither a streamed delta nor the whole answer may show them as U+FFFD.
+#[tokio::test]
+async fn streamed_text_never_contains_replacement_characters() {
+    let (e, dir) = default_engine("utf8", &["--served-model-name", "m"]).await;
+    let url = e.at("/v1/completions");
+    let prompts = [
+        "Once there was a quiet village near the sea.",
+        "The gateway sits in front of many workers.",
+        "Numbers are everywhere: 7 days, 12 months.",
+        "Tell me about rivers and stones.",
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        // Greedy and sampled: sampling from random logits reaches the byte tokens most often.
+        for (temperature, seed) in [(0.0, 0), (1.0, i)] {
+            let mut body = json!({
+                "model": "m", "prompt": prompt, "max_tokens": 96, "ignore_eos": true,
+                "temperature": temperature, "seed": seed,
+                "stream": true, "stream_options": {"include_usage": true},
+            });
+            let s = stream(&url, &body).await;
+            assert_eq!(s.status, StatusCode::OK);
+            let mut streamed = String::new();
+            let mut usage = None;
+            for c in s.chunks() {
+                if let Some(delta) = c["choices"][0]["text"].as_str() {
+                    assert!(!delta.contains('\u{FFFD}'), "{prompt:?}: delta {delta:?}");
+                    streamed += delta;
+                }
+                if let Some(n) = c["usage"]["completion_tokens"].as_u64() {
+                    usage = Some(n);
+                }
+            }
+            // Held-back bytes still count as generated tokens.
+            assert_eq!(usage, Some(96), "{prompt:?}");
+            body["stream"] = json!(false);
+            body.as_object_mut().map(|b| b.remove("stream_options"));
+            let (status, _, res) = post_json(&url, &body).await;
+            assert_eq!(status, StatusCode::OK, "{res}");
+            let text = res["choices"][0]["text"].as_str().unwrap();
+            assert!(!text.contains('\u{FFFD}'), "{prompt:?}: {text:?}");
+            assert_eq!(streamed, text, "{prompt:?}: streamed != non-streamed");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

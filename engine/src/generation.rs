@@ -159,7 +159,8 @@ impl Generation {
                 });
                 let mut text = String::new();
                 if !self.out.stopped() {
-                    // Bytes of a character the last token left incomplete.
+                    // Text of tokens a decoding window still held (a character left
+                    // incomplete is dropped there, never shown as U+FFFD).
                     let tail = self.decoder.finish(&self.tokenizer);
                     if !tail.is_empty() {
                         text += &self.out.push_text(&tail);

@@ -1,23 +1,37 @@
-//! `sim` backend: step time from the roofline model of a GPU and model preset; tokens drawn
-//! deterministically from a real tokenizer's vocabulary.
+//! `sim` backend: step time from the roofline model of a GPU and model preset; output tokens are
+//! synthetic placeholder text, deterministic per request.
+//!
+//! The text makes its nature obvious and follows the prompt: each output token is a word token
+//! of the prompt itself (a space and a lowercase word), picked at random, so "Tell me about
+//! rivers and stones" answers with a shuffle like " rivers about stones me and rivers". A prompt
+//! without such words gets words of the whole vocabulary. Each output token is one whole word,
+//! so an answer of N tokens is N words. Only the pick of the token reads the prompt: a sampled
+//! request's random draws, and so where it stops, depend on its seed alone, as they always did.
 
 use crate::backend::Backend;
 use crate::roofline::{RooflineModel, StepCost};
 use crate::scheduler::Batch;
 use crate::sequence::Sequence;
 
+/// Random prompt positions tried for a token to echo (bounded, so a long prompt of few words
+/// costs no more per token than a short one; a prompt a quarter words misses 1 time in 10^4).
+const ECHO_PROBES: u64 = 32;
+
 /// The simulated forward pass.
 pub struct SimBackend {
     model: RooflineModel,
     vocab: Vec<u32>,
+    /// Bit set over token ids: which are in `vocab` (the prompt tokens fit to echo).
+    in_vocab: Vec<u64>,
     eos: u32,
     eos_probability: f64,
     block_size: usize,
 }
 
 impl SimBackend {
-    /// A backend costing steps with `model`, sampling from `vocab`; without `ignore_eos` a
-    /// sequence ends after `mean_output_tokens` tokens on average (geometric).
+    /// A backend costing steps with `model`, echoing prompt tokens found in `vocab` (else
+    /// sampling `vocab`); without `ignore_eos` a sequence ends after `mean_output_tokens` tokens
+    /// on average (geometric).
     pub fn new(
         model: RooflineModel,
         vocab: Vec<u32>,
@@ -25,13 +39,47 @@ impl SimBackend {
         mean_output_tokens: f64,
         block_size: usize,
     ) -> Self {
+        let words = vocab
+            .iter()
+            .map(|&t| t as usize / 64 + 1)
+            .max()
+            .unwrap_or(0);
+        let mut in_vocab = vec![0u64; words];
+        for &t in &vocab {
+            in_vocab[t as usize / 64] |= 1 << (t % 64);
+        }
         Self {
             block_size,
             model,
             vocab,
+            in_vocab,
             eos,
             eos_probability: 1.0 / mean_output_tokens.max(1.0),
         }
+    }
+
+    /// Whether `token` is in the vocabulary.
+    fn in_vocab(&self, token: u32) -> bool {
+        self.in_vocab
+            .get(token as usize / 64)
+            .is_some_and(|w| w & (1 << (token % 64)) != 0)
+    }
+
+    /// The placeholder token for draw `r`: a vocabulary token at a random prompt position
+    /// derived from `r` (every word position of the prompt equally likely), else the vocabulary
+    /// token `r mod vocabulary size`.
+    fn placeholder(&self, seq: &Sequence, r: u64) -> u32 {
+        let prompt = &seq.tokens[..seq.prompt_len.min(seq.tokens.len())];
+        if !prompt.is_empty() {
+            let mut state = r;
+            let echoed = (0..ECHO_PROBES)
+                .map(|_| prompt[(splitmix64(&mut state) % prompt.len() as u64) as usize])
+                .find(|&t| self.in_vocab(t));
+            if let Some(t) = echoed {
+                return t;
+            }
+        }
+        self.vocab[(r % self.vocab.len() as u64) as usize]
     }
 }
 
@@ -74,10 +122,147 @@ impl Backend for SimBackend {
         if can_stop && (e >> 11) as f64 / (1u64 << 53) as f64 <= self.eos_probability {
             return self.eos;
         }
-        self.vocab[(r % self.vocab.len() as u64) as usize]
+        self.placeholder(seq, r)
     }
 
     fn eos_token(&self) -> u32 {
         self.eos
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presets;
+    use crate::request::SamplingParams;
+    use crate::roofline::RooflineConfig;
+    use crate::sequence::{EventSink, NewRequest, SendError, SeqEvent};
+    use crate::tokenizer::SimTokenizer;
+
+    struct NoSink;
+
+    impl EventSink for NoSink {
+        fn try_send(&mut self, _: SeqEvent) -> Result<(), SendError> {
+            Ok(())
+        }
+        fn is_closed(&self) -> bool {
+            false
+        }
+    }
+
+    const BS: usize = 16;
+
+    fn backend(mean_output_tokens: f64) -> (SimBackend, &'static SimTokenizer) {
+        let tok = SimTokenizer::shared().unwrap();
+        let model = RooflineModel::new(
+            presets::gpu("h100").unwrap(),
+            presets::model("llama-3-8b").unwrap(),
+            RooflineConfig::default(),
+        );
+        let b = SimBackend::new(
+            model,
+            tok.word_tokens().to_vec(),
+            tok.eos(),
+            mean_output_tokens,
+            BS,
+        );
+        (b, tok)
+    }
+
+    /// Samples up to `max` tokens (stopping at EOS) for `prompt`.
+    fn generate(b: &mut SimBackend, prompt: Vec<u32>, params: SamplingParams) -> Vec<u32> {
+        let max = params.max_tokens;
+        let req = NewRequest {
+            id: 1,
+            prompt,
+            params,
+            sink: Box::new(NoSink),
+            prefix_keys: None,
+        };
+        let mut seq = Sequence::new(req, BS, 0.0);
+        let mut out = Vec::new();
+        while out.len() < max {
+            let t = b.sample(&mut seq);
+            if b.is_eos(t) {
+                break;
+            }
+            out.push(t);
+            seq.push_token(t, BS);
+        }
+        out
+    }
+
+    fn params(temperature: f32, seed: u64, ignore_eos: bool) -> SamplingParams {
+        SamplingParams {
+            max_tokens: 40,
+            temperature,
+            seed: Some(seed),
+            ignore_eos,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn text_is_made_of_the_prompts_own_words() {
+        let (mut b, tok) = backend(1e9);
+        let a = tok.encode("Tell me about rivers and stones in the valley");
+        let c = tok.encode("A recipe for bread with flour and water");
+        for temperature in [0.0, 1.0] {
+            let out_a = generate(&mut b, a.clone(), params(temperature, 3, true));
+            let out_c = generate(&mut b, c.clone(), params(temperature, 3, true));
+            assert_eq!(out_a.len(), 40);
+            assert!(
+                out_a.iter().all(|t| a.contains(t)),
+                "{}",
+                tok.decode(&out_a)
+            );
+            assert!(
+                out_c.iter().all(|t| c.contains(t)),
+                "{}",
+                tok.decode(&out_c)
+            );
+            let (text_a, text_c) = (tok.decode(&out_a), tok.decode(&out_c));
+            assert_ne!(text_a, text_c);
+            // One word per token, so usage and word counts agree.
+            assert_eq!(text_a.split_whitespace().count(), 40, "{text_a:?}");
+        }
+    }
+
+    #[test]
+    fn the_same_prompt_and_seed_give_the_same_text() {
+        let (mut b, tok) = backend(1e9);
+        let p = tok.encode("a quiet village near the sea where boats come in");
+        let x = generate(&mut b, p.clone(), params(1.0, 9, true));
+        assert_eq!(x, generate(&mut b, p.clone(), params(1.0, 9, true)));
+        assert_ne!(x, generate(&mut b, p.clone(), params(1.0, 10, true)));
+        let g = generate(&mut b, p.clone(), params(0.0, 1, true));
+        assert_eq!(
+            g,
+            generate(&mut b, p, params(0.0, 2, true)),
+            "greedy ignores the seed"
+        );
+    }
+
+    #[test]
+    fn a_prompt_without_words_falls_back_to_the_vocabulary() {
+        let (mut b, tok) = backend(1e9);
+        let p = tok.encode("1234 5678 !!!");
+        let out = generate(&mut b, p, params(1.0, 5, true));
+        assert_eq!(out.len(), 40);
+        assert!(out.iter().all(|t| tok.word_tokens().contains(t)));
+    }
+
+    #[test]
+    fn a_sampled_requests_length_depends_on_its_seed_alone() {
+        // EOS is drawn from the seed's stream before the pick, so the prompt never moves it.
+        let (mut b, tok) = backend(8.0);
+        let prompts = ["rivers and stones", "bread and water", "1234 !!!"];
+        for seed in 0..20 {
+            let lens: Vec<usize> = prompts
+                .iter()
+                .map(|p| generate(&mut b, tok.encode(p), params(1.0, seed, false)).len())
+                .collect();
+            assert!(lens.iter().all(|&l| l == lens[0]), "seed {seed}: {lens:?}");
+        }
     }
 }
