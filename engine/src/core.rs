@@ -2,6 +2,7 @@
 //! runs on its own thread, owning the scheduler and the backend. The same core runs on the real
 //! clock when serving and on a virtual clock in the offline simulator.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -11,7 +12,7 @@ use crate::backend::Backend;
 use crate::block_manager::CacheStats;
 use crate::clock::Clock;
 use crate::kv_events::KvEventHub;
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, FinishedRequest};
 use crate::roofline::StepCost;
 use crate::scheduler::{ScheduledSeq, Scheduler};
 use crate::sequence::{FinishInfo, FinishReason, NewRequest, SendError, SeqEvent, Sequence};
@@ -46,6 +47,8 @@ pub struct EngineCore {
     last_stats: CacheStats,
     last_end: Option<f64>,
     kv_events: Option<Arc<KvEventHub>>,
+    /// Clock time of each unfinished sequence's first token, by id (prefill and decode times).
+    first_token_at: HashMap<u64, f64>,
 }
 
 impl EngineCore {
@@ -69,6 +72,7 @@ impl EngineCore {
             last_stats: CacheStats::default(),
             last_end: None,
             kv_events: None,
+            first_token_at: HashMap::new(),
         }
     }
 
@@ -128,6 +132,7 @@ impl EngineCore {
             if s.first_scheduled.is_none() {
                 pending.fetch_sub(1, Ordering::AcqRel);
             }
+            self.first_token_at.remove(&s.id);
             self.metrics
                 .request_success
                 .with_label_values(&["abort"])
@@ -181,9 +186,6 @@ impl EngineCore {
             seq.record_path(cost.path);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);
-                self.metrics
-                    .queue_time
-                    .observe((start - seq.arrival).max(0.0));
                 self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
             }
             if seq.remaining() != 0 {
@@ -198,8 +200,14 @@ impl EngineCore {
             seq.push_token(token, self.sched.kv.block_size());
             generated += 1;
             match seq.last_token_at {
-                None => self.metrics.ttft.observe(end - seq.arrival),
-                Some(prev) => self.metrics.itl.observe(end - prev),
+                None => {
+                    self.metrics.ttft.observe(end - seq.arrival);
+                    self.first_token_at.insert(seq.id, end);
+                }
+                Some(prev) => {
+                    self.metrics.itl.observe(end - prev);
+                    self.metrics.tpot.observe(end - prev);
+                }
             }
             seq.last_token_at = Some(end);
             if seq.num_output() >= seq.params.max_tokens {
@@ -208,6 +216,8 @@ impl EngineCore {
         }
 
         self.metrics.generation_tokens.inc_by(generated as f64);
+        let step_tokens: usize = self.entries.iter().map(|e| e.num_tokens).sum();
+        self.metrics.iteration_tokens.observe(step_tokens as f64);
         let finished = self.sched.take_finished();
         let n_finished = finished.len();
         for seq in finished {
@@ -233,7 +243,23 @@ impl EngineCore {
     fn retire(&mut self, seq: Sequence, now: f64) {
         let Some(reason) = seq.finish else { return };
         let info = seq.finish_info(reason);
-        self.metrics.e2e.observe(now - seq.arrival);
+        // vLLM's intervals: a sequence that ended without a token (EOS first) had its first
+        // and last token events when it finished; one never scheduled was scheduled then.
+        let scheduled = seq.first_scheduled.unwrap_or(now);
+        let last = seq.last_token_at.unwrap_or(now);
+        let first = self.first_token_at.remove(&seq.id).unwrap_or(last);
+        self.metrics.observe_finished(&FinishedRequest {
+            e2e: (now - seq.arrival).max(0.0),
+            queued: (scheduled - seq.arrival).max(0.0),
+            prefill: (first - scheduled).max(0.0),
+            decode: (last - first).max(0.0),
+            inference: (last - scheduled).max(0.0),
+            prompt_tokens: seq.prompt_len,
+            generation_tokens: info.completion_tokens,
+            max_tokens: seq.params.max_tokens,
+            // n > 1 is refused at parsing: every sequence is one request's only completion.
+            n: 1,
+        });
         let label = match reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",

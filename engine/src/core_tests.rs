@@ -313,6 +313,12 @@ fn ignore_eos_yields_exactly_max_tokens_then_length() {
     assert_eq!(m.e2e.get_sample_count(), 1);
     assert_eq!(m.queue_time.get_sample_count(), 1);
     assert_eq!(m.request_success.with_label_values(&["length"]).get(), 1);
+    assert_phases_add_up(m, 1);
+    assert_eq!(m.request_prompt_tokens.get_sample_sum(), 20.0);
+    assert_eq!(m.request_generation_tokens.get_sample_sum(), 10.0);
+    assert_eq!(m.request_max_tokens.get_sample_sum(), 10.0);
+    assert_eq!(m.iteration_tokens.get_sample_count(), 10);
+    assert_eq!(m.iteration_tokens.get_sample_sum(), (20 + 9) as f64);
     assert_eq!(m.running.get(), 0.0);
     assert_eq!(m.kv_usage.get(), 0.0);
     assert_eq!(h.kv_free(), h.kv_blocks());
@@ -402,6 +408,153 @@ fn eos_ends_sequences_before_max_tokens() {
     assert_eq!(
         h.metrics.request_success.with_label_values(&["stop"]).get(),
         16
+    );
+    // EOS is not a generated token, here as in the answers' usage.
+    let m = &h.metrics;
+    assert_eq!(m.request_generation_tokens.get_sample_count(), 16);
+    assert_eq!(
+        m.request_generation_tokens.get_sample_sum(),
+        generated as f64
+    );
+    assert_phases_add_up(m, 16);
+}
+
+/// Per-request histograms: each holds `n` samples, and the phases add up (inference = prefill +
+/// decode, time to first token = queue + prefill).
+fn assert_phases_add_up(m: &EngineMetrics, n: u64) {
+    for h in [
+        &m.e2e,
+        &m.queue_time,
+        &m.prefill_time,
+        &m.decode_time,
+        &m.inference_time,
+        &m.request_tpot,
+        &m.request_prompt_tokens,
+        &m.request_generation_tokens,
+        &m.request_max_generation_tokens,
+        &m.request_max_tokens,
+        &m.request_n,
+    ] {
+        assert_eq!(h.get_sample_count(), n);
+    }
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    let (prefill, decode) = (
+        m.prefill_time.get_sample_sum(),
+        m.decode_time.get_sample_sum(),
+    );
+    let inference = m.inference_time.get_sample_sum();
+    assert!(
+        close(inference, prefill + decode),
+        "{inference} vs {prefill} + {decode}"
+    );
+    assert!(inference <= m.e2e.get_sample_sum() + 1e-9);
+    assert_eq!(m.request_n.get_sample_sum(), n as f64);
+    assert_eq!(
+        m.request_max_generation_tokens.get_sample_sum(),
+        m.request_generation_tokens.get_sample_sum()
+    );
+    // The deprecated per-token histogram carries the inter-token latencies.
+    assert_eq!(m.tpot.get_sample_count(), m.itl.get_sample_count());
+    assert!(close(m.tpot.get_sample_sum(), m.itl.get_sample_sum()));
+}
+
+#[test]
+fn per_request_histograms_follow_vllms_intervals() {
+    // One sequence at a time: b waits in the queue while a runs.
+    let mut h = Harness::new(Setup {
+        max_num_seqs: 1,
+        ..Setup::default()
+    });
+    let a = h.submit(1, prompt(1, 20), fixed_length(10, 1), usize::MAX);
+    let b = h.submit(2, prompt(2, 24), fixed_length(6, 2), usize::MAX);
+    let mut ends = Vec::new();
+    while h.core.has_work() {
+        ends.push(h.step().end);
+    }
+    assert_eq!(ends.len(), 16, "a: 1 prefill + 9 decodes, then b: 1 + 5");
+    assert_eq!(a.finished().unwrap().completion_tokens, 10);
+    assert_eq!(b.finished().unwrap().completion_tokens, 6);
+
+    // Both arrived at 0; steps run back to back, so b was scheduled when a's last step ended.
+    let (a_first, a_last) = (ends[0], ends[9]);
+    let (b_sched, b_first, b_last) = (ends[9], ends[10], ends[15]);
+    let m = &h.metrics;
+    let close = |got: f64, want: f64| {
+        assert!((got - want).abs() < 1e-12, "got {got}, want {want}");
+    };
+    close(m.queue_time.get_sample_sum(), b_sched);
+    close(
+        m.prefill_time.get_sample_sum(),
+        a_first + (b_first - b_sched),
+    );
+    close(
+        m.decode_time.get_sample_sum(),
+        (a_last - a_first) + (b_last - b_first),
+    );
+    close(
+        m.inference_time.get_sample_sum(),
+        a_last + (b_last - b_sched),
+    );
+    close(m.e2e.get_sample_sum(), a_last + b_last);
+    close(m.ttft.get_sample_sum(), a_first + b_first);
+    close(
+        m.request_tpot.get_sample_sum(),
+        (a_last - a_first) / 9.0 + (b_last - b_first) / 5.0,
+    );
+    close(m.itl.get_sample_sum(), m.decode_time.get_sample_sum());
+    assert_eq!(m.tpot.get_sample_count(), 9 + 5);
+    assert_eq!(m.request_prompt_tokens.get_sample_sum(), 44.0);
+    assert_eq!(m.request_generation_tokens.get_sample_sum(), 16.0);
+    assert_eq!(m.request_max_tokens.get_sample_sum(), 16.0);
+    assert_phases_add_up(m, 2);
+
+    // A step computes the prompt (no cached prefix here) or one token per decode; the last
+    // sampled token of each request is never computed.
+    assert_eq!(m.iteration_tokens.get_sample_count(), 16);
+    assert_eq!(m.iteration_tokens.get_sample_sum(), (44 + 9 + 5) as f64);
+    assert!(h.core.first_token_at.is_empty());
+}
+
+#[test]
+fn iteration_tokens_sum_the_tokens_of_each_batch() {
+    let mut h = Harness::new(Setup {
+        max_num_batched_tokens: 32,
+        ..Setup::default()
+    });
+    // A 50-token prompt is chunked 32 + 18; b's 10 decode alongside nothing, then together.
+    h.submit(1, prompt(1, 50), fixed_length(3, 1), usize::MAX);
+    let first = h.step();
+    assert_eq!(first.scheduled, 1);
+    assert_eq!(h.metrics.iteration_tokens.get_sample_sum(), 32.0);
+    h.submit(2, prompt(2, 10), fixed_length(3, 2), usize::MAX);
+    h.step();
+    // The 18 remaining prompt tokens of a, then b's 10 fit the budget of 32.
+    assert_eq!(h.metrics.iteration_tokens.get_sample_sum(), 32.0 + 28.0);
+    h.run(100);
+    let m = &h.metrics;
+    // Every prompt token once, plus every generated token but the last of each request.
+    assert_eq!(m.iteration_tokens.get_sample_sum(), (60 + 2 + 2) as f64);
+    assert_eq!(m.iteration_tokens.get_sample_count(), 4);
+}
+
+#[test]
+fn aborted_requests_count_only_as_aborts() {
+    let mut h = Harness::new(Setup::default());
+    let gone = h.submit(1, prompt(1, 20), fixed_length(50, 1), usize::MAX);
+    let kept = h.submit(2, prompt(2, 20), fixed_length(4, 2), usize::MAX);
+    h.step();
+    h.step();
+    assert_eq!(h.core.first_token_at.len(), 2);
+    gone.close();
+    h.run(100);
+    assert_eq!(kept.finished().unwrap().completion_tokens, 4);
+    let m = &h.metrics;
+    assert_eq!(m.request_success.with_label_values(&["abort"]).get(), 1);
+    assert_phases_add_up(m, 1);
+    assert_eq!(m.request_generation_tokens.get_sample_sum(), 4.0);
+    assert!(
+        h.core.first_token_at.is_empty(),
+        "nothing kept for the aborted one"
     );
 }
 
@@ -629,6 +782,13 @@ fn preemption_by_recompute_does_not_change_any_output() {
     assert_eq!(f64::from(preemptions), h.metrics.preemptions.get());
     assert_eq!(h.pending.load(Ordering::Acquire), 0);
     assert_eq!(h.metrics.ttft.get_sample_count(), started);
+    // Preemptions stretch the phases but never break them apart.
+    assert_phases_add_up(&h.metrics, N);
+    let completion: usize = clients.iter().map(|c| c.tokens().len()).sum();
+    assert_eq!(
+        h.metrics.request_generation_tokens.get_sample_sum(),
+        completion as f64
+    );
     assert_eq!(h.kv_free(), h.kv_blocks());
     assert_eq!(h.metrics.kv_usage.get(), 0.0);
 }

@@ -13,7 +13,7 @@ use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
 use crate::kv_events::KvEventHub;
-use crate::metrics::EngineMetrics;
+use crate::metrics::{CacheSettings, EngineMetrics};
 use crate::model::forward::Model;
 use crate::openai::ChatTemplate;
 use crate::presets;
@@ -293,10 +293,19 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     } else {
         args.served_model_name.clone()
     };
-    let metrics = Arc::new(EngineMetrics::new(&served_names[0]).map_err(|e| e.to_string())?);
+    let metrics = Arc::new(
+        EngineMetrics::with_max_model_len(&served_names[0], max_model_len)
+            .map_err(|e| e.to_string())?,
+    );
     let mut kv = BlockManager::new(num_blocks, args.block_size, !args.no_prefix_caching);
     kv.set_protected_fraction(args.kv_protected_fraction);
-    metrics.set_cache_config(&kv);
+    metrics.set_cache_config(
+        &kv,
+        &CacheSettings {
+            gpu_memory_utilization: args.gpu_memory_utilization,
+            num_gpu_blocks_override: args.num_gpu_blocks_override,
+        },
+    );
     let kv_events = (!args.no_kv_events && !args.no_prefix_caching).then(|| {
         kv.enable_events();
         Arc::new(KvEventHub::new())
