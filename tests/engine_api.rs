@@ -412,7 +412,7 @@ async fn bad_requests_get_400_naming_the_problem() {
         "max_tokens"
     );
 
-    let (status, _, res) = post_json(&url, &completion("Hi", 4, json!({"n": 2}))).await;
+    let (status, _, res) = post_json(&url, &completion("Hi", 4, json!({"n": 0}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(assert_error(status, &res, &["n"])["param"], "n");
 

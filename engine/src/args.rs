@@ -72,7 +72,8 @@ pub struct EngineArgs {
     /// Use exactly this many KV blocks instead of the memory-derived budget.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
-    /// Requests allowed to wait for admission before new ones get 503.
+    /// Sequences (a request's prompts × `best_of`) allowed to wait for admission before new
+    /// requests get 503; a request with more is refused with 400.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting_requests: usize,
     /// Chat template: a Jinja file, or a Hugging Face model directory / its

@@ -49,6 +49,21 @@ pub struct EngineCore {
     kv_events: Option<Arc<KvEventHub>>,
     /// Clock time of each unfinished sequence's first token, by id (prefill and decode times).
     first_token_at: HashMap<u64, f64>,
+    /// Group (its first sequence's id) of each unfinished sequence submitted with siblings.
+    group_of: HashMap<u64, u64>,
+    /// Unfinished groups by id.
+    groups: HashMap<u64, GroupState>,
+}
+
+/// The sequences of one request's prompt (`n` / `best_of` > 1) still to end.
+#[derive(Debug, Clone, Copy)]
+struct GroupState {
+    /// Sequences in the group.
+    size: usize,
+    /// Sequences not yet ended.
+    left: usize,
+    /// Longest generation among those that finished; `None` while none has.
+    max_generation: Option<usize>,
 }
 
 impl EngineCore {
@@ -73,6 +88,8 @@ impl EngineCore {
             last_end: None,
             kv_events: None,
             first_token_at: HashMap::new(),
+            group_of: HashMap::new(),
+            groups: HashMap::new(),
         }
     }
 
@@ -96,26 +113,60 @@ impl EngineCore {
     }
 
     /// Queues a request; one that could never fit in the whole KV cache is refused at once.
-    pub fn add_request(&mut self, mut req: NewRequest) {
-        let kv = &self.sched.kv;
-        let need = kv.blocks_for(req.prompt.len() + req.params.max_tokens);
-        if need > kv.num_blocks() || req.prompt.is_empty() {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            self.metrics
-                .rejected
-                .with_label_values(&["kv_capacity"])
-                .inc();
-            let msg = format!(
-                "request needs {need} KV blocks ({} prompt + {} max tokens) but the cache has {} blocks",
-                req.prompt.len(),
-                req.params.max_tokens,
-                kv.num_blocks()
-            );
-            let _ = req.sink.try_send(SeqEvent::Error(msg));
+    pub fn add_request(&mut self, req: NewRequest) {
+        self.add_group(vec![req]);
+    }
+
+    /// Queues sequences that share one prompt (a request's `n` or `best_of` choices). The
+    /// first computes the prompt; the others wait for its full prompt blocks to be cached and
+    /// then read them from the prefix cache, so the prompt is computed once. Sequences that
+    /// could never fit in the whole KV cache are refused at once.
+    pub fn add_group(&mut self, reqs: Vec<NewRequest>) {
+        let Some(leader) = reqs.first().map(|r| r.id) else {
             return;
+        };
+        let bs = self.sched.kv.block_size();
+        let num_blocks = self.sched.kv.num_blocks();
+        let prefix_caching = self.sched.kv.prefix_caching();
+        let size = reqs.len();
+        let mut queued = 0;
+        for mut req in reqs {
+            let need = (req.prompt.len() + req.params.max_tokens).div_ceil(bs);
+            if need > num_blocks || req.prompt.is_empty() {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                self.metrics
+                    .rejected
+                    .with_label_values(&["kv_capacity"])
+                    .inc();
+                let msg = format!(
+                    "request needs {need} KV blocks ({} prompt + {} max tokens) but the cache has {num_blocks} blocks",
+                    req.prompt.len(),
+                    req.params.max_tokens,
+                );
+                let _ = req.sink.try_send(SeqEvent::Error(msg));
+                continue;
+            }
+            let mut seq = Sequence::new(req, bs, self.clock.now());
+            // Waiting only pays when there is a full block to share, and a sequence that
+            // computes its whole prompt (prompt logprobs) shares nothing.
+            let shareable = prefix_caching && seq.prompt_len > bs;
+            if seq.id != leader && shareable && !seq.needs_prompt_logprobs() {
+                seq.share_prefix_of = Some(leader);
+            }
+            if size > 1 {
+                self.group_of.insert(seq.id, leader);
+            }
+            self.sched.add(seq);
+            queued += 1;
         }
-        let bs = kv.block_size();
-        self.sched.add(Sequence::new(req, bs, self.clock.now()));
+        if size > 1 && queued > 0 {
+            let state = GroupState {
+                size,
+                left: queued,
+                max_generation: None,
+            };
+            self.groups.insert(leader, state);
+        }
         self.metrics.waiting.set(self.sched.waiting.len() as f64);
     }
 
@@ -133,6 +184,7 @@ impl EngineCore {
                 pending.fetch_sub(1, Ordering::AcqRel);
             }
             self.first_token_at.remove(&s.id);
+            self.end_in_group(s.id, None);
             self.metrics
                 .request_success
                 .with_label_values(&["abort"])
@@ -188,16 +240,28 @@ impl EngineCore {
                 pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
             }
+            if seq.needs_prompt_logprobs() {
+                self.backend.prompt_logprobs(seq);
+            }
             if seq.remaining() != 0 {
                 continue;
             }
-            let token = self.backend.sample(seq);
+            if seq.params.max_tokens == 0 {
+                // Prompt only (echo with `max_tokens: 0`): its logprobs are all it wanted.
+                seq.finish = Some(FinishReason::Length);
+                continue;
+            }
+            let sampled = self.backend.sample(seq);
+            let token = sampled.token;
             let stop_ok = !seq.params.ignore_eos && seq.num_output() >= seq.params.min_tokens;
             if self.backend.is_eos(token) && stop_ok {
                 seq.finish = Some(FinishReason::Stop);
                 continue;
             }
             seq.push_token(token, self.sched.kv.block_size());
+            if let Some(lp) = sampled.logprob {
+                seq.push_logprob(lp);
+            }
             generated += 1;
             match seq.last_token_at {
                 None => {
@@ -257,9 +321,8 @@ impl EngineCore {
             prompt_tokens: seq.prompt_len,
             generation_tokens: info.completion_tokens,
             max_tokens: seq.params.max_tokens,
-            // n > 1 is refused at parsing: every sequence is one request's only completion.
-            n: 1,
         });
+        self.end_in_group(seq.id, Some(info.completion_tokens));
         let label = match reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
@@ -269,6 +332,32 @@ impl EngineCore {
             .with_label_values(&[label])
             .inc();
         self.draining.push((seq, info));
+    }
+
+    /// Counts a sequence of a group as ended (`generated` is `None` when it was aborted) and
+    /// observes the group's request-level metrics when it was the last; a sequence submitted
+    /// alone is its own group of one.
+    fn end_in_group(&mut self, id: u64, generated: Option<usize>) {
+        let Some(group) = self.group_of.remove(&id) else {
+            if let Some(g) = generated {
+                self.metrics.observe_group(1, g);
+            }
+            return;
+        };
+        let Some(state) = self.groups.get_mut(&group) else {
+            return;
+        };
+        state.left = state.left.saturating_sub(1);
+        if let Some(g) = generated {
+            state.max_generation = Some(state.max_generation.map_or(g, |m| m.max(g)));
+        }
+        if state.left == 0 {
+            let done = *state;
+            self.groups.remove(&group);
+            if let Some(max) = done.max_generation {
+                self.metrics.observe_group(done.size, max);
+            }
+        }
     }
 
     /// Hands buffered tokens to clients; finished sequences leave once their last event is taken.
@@ -281,7 +370,7 @@ impl EngineCore {
             if !seq.flush() {
                 return false;
             }
-            if !seq.pending_tokens.is_empty() {
+            if seq.has_pending() {
                 return true;
             }
             match seq.sink.try_send(SeqEvent::Finished(*info)) {
@@ -308,23 +397,24 @@ impl EngineCore {
     }
 }
 
-/// Runs `core` until every sender of `requests` is gone and all work is done.
-pub fn run_engine_loop(mut core: EngineCore, requests: Receiver<NewRequest>) {
+/// Runs `core` until every sender of `requests` is gone and all work is done. Each message is
+/// one prompt's sequences (see [`EngineCore::add_group`]).
+pub fn run_engine_loop(mut core: EngineCore, requests: Receiver<Vec<NewRequest>>) {
     loop {
         if !core.has_work() {
             match requests.recv() {
-                Ok(r) => core.add_request(r),
+                Ok(r) => core.add_group(r),
                 Err(_) => return,
             }
         }
         while let Ok(r) = requests.try_recv() {
-            core.add_request(r);
+            core.add_group(r);
         }
         let report = core.step();
         if report.cost.is_none() {
             // Nothing could run (output buffers full, or waiting on blocks): wait for news briefly.
             match requests.recv_timeout(Duration::from_millis(2)) {
-                Ok(r) => core.add_request(r),
+                Ok(r) => core.add_group(r),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     if !core.has_work() {

@@ -94,7 +94,7 @@ impl Client {
         self.events()
             .iter()
             .flat_map(|e| match e {
-                SeqEvent::Tokens(t) => t.clone(),
+                SeqEvent::Tokens(t) => t.ids.clone(),
                 _ => Vec::new(),
             })
             .collect()
@@ -838,7 +838,7 @@ fn the_engine_loop_serves_until_every_sender_is_gone() {
                 sink,
                 prefix_keys: None,
             };
-            submit.send(req).unwrap();
+            submit.send(vec![req]).unwrap();
             client
         })
         .collect();
@@ -854,3 +854,6 @@ fn the_engine_loop_serves_until_every_sender_is_gone() {
     assert_eq!(pending.load(Ordering::Acquire), 0);
     assert!(h.clock.now() > 0.0);
 }
+
+#[path = "core_group_tests.rs"]
+mod group;

@@ -70,8 +70,8 @@ pub struct Engine {
     pub pending: Arc<AtomicUsize>,
     /// Bound on `pending`.
     pub max_waiting: usize,
-    /// Queue into the core thread.
-    pub submit: mpsc::Sender<NewRequest>,
+    /// Queue into the core thread: each message is one prompt's sequences (`n` or `best_of`).
+    pub submit: mpsc::Sender<Vec<NewRequest>>,
     /// KV events for `/kv/events`; `None` with `--no-kv-events` or without prefix caching.
     pub kv_events: Option<Arc<KvEventHub>>,
 }

@@ -11,6 +11,7 @@ pub mod generation;
 pub mod gguf;
 pub mod kv_events;
 pub mod launch;
+pub mod logprobs;
 pub mod metrics;
 pub mod model;
 pub mod openai;

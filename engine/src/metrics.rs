@@ -133,8 +133,6 @@ pub struct FinishedRequest {
     pub generation_tokens: usize,
     /// The request's resolved `max_tokens`.
     pub max_tokens: usize,
-    /// The request's `n` (completions per prompt).
-    pub n: usize,
 }
 
 /// Settings `vllm:cache_config_info` reports beside the block manager's own shape.
@@ -448,10 +446,15 @@ impl EngineMetrics {
         self.request_prompt_tokens.observe(r.prompt_tokens as f64);
         self.request_generation_tokens
             .observe(r.generation_tokens as f64);
-        self.request_max_generation_tokens
-            .observe(r.generation_tokens as f64);
         self.request_max_tokens.observe(r.max_tokens as f64);
-        self.request_n.observe(r.n as f64);
+    }
+
+    /// Observes a request's parallel sequences once the last has ended, as vLLM's parent
+    /// request does: `n` sequences, the longest of which generated `max_generation` tokens.
+    pub fn observe_group(&self, n: usize, max_generation: usize) {
+        self.request_max_generation_tokens
+            .observe(max_generation as f64);
+        self.request_n.observe(n as f64);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -19,6 +19,12 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Stop strings; the output is cut before the first match.
     pub stop: Vec<String>,
+    /// Report each generated token's log-probability with this many top alternatives
+    /// (`Some(0)`: the token's own only); `None` computes none.
+    pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability (the first has none) with this many
+    /// alternatives. Such a prompt is computed in full: it never reads the prefix cache.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -32,6 +38,39 @@ impl Default for SamplingParams {
             seed: None,
             ignore_eos: false,
             stop: Vec::new(),
+            logprobs: None,
+            prompt_logprobs: None,
         }
+    }
+}
+
+/// The seed of choice `j` of a seeded request: the seed itself for the first choice (so `n: 1`
+/// and the first of `n: 3` agree), a splitmix64-scrambled mix of seed and index for the rest,
+/// so that choices differ and neighbouring seeds do not share streams.
+pub fn choice_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choice_seeds_keep_the_first_and_spread_the_rest() {
+        assert_eq!(choice_seed(42, 0), 42);
+        let seeds: Vec<u64> = (0..64).map(|j| choice_seed(42, j)).collect();
+        let mut unique = seeds.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), seeds.len());
+        // Seed s's second choice is not seed s + 1's first (unlike seed + index).
+        assert_ne!(choice_seed(42, 1), 43);
+        assert_eq!(choice_seed(7, 3), choice_seed(7, 3));
     }
 }

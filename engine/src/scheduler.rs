@@ -169,11 +169,25 @@ impl Scheduler {
 
         // Then new (or preempted) requests, in order, while sequences and budget remain.
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            if let Some(leader) = self.waiting.front().and_then(|s| s.share_prefix_of) {
+                // A sibling waits (keeping its place) until its leader's prompt blocks are in
+                // the cache, then reads them from there instead of computing them again.
+                if self.prefix_in_progress(leader) {
+                    break;
+                }
+            }
             let Some(seq) = self.waiting.front_mut() else {
                 break;
             };
+            seq.share_prefix_of = None;
             let bs = self.kv.block_size();
             let max_hit = ((seq.tokens.len() - 1) / bs).min(seq.block_hashes.len());
+            // Prompt logprobs need the logits of every prompt position: compute them all.
+            let max_hit = if seq.needs_prompt_logprobs() {
+                0
+            } else {
+                max_hit
+            };
             let hit = self.kv.find_cached_prefix(&seq.block_hashes[..max_hit]);
             let computed = hit * bs;
             let remaining = seq.tokens.len() - computed;
@@ -195,7 +209,10 @@ impl Scheduler {
             }
             if seq.cached_tokens.is_none() {
                 let cached = computed.min(seq.prompt_len);
-                self.kv.record_lookup(seq.prompt_len, cached);
+                // A prompt that skipped the cache was not looked up (as in vLLM).
+                if !seq.needs_prompt_logprobs() {
+                    self.kv.record_lookup(seq.prompt_len, cached);
+                }
                 seq.cached_tokens = Some(cached);
                 seq.first_scheduled = Some(now);
             }
@@ -268,6 +285,20 @@ impl Scheduler {
             }
         }
         done
+    }
+
+    /// True while sequence `leader` still has to compute prompt blocks a sibling could share:
+    /// it waits, or runs with fewer than its prompt's full blocks (all but the last token)
+    /// computed. A leader that finished or went away holds nothing up.
+    fn prefix_in_progress(&self, leader: u64) -> bool {
+        if self.waiting.iter().any(|s| s.id == leader) {
+            return true;
+        }
+        let bs = self.kv.block_size();
+        self.running.iter().any(|s| {
+            let shareable = (s.prompt_len.saturating_sub(1) / bs) * bs;
+            s.id == leader && s.num_computed < shareable
+        })
     }
 
     fn preempt_last(&mut self) {

@@ -2,6 +2,7 @@
 
 use crate::block_manager::{BlockId, extend_block_hashes};
 use crate::kv_events::PrefixKeys;
+use crate::logprobs::TokenLogprob;
 use crate::request::SamplingParams;
 use crate::roofline::ExecPath;
 
@@ -33,11 +34,35 @@ pub struct FinishInfo {
     pub preemptions: u32,
 }
 
+/// Tokens generated since the last event, with the log-probabilities the request asked for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TokenChunk {
+    /// Newly generated token ids, in order.
+    pub ids: Vec<u32>,
+    /// One entry per id when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Every prompt token's entry (the first is `None`), once, in the first event after the
+    /// prompt was computed, when the request asked for prompt logprobs.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+}
+
+impl TokenChunk {
+    /// Number of generated tokens in the chunk.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True when the chunk holds no generated token (it may still carry prompt logprobs).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
 /// What the engine delivers to a request's client.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
-    /// Newly generated token ids, in order.
-    Tokens(Vec<u32>),
+    /// Newly generated tokens, in order.
+    Tokens(TokenChunk),
     /// The sequence ended; no event follows.
     Finished(FinishInfo),
     /// The engine could not run the request; no event follows.
@@ -117,6 +142,16 @@ pub struct Sequence {
     pub finish: Option<FinishReason>,
     /// Events not yet accepted by the sink.
     pub pending_tokens: Vec<u32>,
+    /// Log-probabilities of `pending_tokens`, when the request asked for them.
+    pub pending_logprobs: Vec<TokenLogprob>,
+    /// Prompt tokens' log-probabilities by position, filled as the prompt is computed (entry 0,
+    /// which has no context, is `None`); empty unless the request asked for them.
+    pub prompt_logprobs: Vec<Option<TokenLogprob>>,
+    /// Whether `prompt_logprobs` went out to the client.
+    pub prompt_logprobs_sent: bool,
+    /// Id of a sequence with the same prompt whose full prompt blocks this one waits for, so
+    /// that it reads them from the prefix cache instead of computing them again (`n` > 1).
+    pub share_prefix_of: Option<u64>,
     /// Destination of events.
     pub sink: Box<dyn EventSink>,
     /// `(block index, router key)` anchors, ordered by block (KV events).
@@ -139,6 +174,12 @@ impl Sequence {
             .as_ref()
             .map(|k| k.anchors(req.prompt.len(), block_size))
             .unwrap_or_default();
+        // Position 0 has no context, so no entry; the rest fill in as the prompt is computed.
+        let prompt_logprobs = if req.params.prompt_logprobs.is_some() {
+            vec![None]
+        } else {
+            Vec::new()
+        };
         Self {
             id: req.id,
             prompt_len: req.prompt.len(),
@@ -158,6 +199,10 @@ impl Sequence {
             preemptions: 0,
             finish: None,
             pending_tokens: Vec::new(),
+            pending_logprobs: Vec::new(),
+            prompt_logprobs,
+            prompt_logprobs_sent: false,
+            share_prefix_of: None,
             sink: req.sink,
             key_anchors,
             anchors_attached: 0,
@@ -181,6 +226,17 @@ impl Sequence {
         self.pending_tokens.push(token);
     }
 
+    /// Records the log-probability of the token just pushed.
+    pub fn push_logprob(&mut self, logprob: TokenLogprob) {
+        self.pending_logprobs.push(logprob);
+    }
+
+    /// True while the request wants prompt logprobs that are not all computed yet; such a
+    /// sequence computes its whole prompt rather than reading it from the prefix cache.
+    pub fn needs_prompt_logprobs(&self) -> bool {
+        self.params.prompt_logprobs.is_some() && self.prompt_logprobs.len() < self.prompt_len
+    }
+
     /// Counts one step on `path` for this sequence.
     pub fn record_path(&mut self, path: ExecPath) {
         match path {
@@ -202,20 +258,43 @@ impl Sequence {
         }
     }
 
-    /// Tries to hand pending tokens to the sink. Returns false when the client is gone.
+    /// Tries to hand pending tokens (and, once complete, the prompt logprobs) to the sink.
+    /// Returns false when the client is gone.
     pub fn flush(&mut self) -> bool {
-        if self.pending_tokens.is_empty() {
+        let prompt_ready = self.prompt_logprobs_ready();
+        if self.pending_tokens.is_empty() && !prompt_ready {
             return !self.sink.is_closed();
         }
-        let tokens = std::mem::take(&mut self.pending_tokens);
-        match self.sink.try_send(SeqEvent::Tokens(tokens)) {
-            Ok(()) => true,
-            Err(SendError::Full(SeqEvent::Tokens(t))) => {
-                self.pending_tokens = t;
+        let chunk = TokenChunk {
+            ids: std::mem::take(&mut self.pending_tokens),
+            logprobs: std::mem::take(&mut self.pending_logprobs),
+            // Cloned, not taken: a full buffer hands the event back and it goes again.
+            prompt_logprobs: prompt_ready.then(|| self.prompt_logprobs.clone()),
+        };
+        match self.sink.try_send(SeqEvent::Tokens(chunk)) {
+            Ok(()) => {
+                self.prompt_logprobs_sent |= prompt_ready;
+                true
+            }
+            Err(SendError::Full(SeqEvent::Tokens(c))) => {
+                self.pending_tokens = c.ids;
+                self.pending_logprobs = c.logprobs;
                 true
             }
             Err(SendError::Full(_)) => true,
             Err(SendError::Closed) => false,
         }
+    }
+
+    /// True while something is still to be handed to the client before the final event.
+    pub fn has_pending(&self) -> bool {
+        !self.pending_tokens.is_empty() || self.prompt_logprobs_ready()
+    }
+
+    /// Prompt logprobs are all computed but not yet sent.
+    fn prompt_logprobs_ready(&self) -> bool {
+        self.params.prompt_logprobs.is_some()
+            && !self.prompt_logprobs_sent
+            && !self.needs_prompt_logprobs()
     }
 }

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
@@ -17,10 +17,11 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::args::EngineArgs;
-use crate::generation::{ChannelSink, EVENT_BUFFER, Generation};
+use crate::generation::{ChannelSink, EVENT_BUFFER, Generation, PromptPlan, RequestPlan};
 use crate::kv_events::{KvEventHub, PREFIX_KEYS_HEADER, PrefixKeys, event_line};
 use crate::launch::{Engine, build_engine};
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseMeta};
+use crate::request::choice_seed;
 use crate::sequence::NewRequest;
 
 /// Response body type of every route.
@@ -317,66 +318,64 @@ async fn generate(
     }
 
     let ParsedRequest {
-        prompt,
+        prompts,
         max_tokens,
         mut sampling,
         stream,
         include_usage,
         model,
+        n,
+        best_of,
+        echo,
+        logprobs,
         ..
     } = parsed;
-    let tokenizer = engine.tokenizer.clone();
-    // A chat template prints BOS itself; a raw completions prompt gets the tokenizer's.
-    let add_special = matches!(endpoint, Endpoint::Completions);
-    let prompt_tokens = match prompt {
-        Prompt::Tokens(t) => t,
-        // Tokenizing a long prompt takes milliseconds: keep it off the reactor.
-        Prompt::Text(text) => {
-            tokio::task::spawn_blocking(move || tokenizer.encode(&text, add_special))
-                .await
-                .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
-                .map_err(|e| ApiError::bad_request(e, Some("prompt")))?
-        }
-    };
-    if prompt_tokens.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
-    }
-    if let Some(bad) = prompt_tokens
-        .iter()
-        .find(|&&t| t as usize >= engine.vocab_size)
-    {
-        return Err(ApiError::bad_request(
-            format!("token id {bad} is out of vocabulary"),
-            Some("prompt"),
-        ));
-    }
+    let prompts = tokenize_prompts(engine, endpoint, prompts, echo).await?;
     let limit = engine.max_model_len;
-    let n_prompt = prompt_tokens.len();
     let default_max = match endpoint {
         Endpoint::Completions => 16,
-        Endpoint::ChatCompletions => limit.saturating_sub(n_prompt),
+        Endpoint::ChatCompletions => limit.saturating_sub(prompts.first().map_or(0, |p| p.0.len())),
     };
     let max_tokens = max_tokens.unwrap_or(default_max);
-    if n_prompt + max_tokens > limit || n_prompt >= limit {
-        return Err(ApiError::bad_request(
-            format!(
-                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                n_prompt + max_tokens
-            ),
-            Some("max_tokens"),
-        ));
+    for (tokens, _) in &prompts {
+        check_prompt(engine, tokens, max_tokens)?;
     }
     sampling.max_tokens = max_tokens;
     if sampling.min_tokens > max_tokens {
         sampling.min_tokens = max_tokens;
     }
+    // `best_of` ranks by cumulative logprob, so its sequences report them even unasked.
+    sampling.logprobs = logprobs.or((best_of > n).then_some(0));
+    // Echo with logprobs includes the prompt's; every sequence computes its own (as vLLM's
+    // child requests do), so none waits on another.
+    sampling.prompt_logprobs = logprobs.filter(|_| echo);
 
+    let total = prompts.len() * best_of;
+    // A queue of 0 refuses everything with 503 below; a request larger than a real queue could
+    // never be admitted, which is the client's to fix.
+    if total > engine.max_waiting && engine.max_waiting > 0 {
+        let param = if prompts.len() > 1 {
+            "prompt"
+        } else if best_of > n {
+            "best_of"
+        } else {
+            "n"
+        };
+        return Err(ApiError::bad_request(
+            format!(
+                "this request runs {total} sequences ({} prompts × {best_of}) but the engine queues at most {}",
+                prompts.len(),
+                engine.max_waiting
+            ),
+            Some(param),
+        ));
+    }
     // Bounded waiting queue: refuse quickly with an honest estimate instead of queueing forever.
     // One atomic step, so concurrent arrivals cannot overshoot the bound together.
     let admitted = engine
         .pending
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-            (p < engine.max_waiting).then_some(p + 1)
+            (p < engine.max_waiting).then_some(p + total)
         });
     if let Err(pending) = admitted {
         engine
@@ -389,31 +388,59 @@ async fn generate(
             engine.retry_after_secs(pending),
         ));
     }
-    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let new = NewRequest {
-        id,
-        prompt: prompt_tokens,
-        params: sampling.clone(),
-        sink: Box::new(ChannelSink::new(tx, stop.clone())),
-        prefix_keys,
-    };
-    if engine.submit.send(new).is_err() {
-        engine.pending.fetch_sub(1, Ordering::AcqRel);
-        return Err(ApiError::internal("the engine thread has stopped"));
+
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER * total);
+    let first_id = state.next_id.fetch_add(total as u64, Ordering::Relaxed);
+    // The router's keys describe the request's one prompt; with several they would be wrong.
+    let mut prefix_keys = prefix_keys.filter(|_| prompts.len() == 1);
+    let mut stops = Vec::with_capacity(total);
+    let mut groups = Vec::with_capacity(prompts.len());
+    let mut plans = Vec::with_capacity(prompts.len());
+    for (i, (tokens, echo_text)) in prompts.into_iter().enumerate() {
+        plans.push(PromptPlan {
+            tokens: tokens.len(),
+            first_token: tokens.first().copied().unwrap_or(0),
+            echo: echo_text,
+        });
+        let mut group = Vec::with_capacity(best_of);
+        for j in 0..best_of {
+            let s = i * best_of + j;
+            let stop = Arc::new(AtomicBool::new(false));
+            stops.push(stop.clone());
+            let mut params = sampling.clone();
+            params.seed = sampling.seed.map(|seed| choice_seed(seed, j));
+            group.push(NewRequest {
+                id: first_id.wrapping_add(s as u64),
+                prompt: tokens.clone(),
+                params,
+                sink: Box::new(ChannelSink::new(tx.clone(), s, stop)),
+                // The first sequence registers the prompt's blocks; its siblings share them.
+                prefix_keys: prefix_keys.take(),
+            });
+        }
+        groups.push(group);
+    }
+    drop(tx);
+    let mut unsent = total;
+    for group in groups {
+        let len = group.len();
+        if engine.submit.send(group).is_err() {
+            engine.pending.fetch_sub(unsent, Ordering::AcqRel);
+            return Err(ApiError::internal("the engine thread has stopped"));
+        }
+        unsent -= len;
     }
 
     let meta = ResponseMeta::new(endpoint, model);
-    let mut generation = Generation::new(
-        meta,
-        rx,
-        stop,
-        &sampling,
-        n_prompt,
+    let plan = RequestPlan {
+        prompts: plans,
+        n,
+        best_of,
+        logprobs: logprobs.is_some(),
         include_usage,
-        engine.tokenizer.clone(),
-    );
+    };
+    let mut generation =
+        Generation::new(meta, rx, plan, &sampling, stops, engine.tokenizer.clone());
     let mut res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.
         let first = generation.first_event().await?;
@@ -434,4 +461,61 @@ async fn generate(
         res.headers_mut().insert("x-request-id", v);
     }
     Ok(res)
+}
+
+/// Token ids of each prompt and, with `echo`, the text its choices start with (the prompt as
+/// sent, or the decoded ids). A chat template prints BOS itself; a raw completions prompt gets
+/// the tokenizer's.
+async fn tokenize_prompts(
+    engine: &Engine,
+    endpoint: Endpoint,
+    prompts: Vec<Prompt>,
+    echo: bool,
+) -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
+    let tokenizer = engine.tokenizer.clone();
+    let add_special = matches!(endpoint, Endpoint::Completions);
+    // Tokenizing a long prompt takes milliseconds: keep it off the reactor.
+    tokio::task::spawn_blocking(move || {
+        prompts
+            .into_iter()
+            .map(|p| match p {
+                Prompt::Tokens(t) => {
+                    let text = echo.then(|| tokenizer.decode(&t));
+                    Ok((t, text))
+                }
+                Prompt::Text(text) => {
+                    let t = tokenizer.encode(&text, add_special)?;
+                    Ok((t, echo.then_some(text)))
+                }
+            })
+            .collect::<Result<Vec<_>, String>>()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+    .map_err(|e| ApiError::bad_request(e, Some("prompt")))
+}
+
+/// Refuses a prompt that is empty, names unknown tokens, or leaves no room for `max_tokens`.
+fn check_prompt(engine: &Engine, tokens: &[u32], max_tokens: usize) -> Result<(), ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
+    }
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= engine.vocab_size) {
+        return Err(ApiError::bad_request(
+            format!("token id {bad} is out of vocabulary"),
+            Some("prompt"),
+        ));
+    }
+    let limit = engine.max_model_len;
+    let n_prompt = tokens.len();
+    if n_prompt + max_tokens > limit || (max_tokens > 0 && n_prompt >= limit) {
+        return Err(ApiError::bad_request(
+            format!(
+                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                n_prompt + max_tokens
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    Ok(())
 }

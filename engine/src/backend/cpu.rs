@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Sampled};
+use crate::logprobs::{self, TokenLogprob};
 use crate::model::forward::{Model, SeqChunk};
 use crate::model::kv_cache::KvCache;
 use crate::model::sampler;
@@ -18,6 +19,8 @@ pub struct CpuBackend {
     cache: KvCache,
     /// Logits of sequences whose last token this step computed, by sequence id.
     logits: HashMap<u64, Vec<f32>>,
+    /// Prompt logprobs this step computed, by sequence id: the first position, then entries.
+    prompt_logprobs: HashMap<u64, (usize, Vec<TokenLogprob>)>,
     eos: Vec<u32>,
 }
 
@@ -30,6 +33,7 @@ impl CpuBackend {
             model,
             cache,
             logits: HashMap::new(),
+            prompt_logprobs: HashMap::new(),
             eos,
         }
     }
@@ -39,6 +43,7 @@ impl Backend for CpuBackend {
     fn execute(&mut self, batch: &Batch, running: &[Sequence]) -> StepCost {
         let started = Instant::now();
         self.logits.clear();
+        self.prompt_logprobs.clear();
         let chunks: Vec<SeqChunk<'_>> = batch
             .seqs
             .iter()
@@ -54,7 +59,41 @@ impl Backend for CpuBackend {
                 }
             })
             .collect();
-        match self.model.forward(&mut self.cache, &chunks) {
+        // Extra logits rows for prompt logprobs: the entry of prompt position p comes from the
+        // logits after position p - 1, so a chunk covering [start, end) yields the entries of
+        // positions start + 1 ..= end (the token at `end` is known: it is still prompt).
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let seq = &running[s.index];
+            let Some(k) = seq
+                .params
+                .prompt_logprobs
+                .filter(|_| seq.needs_prompt_logprobs())
+            else {
+                continue;
+            };
+            let from = (seq.num_computed + 1).max(seq.prompt_logprobs.len());
+            let to = (seq.num_computed + s.num_tokens).min(seq.prompt_len.saturating_sub(1));
+            if from <= to {
+                self.prompt_logprobs.insert(seq.id, (from, Vec::new()));
+            }
+            for p in from..=to {
+                rows.push((i, p - 1));
+                targets.push((seq.id, seq.tokens[p], k));
+            }
+        }
+        let entries = &mut self.prompt_logprobs;
+        let mut on_row = |r: usize, logits: &[f32]| {
+            let (id, token, k) = targets[r];
+            if let Some((_, v)) = entries.get_mut(&id) {
+                v.push(logprobs::from_logits(logits, token, k));
+            }
+        };
+        match self
+            .model
+            .forward_with_rows(&mut self.cache, &chunks, &rows, &mut on_row)
+        {
             Ok(all) => {
                 let wanting = batch
                     .seqs
@@ -66,7 +105,10 @@ impl Backend for CpuBackend {
                 }
             }
             // Sequences without logits end at EOS (see `sample`); the cause is logged once here.
-            Err(e) => tracing::error!(error = %e, "forward pass failed"),
+            Err(e) => {
+                self.prompt_logprobs.clear();
+                tracing::error!(error = %e, "forward pass failed");
+            }
         }
         StepCost {
             seconds: started.elapsed().as_secs_f64(),
@@ -75,10 +117,35 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn sample(&mut self, seq: &mut Sequence) -> u32 {
+    fn sample(&mut self, seq: &mut Sequence) -> Sampled {
         match self.logits.remove(&seq.id) {
-            Some(logits) => sampler::sample(&logits, &seq.params, &mut seq.rng_state),
-            None => self.eos_token(),
+            Some(logits) => {
+                let token = sampler::sample(&logits, &seq.params, &mut seq.rng_state);
+                // The raw model distribution, before temperature, top-k and top-p (vLLM's
+                // default `raw_logprobs`).
+                let logprob = seq
+                    .params
+                    .logprobs
+                    .map(|k| logprobs::from_logits(&logits, token, k));
+                Sampled { token, logprob }
+            }
+            // No logits (the pass failed): end the sequence; a logprob is still owed when asked.
+            None => Sampled {
+                token: self.eos_token(),
+                logprob: seq.params.logprobs.map(|_| TokenLogprob {
+                    token: self.eos_token(),
+                    logprob: f32::NEG_INFINITY,
+                    top: Vec::new(),
+                }),
+            },
+        }
+    }
+
+    fn prompt_logprobs(&mut self, seq: &mut Sequence) {
+        if let Some((from, entries)) = self.prompt_logprobs.remove(&seq.id)
+            && from == seq.prompt_logprobs.len()
+        {
+            seq.prompt_logprobs.extend(entries.into_iter().map(Some));
         }
     }
 
@@ -90,3 +157,7 @@ impl Backend for CpuBackend {
         self.eos.contains(&token)
     }
 }
+
+#[cfg(test)]
+#[path = "cpu_tests.rs"]
+mod tests;

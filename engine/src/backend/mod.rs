@@ -4,17 +4,31 @@
 pub mod cpu;
 pub mod sim;
 
+use crate::logprobs::TokenLogprob;
 use crate::roofline::StepCost;
 use crate::scheduler::Batch;
 use crate::sequence::Sequence;
+
+/// A sampled token and, when the sequence asked for logprobs, its log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The next token.
+    pub token: u32,
+    /// Its log-probability and top alternatives; `Some` exactly when `params.logprobs` is.
+    pub logprob: Option<TokenLogprob>,
+}
 
 /// Runs a scheduled batch and samples next tokens.
 pub trait Backend: Send {
     /// Runs one step's forward pass over `batch` (indices into `running`) and returns its cost;
     /// the engine waits on its clock until the step would have ended.
     fn execute(&mut self, batch: &Batch, running: &[Sequence]) -> StepCost;
-    /// Samples the next token for a sequence whose last token was just computed.
-    fn sample(&mut self, seq: &mut Sequence) -> u32;
+    /// Samples the next token for a sequence whose last token was just computed; with
+    /// `params.logprobs` set, also reports its log-probability and that many alternatives.
+    fn sample(&mut self, seq: &mut Sequence) -> Sampled;
+    /// Appends to `seq.prompt_logprobs` the entries of the prompt positions the last step made
+    /// known. Called after each step (and its commit) for sequences that still need them.
+    fn prompt_logprobs(&mut self, seq: &mut Sequence);
     /// End-of-sequence token id.
     fn eos_token(&self) -> u32;
     /// Whether `token` ends generation (models may have several EOS tokens).

@@ -7,8 +7,13 @@
 //! without such words gets words of the whole vocabulary. Each output token is one whole word,
 //! so an answer of N tokens is N words. Only the pick of the token reads the prompt: a sampled
 //! request's random draws, and so where it stops, depend on its seed alone, as they always did.
+//!
+//! Log-probabilities, when asked for, are those of this sampler's own distribution (see
+//! [`dist`]): synthetic numbers that are consistent with what it draws, not a model's.
 
-use crate::backend::Backend;
+mod dist;
+
+use crate::backend::{Backend, Sampled};
 use crate::roofline::{RooflineModel, StepCost};
 use crate::scheduler::Batch;
 use crate::sequence::Sequence;
@@ -97,7 +102,7 @@ impl Backend for SimBackend {
         self.model.step_cost(&batch.shape)
     }
 
-    fn sample(&mut self, seq: &mut Sequence) -> u32 {
+    fn sample(&mut self, seq: &mut Sequence) -> Sampled {
         let greedy = seq.params.temperature == 0.0 || seq.params.top_k == 1;
         // Greedy output depends only on the tokens so far (same prompt, same answer);
         // sampled output on the request's seed.
@@ -119,10 +124,33 @@ impl Backend for SimBackend {
             seq.rng_state = state;
         }
         let can_stop = !seq.params.ignore_eos && seq.num_output() >= seq.params.min_tokens;
-        if can_stop && (e >> 11) as f64 / (1u64 << 53) as f64 <= self.eos_probability {
-            return self.eos;
+        let token = if can_stop && (e >> 11) as f64 / (1u64 << 53) as f64 <= self.eos_probability {
+            self.eos
+        } else {
+            self.placeholder(seq, r)
+        };
+        let logprob = seq.params.logprobs.map(|k| {
+            let p_eos = if can_stop { self.eos_probability } else { 0.0 };
+            self.logprob_entry(&self.distribution(seq, p_eos), token, k)
+        });
+        Sampled { token, logprob }
+    }
+
+    fn prompt_logprobs(&mut self, seq: &mut Sequence) {
+        let Some(k) = seq.params.prompt_logprobs else {
+            return;
+        };
+        // A prompt token is scored by the distribution the first output token is drawn from,
+        // without its EOS share: the same for every position.
+        let known = seq.num_computed.min(seq.prompt_len.saturating_sub(1));
+        if seq.prompt_logprobs.len() > known {
+            return;
         }
-        self.placeholder(seq, r)
+        let dist = self.distribution(seq, 0.0);
+        for p in seq.prompt_logprobs.len()..=known {
+            let entry = self.logprob_entry(&dist, seq.tokens[p], k);
+            seq.prompt_logprobs.push(Some(entry));
+        }
     }
 
     fn eos_token(&self) -> u32 {
@@ -182,7 +210,7 @@ mod tests {
         let mut seq = Sequence::new(req, BS, 0.0);
         let mut out = Vec::new();
         while out.len() < max {
-            let t = b.sample(&mut seq);
+            let t = b.sample(&mut seq).token;
             if b.is_eos(t) {
                 break;
             }
@@ -250,6 +278,46 @@ mod tests {
         let out = generate(&mut b, p, params(1.0, 5, true));
         assert_eq!(out.len(), 40);
         assert!(out.iter().all(|t| tok.word_tokens().contains(t)));
+    }
+
+    #[test]
+    fn logprobs_are_those_of_the_distribution_it_samples_from() {
+        let (mut b, tok) = backend(1e9);
+        let p = tok.encode(" rivers and stones rivers");
+        assert!(p.iter().all(|t| tok.word_tokens().contains(t)), "{p:?}");
+        let mut seen = std::collections::HashMap::<u32, (usize, f32)>::new();
+        let draws = 4_000;
+        for seed in 0..draws {
+            let params = SamplingParams {
+                logprobs: Some(5),
+                ..params(1.0, seed, true)
+            };
+            let req = NewRequest {
+                id: 1,
+                prompt: p.clone(),
+                params,
+                sink: Box::new(NoSink),
+                prefix_keys: None,
+            };
+            let mut seq = Sequence::new(req, BS, 0.0);
+            let s = b.sample(&mut seq);
+            let lp = s.logprob.unwrap();
+            assert_eq!(lp.token, s.token);
+            assert_eq!(lp.top.len(), 5, "padded to k with words it never draws");
+            assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1), "sorted");
+            let mass: f64 = lp.top.iter().map(|t| f64::from(t.1).exp()).sum();
+            assert!(mass <= 1.0 + 1e-6);
+            let entry = seen.entry(s.token).or_insert((0, lp.logprob));
+            entry.0 += 1;
+        }
+        // " rivers" is half the prompt's words, " and" and " stones" a quarter each.
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        for (count, logprob) in seen.values() {
+            let p = f64::from(*logprob).exp();
+            assert!((p - 0.5).abs() < 1e-6 || (p - 0.25).abs() < 1e-6, "{p}");
+            let freq = *count as f64 / draws as f64;
+            assert!((freq - p).abs() < 0.03, "{freq} vs {p}");
+        }
     }
 
     #[test]

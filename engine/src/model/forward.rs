@@ -26,6 +26,9 @@ pub struct SeqChunk<'a> {
     pub prompt_len: usize,
 }
 
+/// A step's final hidden states (`[tokens × hidden]`) and which tokens are generated ones.
+type Hidden = (Vec<f32>, Vec<bool>);
+
 /// A model ready to run: shape, weights and RoPE frequencies.
 pub struct Model {
     /// Shape.
@@ -34,6 +37,10 @@ pub struct Model {
     pub weights: ModelWeights,
     rope: Rope,
 }
+
+/// Rows of extra logits (prompt logprobs) computed per head call: bounds their memory to
+/// this many × vocabulary floats.
+pub const EXTRA_ROWS_BLOCK: usize = 64;
 
 /// Attention work (query-key pairs × heads) below which threads cost more than they save.
 const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
@@ -71,6 +78,73 @@ impl Model {
         cache: &mut KvCache,
         chunks: &[SeqChunk<'_>],
     ) -> Result<Vec<Vec<f32>>, String> {
+        self.forward_with_rows(cache, chunks, &[], &mut |_, _| {})
+    }
+
+    /// Runs one step as [`forward`](Self::forward) does, and also computes the logits after
+    /// each `(chunk, position)` of `rows` (every position of a prompt, for its prompt logprobs),
+    /// handing them to `on_row(index into rows, logits)` in order. They are computed
+    /// [`EXTRA_ROWS_BLOCK`] rows at a time, so a long prompt never holds a whole
+    /// `[tokens × vocabulary]` matrix. A position outside its chunk is an error.
+    pub fn forward_with_rows(
+        &self,
+        cache: &mut KvCache,
+        chunks: &[SeqChunk<'_>],
+        rows: &[(usize, usize)],
+        on_row: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let c = &self.config;
+        // Flattened index of each chunk's first token, to find the requested rows.
+        let mut first = Vec::with_capacity(chunks.len());
+        let mut total = 0;
+        for ch in chunks {
+            first.push(total);
+            total += ch.tokens.len();
+        }
+        let extra = rows
+            .iter()
+            .map(|&(i, p)| match chunks.get(i) {
+                Some(ch) if p >= ch.start && p < ch.start + ch.tokens.len() => {
+                    Ok(first[i] + p - ch.start)
+                }
+                _ => Err(format!(
+                    "logits row ({i}, {p}) is outside the step's chunks"
+                )),
+            })
+            .collect::<Result<Vec<usize>, String>>()?;
+        let Some((x, generated)) = self.hidden_states(cache, chunks)? else {
+            return Ok(Vec::new());
+        };
+
+        // Only the last token of chunks that sample needs the (vocabulary-wide) head.
+        let mut last_rows = Vec::new();
+        let mut last = 0;
+        for ch in chunks {
+            last += ch.tokens.len();
+            if ch.want_logits && !ch.tokens.is_empty() {
+                last_rows.push(last - 1);
+            }
+        }
+        let logits = self.head(&x, &generated, &last_rows);
+        for (b, block) in extra.chunks(EXTRA_ROWS_BLOCK).enumerate() {
+            let block_logits = self.head(&x, &generated, block);
+            for (j, row) in block_logits.chunks_exact(c.vocab_size).enumerate() {
+                on_row(b * EXTRA_ROWS_BLOCK + j, row);
+            }
+        }
+        Ok(logits
+            .chunks_exact(c.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// The final hidden states (`[tokens × hidden]`) of every token of the step, and which
+    /// tokens are generated ones; `None` when the step has no tokens.
+    fn hidden_states(
+        &self,
+        cache: &mut KvCache,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Option<Hidden>, String> {
         let c = &self.config;
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         // Token t of the flattened step belongs to chunk `owner[t]` at position `pos[t]`.
@@ -93,7 +167,7 @@ impl Model {
         }
         let n = pos.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let rows = Rows::new(generated.clone());
 
@@ -165,18 +239,17 @@ impl Model {
             }
         }
 
-        // Only the last token of chunks that sample needs the (vocabulary-wide) head.
-        let mut rows = Vec::new();
-        let mut last = 0;
-        for ch in chunks {
-            last += ch.tokens.len();
-            if ch.want_logits && !ch.tokens.is_empty() {
-                rows.push(last - 1);
-            }
-        }
+        Ok(Some((x, generated)))
+    }
+
+    /// Logits of the flattened tokens `rows` of the hidden states `x`: final norm, then the
+    /// tied or untied head, with each row's kernel chosen by whether it is a generated token.
+    fn head(&self, x: &[f32], generated: &[bool], rows: &[usize]) -> Vec<f32> {
+        let c = &self.config;
+        let h = c.hidden_size;
         let m = rows.len();
         let mut final_norm = vec![0.0f32; m * h];
-        for (o, &r) in final_norm.chunks_exact_mut(h).zip(&rows) {
+        for (o, &r) in final_norm.chunks_exact_mut(h).zip(rows) {
             rms_norm(
                 o,
                 &x[r * h..(r + 1) * h],
@@ -197,10 +270,7 @@ impl Model {
                 &head_rows,
             ),
         }
-        Ok(logits
-            .chunks_exact(c.vocab_size)
-            .map(<[f32]>::to_vec)
-            .collect())
+        logits
     }
 
     /// Attention for every token of the step, spread over threads by token when there is enough

@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use super::fields::{Fields, as_int, invalid, wrong_type};
 use super::{ApiError, ChatTemplate};
+use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::request::SamplingParams;
 
 /// Which OpenAI endpoint a request came through.
@@ -40,22 +41,37 @@ pub struct ParsedRequest {
     pub endpoint: Endpoint,
     /// The `model` named by the client.
     pub model: String,
-    /// The prompt; for chat, the rendered template text.
-    pub prompt: Prompt,
+    /// The prompts: for chat, the rendered template text; for completions, one per element
+    /// of a list prompt.
+    pub prompts: Vec<Prompt>,
     /// Answer as server-sent events.
     pub stream: bool,
     /// `stream_options.include_usage`: end the stream with a usage chunk.
     pub include_usage: bool,
-    /// The client's `max_tokens` (chat: `max_completion_tokens` first); `None` → caller defaults it.
+    /// The client's `max_tokens` (chat: `max_completion_tokens` first); `None` → caller defaults
+    /// it. 0 only with `echo`: the answer is the prompt alone.
     pub max_tokens: Option<usize>,
     /// Sampling parameters; `sampling.max_tokens` is 0 until the caller resolves it.
     pub sampling: SamplingParams,
     /// The opaque `user` tag.
     pub user: Option<String>,
+    /// Choices returned per prompt.
+    pub n: usize,
+    /// Sequences generated per prompt (≥ `n`); the `n` with the highest cumulative logprob
+    /// are returned.
+    pub best_of: usize,
+    /// Completions `echo`: each choice's text starts with its prompt.
+    pub echo: bool,
+    /// Logprobs asked for, with this many alternatives per token (completions `logprobs`,
+    /// chat `top_logprobs`); `None` when not asked for.
+    pub logprobs: Option<usize>,
 }
 
 /// Most stop strings a request may carry, as in OpenAI's API.
 const MAX_STOP: usize = 4;
+
+/// Most choices (`n`) and sequences per prompt (`best_of`), as OpenAI's bound on `n`.
+pub const MAX_CHOICES: usize = 128;
 
 /// Roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
@@ -65,8 +81,22 @@ pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
     let value = Fields::parse(body)?;
     let f = Fields::new(&value)?;
     let model = model(&f)?;
-    let prompt = completion_prompt(f.get("prompt"))?;
-    common(&f, Endpoint::Completions, model, prompt, "max_tokens")
+    let prompts = completion_prompts(f.get("prompt"))?;
+    let echo = f.bool("echo")?.unwrap_or(false);
+    let mut parsed = common(
+        &f,
+        Endpoint::Completions,
+        model,
+        prompts,
+        "max_tokens",
+        echo,
+    )?;
+    parsed.echo = echo;
+    parsed.logprobs = match f.int("logprobs")? {
+        None => None,
+        Some(k) => Some(top_logprobs_count("logprobs", k)?),
+    };
+    Ok(parsed)
 }
 
 /// Parses and validates a `/v1/chat/completions` body and renders its messages with `template`.
@@ -81,11 +111,54 @@ pub fn parse_chat(body: &[u8], template: &ChatTemplate) -> Result<ParsedRequest,
         "max_tokens"
     };
     let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    if f.bool("echo")? == Some(true) {
+        return Err(invalid(
+            "echo",
+            "`echo` is not supported on chat completions".to_owned(),
+        ));
+    }
     // Validate the cheap fields before rendering the template.
-    let placeholder = Prompt::Text(String::new());
-    let mut parsed = common(&f, Endpoint::ChatCompletions, model, placeholder, max_field)?;
-    parsed.prompt = Prompt::Text(template.render(&messages, add_generation_prompt)?);
+    let placeholder = vec![Prompt::Text(String::new())];
+    let mut parsed = common(
+        &f,
+        Endpoint::ChatCompletions,
+        model,
+        placeholder,
+        max_field,
+        false,
+    )?;
+    parsed.logprobs = chat_logprobs(&f)?;
+    parsed.prompts = vec![Prompt::Text(
+        template.render(&messages, add_generation_prompt)?,
+    )];
     Ok(parsed)
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (alternatives, which need `logprobs`).
+fn chat_logprobs(f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
+    let on = f.bool("logprobs")?.unwrap_or(false);
+    let top = match f.int("top_logprobs")? {
+        None => None,
+        Some(_) if !on => {
+            return Err(invalid(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs` to be true".to_owned(),
+            ));
+        }
+        Some(k) => Some(top_logprobs_count("top_logprobs", k)?),
+    };
+    Ok(on.then(|| top.unwrap_or(0)))
+}
+
+/// A count of alternatives per token, 0 ..= [`MAX_TOP_LOGPROBS`].
+fn top_logprobs_count(field: &str, k: i128) -> Result<usize, ApiError> {
+    match usize::try_from(k) {
+        Ok(k) if k <= MAX_TOP_LOGPROBS => Ok(k),
+        _ => Err(invalid(
+            field,
+            format!("`{field}` must be in [0, {MAX_TOP_LOGPROBS}], got {k}"),
+        )),
+    }
 }
 
 fn model(f: &Fields<'_>) -> Result<String, ApiError> {
@@ -94,25 +167,28 @@ fn model(f: &Fields<'_>) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad_request("`model` is required", Some("model")))
 }
 
-/// The fields both endpoints share.
+/// The fields both endpoints share. `echo` allows `max_tokens: 0` (the prompt alone).
 fn common(
     f: &Fields<'_>,
     endpoint: Endpoint,
     model: String,
-    prompt: Prompt,
+    prompts: Vec<Prompt>,
     max_field: &str,
+    echo: bool,
 ) -> Result<ParsedRequest, ApiError> {
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = stream_options(f, stream)?;
-    unsupported(f)?;
+    let (n, best_of) = choices(f, stream)?;
 
+    let least = usize::from(!echo);
     let max_tokens = match f.int(max_field)? {
         None => None,
-        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) if n >= least as i128 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         Some(n) => {
+            let why = if echo { "" } else { " (0 only with `echo`)" };
             return Err(invalid(
                 max_field,
-                format!("`{max_field}` must be at least 1, got {n}"),
+                format!("`{max_field}` must be at least 1{why}, got {n}"),
             ));
         }
     };
@@ -167,7 +243,7 @@ fn common(
     Ok(ParsedRequest {
         endpoint,
         model,
-        prompt,
+        prompts,
         stream,
         include_usage,
         max_tokens,
@@ -180,8 +256,14 @@ fn common(
             seed,
             ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
             stop: stop(f.get("stop"))?,
+            logprobs: None,
+            prompt_logprobs: None,
         },
         user: f.string("user")?.map(str::to_owned),
+        n,
+        best_of,
+        echo: false,
+        logprobs: None,
     })
 }
 
@@ -207,26 +289,43 @@ fn stream_options(f: &Fields<'_>, stream: bool) -> Result<bool, ApiError> {
         .map_err(|_| wrong_type("stream_options.include_usage", "a boolean"))
 }
 
-/// Rejects features we do not implement: several choices and echoing the prompt.
-fn unsupported(f: &Fields<'_>) -> Result<(), ApiError> {
-    for field in ["n", "best_of"] {
+/// `n` (choices per prompt) and `best_of` (sequences per prompt, ≥ `n`, default `n`). Like
+/// OpenAI and vLLM, results cannot stream while `best_of` > `n`: the best are known only at
+/// the end.
+fn choices(f: &Fields<'_>, stream: bool) -> Result<(usize, usize), ApiError> {
+    let count = |field: &str, least: usize| -> Result<Option<usize>, ApiError> {
         match f.int(field)? {
-            Some(n) if n < 1 => {
-                return Err(invalid(
-                    field,
-                    format!("`{field}` must be at least 1, got {n}"),
-                ));
-            }
-            Some(n) if n > 1 => {
-                return Err(invalid(field, format!("{field} > 1 is not supported")));
-            }
-            _ => {}
+            None => Ok(None),
+            Some(v) if v < least as i128 => Err(invalid(
+                field,
+                format!("`{field}` must be at least {least}, got {v}"),
+            )),
+            Some(v) if v > MAX_CHOICES as i128 => Err(invalid(
+                field,
+                format!("`{field}` must be at most {MAX_CHOICES}, got {v}"),
+            )),
+            Some(v) => Ok(Some(usize::try_from(v).unwrap_or(MAX_CHOICES))),
         }
+    };
+    let n = count("n", 1)?.unwrap_or(1);
+    let best_of = match count("best_of", 1)? {
+        Some(b) if b < n => {
+            return Err(invalid(
+                "best_of",
+                format!("`best_of` ({b}) must be at least `n` ({n})"),
+            ));
+        }
+        Some(b) => b,
+        None => n,
+    };
+    if stream && best_of > n {
+        return Err(invalid(
+            "best_of",
+            "`best_of` greater than `n` cannot be streamed: the best are known only at the end"
+                .to_owned(),
+        ));
     }
-    if f.bool("echo")? == Some(true) {
-        return Err(invalid("echo", "`echo` is not supported".to_owned()));
-    }
-    Ok(())
+    Ok((n, best_of))
 }
 
 fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
@@ -266,22 +365,41 @@ fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
-fn completion_prompt(value: Option<&Value>) -> Result<Prompt, ApiError> {
-    const EXPECTED: &str = "a string, an array of token ids, or a one-element array of either";
+/// The completions `prompt`: a string, token ids, or a list of either (one choice set each).
+fn completion_prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    const EXPECTED: &str =
+        "a string, an array of strings, an array of token ids, or an array of token-id arrays";
     let empty = || invalid("prompt", "`prompt` must not be empty".to_owned());
-    let batched = || invalid("prompt", "batched prompts are not supported".to_owned());
+    let text = |s: &str| {
+        if s.is_empty() {
+            Err(empty())
+        } else {
+            Ok(Prompt::Text(s.to_owned()))
+        }
+    };
     match value {
         None => Err(ApiError::bad_request(
             "`prompt` is required",
             Some("prompt"),
         )),
-        Some(Value::String(s)) if s.is_empty() => Err(empty()),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::String(s)) => Ok(vec![text(s)?]),
         Some(Value::Array(items)) => match items.first() {
             None => Err(empty()),
-            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens),
-            Some(Value::String(_) | Value::Array(_)) if items.len() > 1 => Err(batched()),
-            Some(inner @ (Value::String(_) | Value::Array(_))) => completion_prompt(Some(inner)),
+            Some(Value::Number(_)) => Ok(vec![Prompt::Tokens(token_ids(items)?)]),
+            Some(Value::String(_)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => text(s),
+                    _ => Err(wrong_type("prompt", EXPECTED)),
+                })
+                .collect(),
+            Some(Value::Array(_)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::Array(ids) => token_ids(ids).map(Prompt::Tokens),
+                    _ => Err(wrong_type("prompt", EXPECTED)),
+                })
+                .collect(),
             Some(_) => Err(wrong_type("prompt", EXPECTED)),
         },
         Some(_) => Err(wrong_type("prompt", EXPECTED)),

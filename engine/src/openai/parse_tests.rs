@@ -38,8 +38,9 @@ fn minimal_completion_defaults() {
     let p = completion(with(json!({}))).unwrap();
     assert_eq!(p.endpoint, Endpoint::Completions);
     assert_eq!(p.model, "m");
-    assert_eq!(p.prompt, Prompt::Text("hi".to_owned()));
+    assert_eq!(p.prompts, [Prompt::Text("hi".to_owned())]);
     assert!(!p.stream && !p.include_usage);
+    assert_eq!((p.n, p.best_of, p.echo, p.logprobs), (1, 1, false, None));
     assert_eq!(p.max_tokens, None);
     assert_eq!(p.user, None);
     let want = SamplingParams {
@@ -69,6 +70,7 @@ fn full_completion() {
     assert_eq!(s.seed, Some(7));
     assert!(s.ignore_eos);
     assert_eq!(s.stop, ["\n", "END"]);
+    assert_eq!(p.logprobs, Some(3));
 }
 
 #[test]
@@ -117,37 +119,39 @@ fn model_is_required_string() {
 fn prompt_forms() {
     let p = |v: Value| completion(with(json!({"prompt": v})));
     assert_eq!(
-        p(json!(["one"])).unwrap().prompt,
-        Prompt::Text("one".to_owned())
+        p(json!(["one"])).unwrap().prompts,
+        [Prompt::Text("one".to_owned())]
     );
     assert_eq!(
-        p(json!([1, 2, 3])).unwrap().prompt,
-        Prompt::Tokens(vec![1, 2, 3])
+        p(json!([1, 2, 3])).unwrap().prompts,
+        [Prompt::Tokens(vec![1, 2, 3])]
     );
     assert_eq!(
-        p(json!([[5, 6]])).unwrap().prompt,
-        Prompt::Tokens(vec![5, 6])
+        p(json!([[5, 6]])).unwrap().prompts,
+        [Prompt::Tokens(vec![5, 6])]
+    );
+    // Lists: one prompt per element, in order.
+    assert_eq!(
+        p(json!(["a", "b"])).unwrap().prompts,
+        [Prompt::Text("a".to_owned()), Prompt::Text("b".to_owned())]
+    );
+    assert_eq!(
+        p(json!([[1], [2, 3]])).unwrap().prompts,
+        [Prompt::Tokens(vec![1]), Prompt::Tokens(vec![2, 3])]
     );
     rejects(completion(json!({"model": "m"})), "prompt", "required");
     rejects(p(json!("")), "prompt", "empty");
     rejects(p(json!([])), "prompt", "empty");
     rejects(p(json!([""])), "prompt", "empty");
+    rejects(p(json!(["a", ""])), "prompt", "empty");
     rejects(p(json!([[]])), "prompt", "empty");
-    rejects(
-        p(json!(["a", "b"])),
-        "prompt",
-        "batched prompts are not supported",
-    );
-    rejects(
-        p(json!([[1], [2]])),
-        "prompt",
-        "batched prompts are not supported",
-    );
+    rejects(p(json!([[1], []])), "prompt", "empty");
+    rejects(p(json!([[1], "a"])), "prompt", "token-id arrays");
     rejects(p(json!([1, -2])), "prompt", "token ids");
     rejects(p(json!([1, 1.5])), "prompt", "token ids");
     rejects(p(json!([1, 4_294_967_296_u64])), "prompt", "token ids");
     rejects(p(json!([1, "a"])), "prompt", "token ids");
-    rejects(p(json!(["a", 1])), "prompt", "batched");
+    rejects(p(json!(["a", 1])), "prompt", "an array of strings");
     rejects(p(json!(5)), "prompt", "must be a string");
     rejects(p(json!([{"x": 1}])), "prompt", "must be a string");
 }
@@ -240,26 +244,63 @@ fn chat_max_completion_tokens_takes_precedence() {
 }
 
 #[test]
-fn n_best_of_echo() {
-    assert!(completion(with(json!({"n": 1, "best_of": 1, "echo": false}))).is_ok());
-    rejects(
-        completion(with(json!({"n": 2}))),
-        "n",
-        "n > 1 is not supported",
-    );
-    rejects(
-        completion(with(json!({"best_of": 3}))),
-        "best_of",
-        "best_of > 1 is not supported",
-    );
+fn n_best_of_echo_logprobs() {
+    let p = completion(with(
+        json!({"n": 3, "best_of": 5, "echo": true, "logprobs": 0}),
+    ))
+    .unwrap();
+    assert_eq!((p.n, p.best_of, p.echo, p.logprobs), (3, 5, true, Some(0)));
+    let p = completion(with(json!({"n": 4}))).unwrap();
+    assert_eq!((p.n, p.best_of), (4, 4), "best_of defaults to n");
+    assert!(completion(with(json!({"n": 128, "logprobs": 20}))).is_ok());
     rejects(completion(with(json!({"n": 0}))), "n", "at least 1");
+    rejects(completion(with(json!({"n": 129}))), "n", "at most 128");
     rejects(completion(with(json!({"n": "2"}))), "n", "integer");
     rejects(
-        completion(with(json!({"echo": true}))),
-        "echo",
-        "not supported",
+        completion(with(json!({"n": 3, "best_of": 2}))),
+        "best_of",
+        "at least `n`",
     );
+    rejects(
+        completion(with(json!({"best_of": 0}))),
+        "best_of",
+        "at least 1",
+    );
+    rejects(
+        completion(with(json!({"best_of": 500}))),
+        "best_of",
+        "at most",
+    );
+    rejects(
+        completion(with(json!({"best_of": 2, "stream": true}))),
+        "best_of",
+        "cannot be streamed",
+    );
+    assert!(completion(with(json!({"n": 2, "best_of": 2, "stream": true}))).is_ok());
     rejects(completion(with(json!({"echo": 1}))), "echo", "boolean");
+    rejects(
+        completion(with(json!({"logprobs": 21}))),
+        "logprobs",
+        "[0, 20]",
+    );
+    rejects(
+        completion(with(json!({"logprobs": -1}))),
+        "logprobs",
+        "[0, 20]",
+    );
+    rejects(
+        completion(with(json!({"logprobs": true}))),
+        "logprobs",
+        "integer",
+    );
+    // max_tokens 0 is the prompt alone: only with echo.
+    let p = completion(with(json!({"echo": true, "max_tokens": 0}))).unwrap();
+    assert_eq!(p.max_tokens, Some(0));
+    rejects(
+        completion(with(json!({"max_tokens": 0}))),
+        "max_tokens",
+        "0 only with `echo`",
+    );
 }
 
 #[test]
@@ -343,7 +384,7 @@ fn chat_renders_template() {
     .unwrap();
     assert_eq!(p.endpoint, Endpoint::ChatCompletions);
     assert_eq!(
-        p.prompt,
+        p.prompts[0],
         Prompt::Text(
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>developer\nD<|im_end|>\n\
              <|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n\
@@ -358,8 +399,8 @@ fn chat_add_generation_prompt() {
     let body = json!({"model": "m", "add_generation_prompt": false, "chat_template_kwargs": {"x": 1},
         "messages": [{"role": "user", "content": "x"}]});
     assert_eq!(
-        chat(body).unwrap().prompt,
-        Prompt::Text("<|im_start|>user\nx<|im_end|>\n".to_owned())
+        chat(body).unwrap().prompts,
+        [Prompt::Text("<|im_start|>user\nx<|im_end|>\n".to_owned())]
     );
     let body = json!({"model": "m", "add_generation_prompt": "no", "messages": [{"role": "user", "content": "x"}]});
     rejects(chat(body), "add_generation_prompt", "boolean");
@@ -430,17 +471,37 @@ fn chat_content_parts() {
     );
     let p = messages(json!([{"role": "user", "content": []}])).unwrap();
     assert_eq!(
-        p.prompt,
+        p.prompts[0],
         Prompt::Text("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n".to_owned())
     );
 }
 
 #[test]
 fn chat_shares_sampling_rules() {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2});
-    rejects(chat(body), "n", "n > 1");
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "echo": true});
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    let body = json!({"model": "m", "messages": msgs, "n": 2});
+    assert_eq!(chat(body).unwrap().n, 2);
+    let body = json!({"model": "m", "messages": msgs, "n": 200});
+    rejects(chat(body), "n", "at most 128");
+    let body = json!({"model": "m", "messages": msgs, "echo": true});
     rejects(chat(body), "echo", "not supported");
+    // Chat logprobs: a boolean, with `top_logprobs` alternatives that need it.
+    let body = json!({"model": "m", "messages": msgs, "logprobs": true, "top_logprobs": 5});
+    assert_eq!(chat(body).unwrap().logprobs, Some(5));
+    let body = json!({"model": "m", "messages": msgs, "logprobs": true});
+    assert_eq!(chat(body).unwrap().logprobs, Some(0));
+    let body = json!({"model": "m", "messages": msgs, "logprobs": false});
+    assert_eq!(chat(body).unwrap().logprobs, None);
+    let body = json!({"model": "m", "messages": msgs, "top_logprobs": 2});
+    rejects(chat(body), "top_logprobs", "requires `logprobs`");
+    let body = json!({"model": "m", "messages": msgs, "logprobs": false, "top_logprobs": 0});
+    rejects(chat(body), "top_logprobs", "requires `logprobs`");
+    let body = json!({"model": "m", "messages": msgs, "logprobs": true, "top_logprobs": 21});
+    rejects(chat(body), "top_logprobs", "[0, 20]");
+    let body = json!({"model": "m", "messages": msgs, "logprobs": 3});
+    rejects(chat(body), "logprobs", "boolean");
+    let body = json!({"model": "m", "messages": msgs, "max_tokens": 0});
+    rejects(chat(body), "max_tokens", "at least 1");
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0.7,
         "stream": true, "stream_options": {"include_usage": true}, "seed": -5});
     let p = chat(body).unwrap();

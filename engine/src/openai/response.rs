@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Serialize, Serializer};
 
 use super::Endpoint;
+use super::logprobs::{ChatLogprobs, CompletionLogprobs, LogprobEntry};
 
 /// The event that ends every stream.
 pub const DONE: &str = "data: [DONE]\n\n";
@@ -145,9 +146,9 @@ impl<'a, C> Envelope<'a, C> {
 
 #[derive(Serialize)]
 struct TextChoice<'a> {
-    index: u32,
+    index: usize,
     text: &'a str,
-    logprobs: (),
+    logprobs: Option<CompletionLogprobs<'a>>,
     finish_reason: Option<FinishReason>,
     stop_reason: (),
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,9 +164,9 @@ struct Message<'a> {
 
 #[derive(Serialize)]
 struct ChatChoice<'a> {
-    index: u32,
+    index: usize,
     message: Message<'a>,
-    logprobs: (),
+    logprobs: Option<ChatLogprobs<'a>>,
     finish_reason: FinishReason,
     stop_reason: (),
 }
@@ -179,68 +180,85 @@ struct Delta<'a> {
 
 #[derive(Serialize)]
 struct ChunkChoice<'a> {
-    index: u32,
+    index: usize,
     delta: Delta<'a>,
-    logprobs: (),
+    logprobs: Option<ChatLogprobs<'a>>,
     finish_reason: Option<FinishReason>,
     /// vLLM sets `stop_reason` only on the finishing chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     stop_reason: Option<()>,
 }
 
+/// One choice of a whole (non-streamed) answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Choice<'a> {
+    /// Position in `choices`: prompt × `n` + rank.
+    pub index: usize,
+    /// The whole text (with `echo`, the prompt first).
+    pub text: &'a str,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Its tokens' log-probabilities, when asked for.
+    pub logprobs: Option<&'a [LogprobEntry]>,
+}
+
 /// The non-streaming body: `text_completion` or `chat.completion`, with `usage`.
-pub fn full_response(
-    meta: &ResponseMeta,
-    text: &str,
-    finish: FinishReason,
-    usage: &Usage,
-) -> String {
+pub fn full_response(meta: &ResponseMeta, choices: &[Choice<'_>], usage: &Usage) -> String {
     match meta.endpoint {
         Endpoint::Completions => {
-            let choice = TextChoice {
-                index: 0,
-                text,
-                logprobs: (),
-                finish_reason: Some(finish),
-                stop_reason: (),
-                prompt_logprobs: Some(()),
-            };
-            let mut body = Envelope::new(meta, "text_completion", [choice]);
+            let choices: Vec<TextChoice<'_>> = choices
+                .iter()
+                .map(|c| TextChoice {
+                    index: c.index,
+                    text: c.text,
+                    logprobs: c.logprobs.map(CompletionLogprobs),
+                    finish_reason: Some(c.finish),
+                    stop_reason: (),
+                    prompt_logprobs: Some(()),
+                })
+                .collect();
+            let mut body = Envelope::new(meta, "text_completion", choices);
             body.usage = Some(usage);
             to_json(&body)
         }
         Endpoint::ChatCompletions => {
-            let choice = ChatChoice {
-                index: 0,
-                message: Message {
-                    role: "assistant",
-                    content: text,
-                    tool_calls: [],
-                },
-                logprobs: (),
-                finish_reason: finish,
-                stop_reason: (),
-            };
-            let mut body = Envelope::new(meta, "chat.completion", [choice]);
+            let choices: Vec<ChatChoice<'_>> = choices
+                .iter()
+                .map(|c| ChatChoice {
+                    index: c.index,
+                    message: Message {
+                        role: "assistant",
+                        content: c.text,
+                        tool_calls: [],
+                    },
+                    logprobs: c.logprobs.map(ChatLogprobs),
+                    finish_reason: c.finish,
+                    stop_reason: (),
+                })
+                .collect();
+            let mut body = Envelope::new(meta, "chat.completion", choices);
             body.usage = Some(usage);
             to_json(&body)
         }
     }
 }
 
-/// One streamed SSE event, `data: {...}\n\n`; chat puts `role` in the `first` chunk's delta.
+/// One streamed SSE event, `data: {...}\n\n`, for choice `index`; chat puts `role` in each
+/// choice's `first` chunk's delta. `logprobs` are those of the tokens of `delta`.
 pub fn chunk(
     meta: &ResponseMeta,
+    index: usize,
     delta: &str,
     first: bool,
     finish: Option<FinishReason>,
+    logprobs: Option<&[LogprobEntry]>,
 ) -> String {
     let json = match meta.endpoint {
         Endpoint::Completions => {
             let choice = TextChoice {
-                index: 0,
+                index,
                 text: delta,
-                logprobs: (),
+                logprobs: logprobs.map(CompletionLogprobs),
                 finish_reason: finish,
                 stop_reason: (),
                 prompt_logprobs: None,
@@ -249,12 +267,12 @@ pub fn chunk(
         }
         Endpoint::ChatCompletions => {
             let choice = ChunkChoice {
-                index: 0,
+                index,
                 delta: Delta {
                     role: first.then_some("assistant"),
                     content: delta,
                 },
-                logprobs: (),
+                logprobs: logprobs.map(ChatLogprobs),
                 finish_reason: finish,
                 stop_reason: finish.map(|_| ()),
             };

@@ -22,6 +22,17 @@ fn event(s: &str) -> Value {
     json(&s["data: ".len()..s.len() - 2])
 }
 
+/// A whole answer with one choice and no logprobs.
+fn one(meta: &ResponseMeta, text: &str, finish: FinishReason) -> String {
+    let choice = Choice {
+        index: 0,
+        text,
+        finish,
+        logprobs: None,
+    };
+    full_response(meta, &[choice], &USAGE)
+}
+
 fn keys(v: &Value) -> Vec<&str> {
     v.as_object().unwrap().keys().map(String::as_str).collect()
 }
@@ -64,11 +75,10 @@ fn ids_are_prefixed_and_unique() {
 
 #[test]
 fn completion_full_response() {
-    let v = json(&full_response(
+    let v = json(&one(
         &meta(Endpoint::Completions),
         "hi there",
         FinishReason::Length,
-        &USAGE,
     ));
     assert_eq!(
         keys(&v),
@@ -91,11 +101,10 @@ fn completion_full_response() {
 
 #[test]
 fn chat_full_response() {
-    let v = json(&full_response(
+    let v = json(&one(
         &meta(Endpoint::ChatCompletions),
         "Hello \"x\"",
         FinishReason::Stop,
-        &USAGE,
     ));
     assert_eq!(v["object"], "chat.completion");
     let choice = &v["choices"][0];
@@ -120,12 +129,7 @@ fn chat_full_response() {
 
 #[test]
 fn keys_keep_vllm_order() {
-    let s = full_response(
-        &meta(Endpoint::ChatCompletions),
-        "x",
-        FinishReason::Stop,
-        &USAGE,
-    );
+    let s = one(&meta(Endpoint::ChatCompletions), "x", FinishReason::Stop);
     let pos = |k: &str| s.find(&format!("\"{k}\"")).unwrap();
     assert!(pos("id") < pos("object") && pos("object") < pos("created"));
     assert!(
@@ -142,7 +146,7 @@ fn keys_keep_vllm_order() {
 #[test]
 fn chat_chunks() {
     let m = meta(Endpoint::ChatCompletions);
-    let first = event(&chunk(&m, "", true, None));
+    let first = event(&chunk(&m, 0, "", true, None, None));
     assert_eq!(
         keys(&first),
         ["choices", "created", "id", "model", "object"]
@@ -159,13 +163,13 @@ fn chat_chunks() {
     );
     assert!(choice["finish_reason"].is_null());
 
-    let mid = event(&chunk(&m, " the", false, None));
+    let mid = event(&chunk(&m, 0, " the", false, None, None));
     assert_eq!(
         mid["choices"][0]["delta"],
         serde_json::json!({"content": " the"})
     );
 
-    let last = event(&chunk(&m, "", false, Some(FinishReason::Stop)));
+    let last = event(&chunk(&m, 0, "", false, Some(FinishReason::Stop), None));
     let choice = &last["choices"][0];
     assert_eq!(choice["finish_reason"], "stop");
     assert!(choice.get("stop_reason").unwrap().is_null());
@@ -174,7 +178,7 @@ fn chat_chunks() {
 #[test]
 fn completion_chunks() {
     let m = meta(Endpoint::Completions);
-    let v = event(&chunk(&m, "abc", true, None));
+    let v = event(&chunk(&m, 0, "abc", true, None, None));
     assert_eq!(v["object"], "text_completion");
     let choice = &v["choices"][0];
     assert_eq!(
@@ -183,7 +187,7 @@ fn completion_chunks() {
     );
     assert_eq!(choice["text"], "abc");
     assert!(choice["finish_reason"].is_null());
-    let v = event(&chunk(&m, "", false, Some(FinishReason::Length)));
+    let v = event(&chunk(&m, 0, "", false, Some(FinishReason::Length), None));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
 
@@ -221,4 +225,59 @@ fn models_list_shape() {
     assert_eq!(data[0]["max_model_len"], 4096);
     assert_eq!(data[1]["id"], "b");
     assert_eq!(json(&models_list(&[], 1, 0))["data"], serde_json::json!([]));
+}
+
+#[test]
+fn several_choices_keep_their_indices_and_logprobs() {
+    use super::super::logprobs::{LogprobEntry, TopEntry};
+    let entries = vec![LogprobEntry {
+        token: " b".to_owned(),
+        bytes: b" b".to_vec(),
+        logprob: Some(-0.5),
+        top: vec![TopEntry {
+            token: " b".to_owned(),
+            bytes: b" b".to_vec(),
+            logprob: -0.5,
+        }],
+        text_offset: 0,
+    }];
+    let choices = [
+        Choice {
+            index: 0,
+            text: " a",
+            finish: FinishReason::Length,
+            logprobs: None,
+        },
+        Choice {
+            index: 1,
+            text: " b",
+            finish: FinishReason::Stop,
+            logprobs: Some(&entries),
+        },
+    ];
+    let v = json(&full_response(
+        &meta(Endpoint::Completions),
+        &choices,
+        &USAGE,
+    ));
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert_eq!(v["choices"][1]["logprobs"]["tokens"][0], " b");
+    assert_eq!(v["choices"][1]["logprobs"]["top_logprobs"][0][" b"], -0.5);
+    assert!(v["choices"][0]["logprobs"].is_null());
+    let v = json(&full_response(
+        &meta(Endpoint::ChatCompletions),
+        &choices,
+        &USAGE,
+    ));
+    assert_eq!(v["choices"][1]["logprobs"]["content"][0]["logprob"], -0.5);
+    let c = event(&chunk(
+        &meta(Endpoint::ChatCompletions),
+        3,
+        " b",
+        false,
+        None,
+        Some(&entries),
+    ));
+    assert_eq!(c["choices"][0]["index"], 3);
+    assert_eq!(c["choices"][0]["logprobs"]["content"][0]["token"], " b");
 }
