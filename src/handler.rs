@@ -18,7 +18,7 @@ use crate::gateway::Live;
 use crate::ledger::UsageRow;
 use crate::limits::{ConcurrencySlot, Rejection, TierLimits};
 use crate::proxy::forward::{ForwardSettings, Outbound, forward};
-use crate::request::{Endpoint, PromptSize, ValidRequest, validate};
+use crate::request::{Endpoint, PromptSize, ValidRequest, check_context, validate};
 use crate::request_body::{BodyLimits, read_body};
 use crate::tenants::bearer;
 
@@ -165,6 +165,8 @@ async fn route(
             proxy(gw, req, Endpoint::ChatCompletions, ctx).await
         }
         (&Method::POST, "/v1/completions") => proxy(gw, req, Endpoint::Completions, ctx).await,
+        (&Method::POST, "/v1/embeddings") => proxy(gw, req, Endpoint::Embeddings, ctx).await,
+        (&Method::POST, "/v1/responses") => proxy(gw, req, Endpoint::Responses, ctx).await,
         (&Method::GET, "/v1/models") => Ok(models(gw)),
         (&Method::GET, p) if p.starts_with("/v1/models/") => model(gw, &p["/v1/models/".len()..]),
         (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
@@ -182,11 +184,16 @@ async fn route(
             );
             Ok(r)
         }
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models") => {
-            Err(GatewayError::MethodNotAllowed)
-        }
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/models",
+        ) => Err(GatewayError::MethodNotAllowed),
         (_, p) if p.starts_with("/v1/") => Err(GatewayError::NotFound(format!(
-            "no route for {p}: this gateway serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /v1/models/{{model}}"
+            "no route for {p}: this gateway serves POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses, GET /v1/models and GET /v1/models/{{model}}"
         ))),
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
     }
@@ -266,12 +273,7 @@ async fn proxy(
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let body_limits = BodyLimits {
-        max_bytes: snapshot.max_body_bytes,
-        budget_bytes: snapshot.max_buffered_body_bytes,
-        timeout: snapshot.connections.body_read_timeout,
-    };
-    let (body, body_hold) = read_body(body, declared, body_limits, &gw.body_budget)
+    let (body, body_hold) = read_body(body, declared, BodyLimits::of(snapshot), &gw.body_budget)
         .await
         .inspect_err(|e| {
             if let GatewayError::BodyTimeout(_) = e {
@@ -306,17 +308,7 @@ async fn proxy(
                 .map_err(|e| GatewayError::Internal(format!("token estimate failed: {e}")))?
         }
     };
-    if let Some(context) = valid.max_context
-        && prompt_tokens > context as u64
-    {
-        return Err(GatewayError::bad_request(
-            format!(
-                "the prompt is about {prompt_tokens} tokens but the model `{}` has a context of {context} tokens",
-                valid.model
-            ),
-            Some("messages"),
-        ));
-    }
+    check_context(&valid, prompt_tokens)?;
     // Degrade: the pool's current level decides what this tier gets.
     let (valid, degraded) = degrade(gw, &live, valid, &tier.name, prompt_tokens, ctx)?;
     let pool = live
@@ -485,6 +477,7 @@ async fn proxy(
         path: endpoint.path(),
         body: valid.body.clone(),
         stream: valid.stream,
+        by_load: !endpoint.generates(),
         features: &valid.features,
         request_id: &ctx.request_id,
         traceparent: parts
@@ -599,14 +592,17 @@ fn degrade(
         && valid.max_tokens > u64::from(cap)
     {
         let json = body.get_or_insert(parse_body(&valid.body)?);
-        // The client's own field keeps its name; both are capped.
-        for key in ["max_tokens", "max_completion_tokens"] {
+        // The client's own field keeps its name; every limit field is capped.
+        let keys = valid.endpoint.limit_keys();
+        for &key in keys {
             if json.get(key).is_some_and(|v| !v.is_null()) {
                 json[key] = serde_json::Value::from(cap);
             }
         }
-        if json.get("max_tokens").is_none() && json.get("max_completion_tokens").is_none() {
-            json["max_tokens"] = serde_json::Value::from(cap);
+        if let Some(&last) = keys.last()
+            && keys.iter().all(|k| json.get(*k).is_none())
+        {
+            json[last] = serde_json::Value::from(cap);
         }
         valid.max_tokens = u64::from(cap);
         labels.push("cap_max_tokens");

@@ -24,6 +24,10 @@ pub enum Endpoint {
     Completions,
     /// `/v1/chat/completions`.
     ChatCompletions,
+    /// `/v1/embeddings`: input tokens only, never streamed.
+    Embeddings,
+    /// `/v1/responses`, OpenAI's Responses API.
+    Responses,
 }
 
 impl Endpoint {
@@ -32,7 +36,25 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "/v1/completions",
             Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Responses => "/v1/responses",
         }
+    }
+
+    /// The body fields that bound the completion, in the order they are checked.
+    pub fn limit_keys(self) -> &'static [&'static str] {
+        match self {
+            Endpoint::Completions | Endpoint::ChatCompletions => {
+                &["max_completion_tokens", "max_tokens"]
+            }
+            Endpoint::Responses => &["max_output_tokens"],
+            Endpoint::Embeddings => &[],
+        }
+    }
+
+    /// Whether the answer is generated text (and so reserves completion tokens).
+    pub fn generates(self) -> bool {
+        self != Endpoint::Embeddings
     }
 }
 
@@ -125,7 +147,7 @@ pub fn validate(
             tier.name
         )));
     }
-    let stream = matches!(obj.get("stream"), Some(Value::Bool(true)));
+    let stream = endpoint.generates() && matches!(obj.get("stream"), Some(Value::Bool(true)));
     if let Some(t) = number(obj, "temperature")?
         && !(0.0..=2.0).contains(&t)
     {
@@ -146,7 +168,7 @@ pub fn validate(
     // they read (ours and vLLM read only `max_tokens` on completions), so a small
     // `max_completion_tokens` must not carry a large `max_tokens` past the ceiling.
     let mut asked: Option<u64> = None;
-    for max_key in ["max_completion_tokens", "max_tokens"] {
+    for &max_key in endpoint.limit_keys() {
         let m = match number(obj, max_key)? {
             None => continue,
             Some(m) if m < 1.0 || m.fract() != 0.0 => {
@@ -168,7 +190,10 @@ pub fn validate(
         };
         asked = Some(asked.map_or(m, |a| a.max(m)));
     }
-    let max_tokens = asked.unwrap_or(u64::from(tier.default_max_tokens));
+    let max_tokens = match endpoint.generates() {
+        true => asked.unwrap_or(u64::from(tier.default_max_tokens)),
+        false => 0,
+    };
     let client_wants_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -205,6 +230,8 @@ pub fn validate(
                 .collect::<String>();
             (canonical_chat(&pairs), PromptSize::Text(text))
         }
+        Endpoint::Embeddings => embeddings_input(obj.get("input"))?,
+        Endpoint::Responses => responses_input(obj)?,
         Endpoint::Completions => match obj.get("prompt") {
             Some(Value::String(p)) if !p.is_empty() => {
                 (canonical_completion(p), PromptSize::Text(p.clone()))
@@ -258,14 +285,21 @@ pub fn validate(
     // one; on completions engines read only `max_tokens`, so it is set from
     // `max_completion_tokens` when that is all the client sent.
     let unlimited_upstream = match endpoint {
-        Endpoint::ChatCompletions => asked.is_none(),
-        Endpoint::Completions => obj.get("max_tokens").is_none_or(Value::is_null),
+        Endpoint::ChatCompletions => asked.is_none().then_some("max_tokens"),
+        Endpoint::Completions => obj
+            .get("max_tokens")
+            .is_none_or(Value::is_null)
+            .then_some("max_tokens"),
+        Endpoint::Responses => asked.is_none().then_some("max_output_tokens"),
+        Endpoint::Embeddings => None,
     };
-    if unlimited_upstream {
-        obj.insert("max_tokens".into(), Value::from(max_tokens));
+    if let Some(key) = unlimited_upstream {
+        obj.insert(key.into(), Value::from(max_tokens));
         rewrite = true;
     }
-    if stream && !client_wants_usage {
+    // The Responses API reports usage in its `response.completed` event whatever is asked.
+    let usage_chunk = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
+    if stream && usage_chunk && !client_wants_usage {
         // Ask for the usage chunk to reconcile the reservation; it is hidden from the client.
         obj.insert(
             "stream_options".into(),
@@ -293,6 +327,102 @@ pub fn validate(
         session_id,
         user,
     })
+}
+
+/// The meter phase's context check: a prompt estimated at `prompt_tokens` that is longer than
+/// the model's configured context is refused with 400 before any upstream work. Shared with the
+/// simulator, so both refuse exactly the same requests.
+pub fn check_context(valid: &ValidRequest, prompt_tokens: u64) -> Result<(), GatewayError> {
+    match valid.max_context {
+        Some(context) if prompt_tokens > context as u64 => Err(GatewayError::bad_request(
+            format!(
+                "the prompt is about {prompt_tokens} tokens but the model `{}` has a context of {context} tokens",
+                valid.model
+            ),
+            Some("messages"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `input` of an embeddings request: a string, an array of strings, an array of token ids, or
+/// an array of such arrays. Returns the canonical text and the size to meter.
+fn embeddings_input(input: Option<&Value>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
+    let bad = || {
+        GatewayError::bad_request(
+            "`input` must be a non-empty string, array of strings, array of token ids or array of token-id arrays",
+            Some("input"),
+        )
+    };
+    let tokens = |v: &Value| {
+        v.as_array()
+            .filter(|a| !a.is_empty() && a.iter().all(Value::is_u64))
+            .map(|a| a.len() as u64)
+    };
+    match input {
+        Some(Value::String(s)) if !s.is_empty() => {
+            Ok((canonical_completion(s), PromptSize::Text(s.clone())))
+        }
+        Some(v @ Value::Array(items)) if !items.is_empty() => {
+            if let Some(n) = tokens(v) {
+                return Ok((canonical_completion(&v.to_string()), PromptSize::Tokens(n)));
+            }
+            if let Some(n) = items.iter().map(tokens).sum::<Option<u64>>() {
+                return Ok((canonical_completion(&v.to_string()), PromptSize::Tokens(n)));
+            }
+            let texts: Option<Vec<&str>> = items
+                .iter()
+                .map(|i| i.as_str().filter(|s| !s.is_empty()))
+                .collect();
+            let text = texts.ok_or_else(bad)?.join("\n");
+            Ok((canonical_completion(&text), PromptSize::Text(text)))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// `instructions` and `input` of a Responses API request (a string, or an array of message
+/// items whose `content` is a string or `input_text` parts), as the chat they amount to.
+fn responses_input(
+    obj: &serde_json::Map<String, Value>,
+) -> Result<(Vec<u8>, PromptSize), GatewayError> {
+    let mut flat: Vec<(String, String)> = Vec::new();
+    match obj.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => flat.push(("system".into(), s.clone())),
+        Some(_) => {
+            return Err(GatewayError::bad_request(
+                "`instructions` must be a string",
+                Some("instructions"),
+            ));
+        }
+    }
+    match obj.get("input") {
+        Some(Value::String(s)) if !s.is_empty() => flat.push(("user".into(), s.clone())),
+        Some(Value::Array(items)) if !items.is_empty() => {
+            for item in items {
+                let role = item.get("role").and_then(Value::as_str).ok_or_else(|| {
+                    GatewayError::bad_request(
+                        "each `input` item must be a message with a `role` (other item types are not supported)",
+                        Some("input"),
+                    )
+                })?;
+                flat.push((role.to_string(), content_text(item.get("content"))));
+            }
+        }
+        _ => {
+            return Err(GatewayError::bad_request(
+                "`input` must be a non-empty string or array of messages",
+                Some("input"),
+            ));
+        }
+    }
+    let pairs: Vec<(&str, &str)> = flat.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+    let text = flat
+        .iter()
+        .map(|(r, c)| format!("{r}\n{c}\n"))
+        .collect::<String>();
+    Ok((canonical_chat(&pairs), PromptSize::Text(text)))
 }
 
 /// Text of a message's `content`: a string, or the text parts of an array.

@@ -84,6 +84,24 @@ pub struct BodyLimits {
     pub timeout: Duration,
 }
 
+impl BodyLimits {
+    /// The limits a snapshot sets (`limits.max_body_bytes`, `max_buffered_body_bytes`,
+    /// `body_read_timeout`).
+    pub fn of(snapshot: &crate::config::Snapshot) -> Self {
+        Self {
+            max_bytes: snapshot.max_body_bytes,
+            budget_bytes: snapshot.max_buffered_body_bytes,
+            timeout: snapshot.connections.body_read_timeout,
+        }
+    }
+
+    /// Whether a body of `len` bytes is over the size limit (refused with 413). Shared with the
+    /// simulator, so both draw the line at the same byte.
+    pub fn too_large(&self, len: usize) -> bool {
+        len > self.max_bytes
+    }
+}
+
 /// Reads `body` whole under `limits`, holding its bytes in `budget`. `declared` is the
 /// Content-Length header, when present: a body that declares too much is refused before a byte
 /// is read (after the bounded discard), and one that fits reserves its size up front.
@@ -100,7 +118,7 @@ pub async fn read_body(
     };
     if let Some(len) = declared {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if len > limits.max_bytes {
+        if limits.too_large(len) {
             discard(&mut body, deadline).await;
             return Err(GatewayError::PayloadTooLarge(limits.max_bytes));
         }
@@ -125,7 +143,7 @@ pub async fn read_body(
             continue;
         };
         let total = buf.len() + data.len();
-        if total > limits.max_bytes {
+        if limits.too_large(total) {
             discard(&mut body, deadline).await;
             return Err(GatewayError::PayloadTooLarge(limits.max_bytes));
         }

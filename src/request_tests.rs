@@ -348,6 +348,8 @@ fn upstream_limit(endpoint: Endpoint, body: &Map<String, Value>) -> Option<&Valu
             non_null("max_completion_tokens").or_else(|| non_null("max_tokens"))
         }
         Endpoint::Completions => non_null("max_tokens"),
+        Endpoint::Responses => non_null("max_output_tokens"),
+        Endpoint::Embeddings => None,
     }
 }
 
@@ -558,5 +560,75 @@ fn completions_upstream_max_tokens_is_within_the_ceiling() {
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+}
+
+#[test]
+fn embeddings_meter_input_only_and_never_stream() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    let ok = |body: Value| validate(Endpoint::Embeddings, &h, to_bytes(&body), &snap, &tier);
+    let v = ok(serde_json::json!({"model": "m", "input": "hello world", "stream": true})).unwrap();
+    assert_eq!((v.max_tokens, v.stream), (0, false));
+    assert_eq!(v.prompt, PromptSize::Text("hello world".into()));
+    // The body goes upstream as sent: no max_tokens, no stream_options.
+    assert_eq!(
+        v.body,
+        to_bytes(&serde_json::json!({"model": "m", "input": "hello world", "stream": true}))
+    );
+    let v = ok(serde_json::json!({"model": "m", "input": [1, 2, 3]})).unwrap();
+    assert_eq!(v.prompt, PromptSize::Tokens(3));
+    let v = ok(serde_json::json!({"model": "m", "input": [[1, 2], [3]]})).unwrap();
+    assert_eq!(v.prompt, PromptSize::Tokens(3));
+    let v = ok(serde_json::json!({"model": "m", "input": ["a", "b"]})).unwrap();
+    assert_eq!(v.prompt, PromptSize::Text("a\nb".into()));
+    for bad in [
+        serde_json::json!({"model": "m"}),
+        serde_json::json!({"model": "m", "input": ""}),
+        serde_json::json!({"model": "m", "input": []}),
+        serde_json::json!({"model": "m", "input": [1, "a"]}),
+        serde_json::json!({"model": "m", "input": {"text": "a"}}),
+    ] {
+        let e = ok(bad.clone()).unwrap_err();
+        assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+#[test]
+fn responses_reserve_max_output_tokens_and_read_instructions_and_items() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    let ok = |body: Value| validate(Endpoint::Responses, &h, to_bytes(&body), &snap, &tier);
+    let v = ok(serde_json::json!({"model": "m", "input": "hi", "instructions": "be brief", "stream": true}))
+        .unwrap();
+    assert!(v.stream);
+    // The tier's default is reserved and sent as `max_output_tokens`; no stream_options (the
+    // Responses API reports usage in `response.completed` anyway).
+    assert_eq!(v.max_tokens, 100);
+    let sent: Value = serde_json::from_slice(&v.body).unwrap();
+    assert_eq!(sent["max_output_tokens"], 100);
+    assert!(sent.get("stream_options").is_none() && sent.get("max_tokens").is_none());
+    assert_eq!(
+        v.prompt,
+        PromptSize::Text("system\nbe brief\nuser\nhi\n".into())
+    );
+    let items = serde_json::json!({"model": "m", "max_output_tokens": 7, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+        {"type": "message", "role": "assistant", "content": "b"},
+    ]});
+    let v = ok(items).unwrap();
+    assert_eq!(v.max_tokens, 7);
+    assert_eq!(v.prompt, PromptSize::Text("user\na\nassistant\nb\n".into()));
+    // The tier's ceiling applies to `max_output_tokens`.
+    let e =
+        ok(serde_json::json!({"model": "m", "input": "x", "max_output_tokens": 5000})).unwrap_err();
+    assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST);
+    for bad in [
+        serde_json::json!({"model": "m"}),
+        serde_json::json!({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}),
+        serde_json::json!({"model": "m", "input": "x", "instructions": 3}),
+    ] {
+        let e = ok(bad.clone()).unwrap_err();
+        assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{bad}");
     }
 }

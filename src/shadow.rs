@@ -180,7 +180,7 @@ async fn call(
 ) -> Result<(u16, u64), String> {
     let features = crate::routing::RequestFeatures::default();
     let (worker, _) = pool
-        .route(&features, &[])
+        .route(&features, &[], false)
         .ok_or("no healthy shadow worker")?;
     let _guard = worker.start_request();
     let req = hyper::Request::post(format!("{}{path}", worker.url))

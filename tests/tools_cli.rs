@@ -624,7 +624,7 @@ async fn logs_written_to_a_file_carry_no_colour_codes() {
     let text =
         common::gateway::eventually("the engine's log line", Duration::from_secs(10), || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            async move { text.contains("listening").then_some(text) }
+            async move { text.contains("engine ready").then_some(text) }
         })
         .await;
     let _ = child.start_kill();

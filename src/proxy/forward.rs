@@ -45,6 +45,8 @@ pub struct Outbound<'a> {
     pub body: Bytes,
     /// Whether the client asked for a stream.
     pub stream: bool,
+    /// Route by load even in a cache-aware pool (embeddings leave no KV to reuse).
+    pub by_load: bool,
     /// Routing inputs.
     pub features: &'a RequestFeatures,
     /// Request id to propagate.
@@ -84,7 +86,7 @@ pub async fn forward(
     let deadline = tokio::time::Instant::from_std(out.started) + settings.total_timeout;
     let mut last_err = GatewayError::NoHealthyWorker(pool.name.clone());
     for attempt in 0..=settings.retries {
-        let Some((worker, decision)) = pool.route(out.features, &tried) else {
+        let Some((worker, decision)) = pool.route(out.features, &tried, out.by_load) else {
             return Err(last_err);
         };
         if attempt > 0 {

@@ -37,21 +37,32 @@ pub struct UsageTap {
     pub content_events: u64,
 }
 
+/// The usage of a body or SSE payload: `usage` of chat, completions and embeddings
+/// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), or of the
+/// Responses API (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`), at the
+/// top level (a body) or inside `response` (its `response.completed` event).
 fn usage_of(v: &Value) -> Option<TokenUsage> {
-    let u = v.get("usage")?;
-    if u.is_null() {
-        return None;
+    let u = v
+        .get("usage")
+        .filter(|u| !u.is_null())
+        .or_else(|| v.get("response")?.get("usage").filter(|u| !u.is_null()))?;
+    let count = |key: &str| u.get(key).and_then(Value::as_u64);
+    let cached = |details: &str| {
+        u.get(details)
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64)
+    };
+    if let Some(prompt) = count("prompt_tokens") {
+        return Some(TokenUsage {
+            prompt,
+            completion: count("completion_tokens").unwrap_or(0),
+            cached: cached("prompt_tokens_details"),
+        });
     }
     Some(TokenUsage {
-        prompt: u.get("prompt_tokens")?.as_u64()?,
-        completion: u
-            .get("completion_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-        cached: u
-            .get("prompt_tokens_details")
-            .and_then(|d| d.get("cached_tokens"))
-            .and_then(Value::as_u64),
+        prompt: count("input_tokens")?,
+        completion: count("output_tokens").unwrap_or(0),
+        cached: cached("input_tokens_details"),
     })
 }
 
@@ -198,6 +209,42 @@ impl UsageTap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_and_embeddings_usage_is_read() {
+        let body = br#"{"object":"list","data":[],"usage":{"prompt_tokens":9,"total_tokens":9}}"#;
+        let mut tap = UsageTap::new(false, false);
+        tap.feed(Bytes::from_static(body));
+        tap.flush();
+        let want = TokenUsage {
+            prompt: 9,
+            completion: 0,
+            cached: None,
+        };
+        assert_eq!(tap.usage, Some(want));
+        let body = br#"{"object":"response","usage":{"input_tokens":12,"output_tokens":5,"input_tokens_details":{"cached_tokens":8}}}"#;
+        let mut tap = UsageTap::new(false, false);
+        tap.feed(Bytes::from_static(body));
+        tap.flush();
+        let want = TokenUsage {
+            prompt: 12,
+            completion: 5,
+            cached: Some(8),
+        };
+        assert_eq!(tap.usage, Some(want));
+        // Streamed: the usage is in the `response.completed` event, which stays visible.
+        let events = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n\
+                      event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n";
+        let mut tap = UsageTap::new(true, true);
+        let out = tap.feed(Bytes::from(events));
+        assert_eq!(out, Bytes::from(events));
+        let want = TokenUsage {
+            prompt: 3,
+            completion: 1,
+            cached: None,
+        };
+        assert_eq!(tap.usage, Some(want));
+    }
 
     #[test]
     fn an_event_of_several_data_lines_is_one_payload_on_both_paths() {

@@ -26,6 +26,16 @@ pub struct SimArgs {
     /// Model preset.
     #[arg(long, default_value = "llama-3-8b")]
     pub model: String,
+    /// GPUs each worker's model is sharded over, as the engine's `--tensor-parallel-size`
+    /// (weights and KV cache split across them, all-reduces added to every step).
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// Gateway config whose checks every request meets first, as the live gateway applies them:
+    /// body size (413), the tier's max_tokens ceiling (400), the model's max_context (400).
+    /// Default: the embedded config `infergate up` serves. A tenant of the workload is checked
+    /// under the configured tenant's tier, else the tier of its name, else `default_tier`.
+    #[arg(long)]
+    pub gateway_config: Option<PathBuf>,
     /// Routing policy: prefix, round_robin, least_load or session.
     #[arg(long, default_value = "prefix")]
     pub policy: String,
@@ -102,6 +112,7 @@ impl SimArgs {
             workers: self.workers,
             gpu: self.gpu.clone(),
             model: self.model.clone(),
+            tensor_parallel_size: self.tensor_parallel_size,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             chunked_prefill: !self.no_chunked_prefill,
@@ -170,6 +181,10 @@ pub fn run(args: &SimArgs) -> Result<String, String> {
     let mut cfg = args.config();
     if let Some(path) = &args.degradation {
         cfg.degradation = Some(load_policy(path)?);
+    }
+    if let Some(path) = &args.gateway_config {
+        let snapshot = crate::config::load(path).map_err(|e| e.to_string())?;
+        cfg.gateway = Some(Box::new(snapshot));
     }
     if args.compare_policies.is_empty() {
         let policy = policy_config(&args.policy)?;

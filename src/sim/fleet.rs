@@ -3,13 +3,16 @@
 //! (when a policy is given), the fleet's admission (a bound on engine queues, or slots and a
 //! priority queue), are routed by the real policy and wait in the chosen worker's inbox until its
 //! next step starts; token events are stamped with the worker's clock when the step ends.
-//! Degradation ticks and queue expiries are events too, but never extend the run's end.
+//! Degradation ticks and queue expiries are events too, but never extend the run's end. Before all
+//! that, each arrival meets the gateway's checks, and each routed request the engine's context
+//! check (see [`Gate`]).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 
 use super::admit::{Admission, QueueKey, Waiting};
 use super::degradation::SimDegradation;
+use super::gate::Gate;
 use super::record::{Live, refused};
 use super::sink::Note;
 use super::worker::{SimWorker, WorkerStats};
@@ -86,6 +89,8 @@ pub(super) struct Fleet {
     max_queue: usize,
     admission: Admission,
     degradation: Option<SimDegradation>,
+    /// The gateway's and the engines' refusals before any queue; `None` = none modelled.
+    gate: Option<Gate>,
     /// Admission refusals: queue full (or evicted), waited too long.
     queue_full: u64,
     queue_timeouts: u64,
@@ -127,6 +132,7 @@ impl Fleet {
             max_queue,
             admission: Admission::off(),
             degradation: None,
+            gate: None,
             queue_full: 0,
             queue_timeouts: 0,
             heap: BinaryHeap::new(),
@@ -164,6 +170,12 @@ impl Fleet {
     /// Degrades requests by tier under `degradation`, ticking on virtual time.
     pub(super) fn with_degradation(mut self, degradation: Option<SimDegradation>) -> Self {
         self.degradation = degradation;
+        self
+    }
+
+    /// Refuses what `gate` refuses: the gateway's checks on arrival, the engine's when routed.
+    pub(super) fn with_gate(mut self, gate: Option<Gate>) -> Self {
+        self.gate = gate;
         self
     }
 
@@ -212,6 +224,9 @@ impl Fleet {
         if let Some(d) = &self.degradation {
             extra.extend(d.extra());
         }
+        if let Some(g) = &self.gate {
+            extra.extend(g.extra());
+        }
         Outcome {
             records: self.records,
             end,
@@ -257,6 +272,14 @@ impl Fleet {
             .as_ref()
             .map_or(0, |(before, after)| before.len() + after.len());
         let prompt_tokens = (req.prompt.len() + template) as u64;
+        // The gateway answers these before metering, degradation or admission.
+        if let Some(g) = &mut self.gate
+            && let Some(refused) = g.check(&req)
+        {
+            g.count(refused.why);
+            self.refuse(req, t, refused.status, prompt_tokens, t);
+            return;
+        }
         if !self.admission.is_on() && self.max_queue > 0 {
             let queued: usize = self.workers.iter().map(SimWorker::queued).sum();
             if queued >= self.max_queue {
@@ -309,13 +332,21 @@ impl Fleet {
     }
 
     /// Routes a request by the policy and hands it to the chosen worker (whose step is not
-    /// started here); `None` when no worker can take it (recorded as a 503).
+    /// started here); `None` when the engines refuse it (400) or no worker can take it (503).
     fn route(&mut self, waiting: Waiting, t: f64) -> Option<usize> {
         let Waiting {
             req,
             prompt_tokens,
             arrival,
         } = waiting;
+        // Every engine has the same context: it refuses before its queue, whichever is chosen.
+        if let Some(g) = &mut self.gate
+            && let Some(refused) = g.check_engine(prompt_tokens, req.output_tokens)
+        {
+            g.count(refused.why);
+            self.refuse(req, arrival, refused.status, prompt_tokens, t);
+            return None;
+        }
         let features = features(&req, prompt_tokens);
         self.views.clear();
         self.views.extend(self.workers.iter().map(SimWorker::view));

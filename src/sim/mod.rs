@@ -1,17 +1,20 @@
 //! `infergate sim`: a discrete-event simulation of a fleet on a virtual clock. Each worker runs
 //! the real engine core (scheduler, paged KV block manager with prefix cache, sim backend's
 //! roofline step times) on its own [`VirtualClock`](infergate_engine::clock::VirtualClock);
-//! requests from a seeded workload pass optional graded degradation by tenant tier, a fleet
-//! admission stage (a bound on engine queues, or the gateway's slots and priority queue) and the
-//! real routing policy. The output is the same report as `infergate bench`, plus prefix-cache hit
-//! rate, KV usage, preemptions and the execution-path mix (and admission and degradation counts
-//! when those are on) in `extra`.
+//! requests from a seeded workload meet the gateway's own refusals first (body size, the tier's
+//! `max_tokens` ceiling, the model's context; the engines' context check when routed), then
+//! optional graded degradation by tenant tier, a fleet admission stage (a bound on engine queues,
+//! or the gateway's slots and priority queue) and the real routing policy. The output is the same
+//! report as `infergate bench`, plus prefix-cache hit rate, KV usage, preemptions, the
+//! execution-path mix and the refusals per check (and admission and degradation counts when
+//! those are on) in `extra`.
 
 mod admit;
 mod args;
 mod compare;
 mod degradation;
 mod fleet;
+mod gate;
 mod record;
 mod sink;
 mod worker;
@@ -28,12 +31,14 @@ use admit::Admission;
 pub use args::{SimArgs, policy_config, policy_name, run};
 pub use degradation::load_policy;
 
+use crate::config::Snapshot;
 use crate::degrade::DegradationPolicy;
 use crate::report::{self, Report};
 use crate::routing::{self, PolicyConfig};
 use crate::workload::{Overrides, Workload};
 use degradation::SimDegradation;
 use fleet::{Clients, Fleet};
+use gate::Gate;
 use worker::{SimWorker, WorkerSpec};
 
 /// The simulated fleet: how many workers and how each engine is configured.
@@ -45,6 +50,11 @@ pub struct SimConfig {
     pub gpu: String,
     /// Model preset (default `llama-3-8b`).
     pub model: String,
+    /// GPUs each worker's model is sharded over (the engine's `--tensor-parallel-size`, default 1).
+    pub tensor_parallel_size: usize,
+    /// The gateway config whose checks every request meets (body size, tier ceilings, the
+    /// model's context); `None` = the embedded config `infergate up` serves (default).
+    pub gateway: Option<Box<Snapshot>>,
     /// Most sequences per batch (default 256).
     pub max_num_seqs: usize,
     /// Token budget of one step (default 8192; raised to the context length without chunking).
@@ -88,6 +98,8 @@ impl Default for SimConfig {
             workers: 16,
             gpu: "h100".into(),
             model: "llama-3-8b".into(),
+            tensor_parallel_size: 1,
+            gateway: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             chunked_prefill: true,
@@ -131,6 +143,13 @@ pub fn simulate(
     let workers = (0..cfg.workers)
         .map(|i| SimWorker::new(i, &spec))
         .collect::<Result<Vec<_>, _>>()?;
+    let snapshot = match &cfg.gateway {
+        Some(s) => (**s).clone(),
+        None => crate::config::load_default().map_err(|e| e.to_string())?,
+    };
+    // Clients name the model as the preset calls it (what `bench --model` sends by default).
+    let model = infergate_engine::presets::model(&cfg.model).map_or(cfg.model.as_str(), |m| m.name);
+    let gate = Gate::new(snapshot, model, cfg.chat_template, spec.max_model_len)?;
     let plan = workload.requests(overrides)?;
     let duration = overrides
         .duration
@@ -158,14 +177,18 @@ pub fn simulate(
     )
     .with_chat_template(cfg.chat_template)?
     .with_admission(admission)
-    .with_degradation(cfg.degradation.clone().map(SimDegradation::new));
+    .with_degradation(cfg.degradation.clone().map(SimDegradation::new))
+    .with_gate(Some(gate));
     let outcome = fleet.run();
 
+    let gpus = match cfg.tensor_parallel_size {
+        1 => cfg.gpu.clone(),
+        tp => format!("{tp}×{}", cfg.gpu),
+    };
     let title = format!(
-        "infergate sim · workload {} · {} × {} {} · policy {}",
+        "infergate sim · workload {} · {} × {gpus} {} · policy {}",
         workload.name,
         cfg.workers,
-        cfg.gpu,
         cfg.model,
         policy_name(policy)
     );

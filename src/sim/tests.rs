@@ -248,3 +248,150 @@ fn kv_events_mode_routes_on_the_engines_residency_as_well_as_the_index() {
         "precise {precise} vs approximate {approx}"
     );
 }
+
+/// Fixed lengths on an open loop: `prompt` tokens of fresh words, `output` tokens answered.
+fn fixed(prompt: u32, output: u32) -> Workload {
+    let yaml = format!(
+        "name: fixed\nseed: 3\nduration: 5s\narrival: {{poisson: {{rate: 4}}}}\n\
+         prompt_tokens: {{dist: fixed, value: {prompt}}}\noutput_tokens: {{dist: fixed, value: {output}}}\n"
+    );
+    workload::parse(&yaml, Path::new("fixed.yaml"), "fixed", None).expect("valid")
+}
+
+/// The report of `w` on a small fleet of `model`, routed round robin.
+fn run_on(model: &str, w: &Workload) -> crate::report::Report {
+    let cfg = SimConfig {
+        model: model.into(),
+        ..small_fleet()
+    };
+    simulate(&cfg, w, &Overrides::default(), &policy("round_robin"))
+        .expect("runs")
+        .report
+}
+
+#[test]
+fn a_request_over_the_context_is_counted_refused_not_ok() {
+    // 9,000 prompt tokens: over the embedded config's max_context of llama-3-8b (8,192).
+    let over = fixed(9000, 16);
+    let r = run_on("llama-3-8b", &over);
+    assert!(r.requests > 5, "{}", r.requests);
+    assert_eq!((r.ok, r.client_errors), (0, r.requests), "{r:?}");
+    assert_eq!(r.extra["gateway_refused_context"], r.requests as f64);
+    assert!(r.by_worker.is_empty(), "refused before any worker");
+    // 8,000 prompt tokens pass the gateway, but 8,000 + 14 (chat template) + 500 is over the
+    // engine's context: the engine's 400.
+    let r = run_on("llama-3-8b", &fixed(8000, 500));
+    assert_eq!((r.ok, r.client_errors), (0, r.requests), "{r:?}");
+    assert_eq!(r.extra["engine_refused_context"], r.requests as f64);
+    // A max_tokens over the demo tier's ceiling (paid: 4,096) is refused by validation.
+    let r = run_on("llama-3-8b", &fixed(100, 5000));
+    assert_eq!((r.ok, r.client_errors), (0, r.requests), "{r:?}");
+    assert_eq!(r.extra["gateway_refused_invalid"], r.requests as f64);
+    // A 32k model serves the same 9,000-token prompts; the counters are there, at zero.
+    let r = run_on("mistral-7b", &over);
+    assert_eq!(r.ok, r.requests, "{r:?}");
+    for key in [
+        "gateway_refused_body_size",
+        "gateway_refused_invalid",
+        "gateway_refused_context",
+        "engine_refused_context",
+    ] {
+        assert_eq!(r.extra[key], 0.0, "{key}");
+    }
+}
+
+#[test]
+fn a_small_body_limit_refuses_with_413() {
+    let mut snapshot = crate::config::load_default().expect("embedded config");
+    snapshot.max_body_bytes = 8 * 1024;
+    let cfg = SimConfig {
+        gateway: Some(Box::new(snapshot)),
+        ..small_fleet()
+    };
+    let run = |w: &Workload| {
+        simulate(&cfg, w, &Overrides::default(), &policy("least_load"))
+            .expect("runs")
+            .report
+    };
+    let r = run(&fixed(3000, 16));
+    assert_eq!(r.ok, 0);
+    assert_eq!(r.extra["gateway_refused_body_size"], r.requests as f64);
+    let small = run(&fixed(200, 16));
+    assert_eq!(small.ok, small.requests);
+}
+
+#[test]
+fn the_shipped_rag_fits_the_default_model_and_mixed_long_needs_a_long_one() {
+    let o = Overrides {
+        duration: Some(Duration::from_secs(120)),
+        ..Overrides::default()
+    };
+    let sim = |model: &str, name: &str| {
+        let cfg = SimConfig {
+            model: model.into(),
+            ..small_fleet()
+        };
+        let w = workload::load(name).expect("shipped");
+        simulate(&cfg, &w, &o, &policy("prefix"))
+            .expect("runs")
+            .report
+    };
+    let rag = sim("llama-3-8b", "rag");
+    assert_eq!((rag.ok, rag.client_errors), (rag.requests, 0), "{rag:?}");
+    let long = sim("llama-3-8b", "mixed-long");
+    let plan = workload::load("mixed-long")
+        .expect("shipped")
+        .plan(&o)
+        .expect("plan");
+    let summaries = plan.iter().filter(|r| r.prompt.len() >= 28_000).count() as u64;
+    assert!(summaries > 0);
+    assert_eq!(
+        long.client_errors, summaries,
+        "every summary refused, nothing else"
+    );
+    assert_eq!(long.ok, long.requests - summaries);
+    let fits = sim("mistral-7b", "mixed-long");
+    assert_eq!(fits.ok, fits.requests);
+}
+
+#[test]
+fn tensor_parallel_shards_the_model_as_the_engine_does() {
+    // llama-3-70b's 141 GB of weights do not fit one H100: the engine's error, with its advice.
+    let big = |tp: usize| SimConfig {
+        workers: 1,
+        model: "llama-3-70b".into(),
+        tensor_parallel_size: tp,
+        ..SimConfig::default()
+    };
+    let w = fixed(1000, 32);
+    let err = simulate(&big(1), &w, &Overrides::default(), &policy("least_load"))
+        .expect_err("does not fit");
+    assert!(err.contains("--tensor-parallel-size 2"), "{err}");
+    let r = simulate(&big(4), &w, &Overrides::default(), &policy("least_load"))
+        .expect("fits on four")
+        .report;
+    assert_eq!(r.ok, r.requests);
+    assert!(r.title.contains("4×h100 llama-3-70b"), "{}", r.title);
+    // On 8B, two GPUs stream half the weights per step: decode is faster despite all-reduces.
+    let itl = |tp: usize| {
+        let cfg = SimConfig {
+            tensor_parallel_size: tp,
+            ..small_fleet()
+        };
+        simulate(&cfg, &w, &Overrides::default(), &policy("least_load"))
+            .expect("runs")
+            .report
+            .itl
+            .p50
+    };
+    let (one, two) = (itl(1), itl(2));
+    assert!(two < one * 0.8, "ITL p50 TP2 {two} vs TP1 {one}");
+    let zero = simulate(&big(0), &w, &Overrides::default(), &policy("least_load"));
+    assert!(zero.is_err_and(|e| e.contains("--tensor-parallel-size")));
+    assert_eq!(
+        args(&["--tensor-parallel-size", "2"])
+            .config()
+            .tensor_parallel_size,
+        2
+    );
+}

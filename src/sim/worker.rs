@@ -38,6 +38,8 @@ pub(super) struct WorkerSpec {
     kv_protected_fraction: f64,
     kv_events: bool,
     model: String,
+    /// The model preset's context length: the engines refuse longer requests.
+    pub(super) max_model_len: usize,
 }
 
 impl WorkerSpec {
@@ -51,11 +53,25 @@ impl WorkerSpec {
             let known = presets::model_names().join(", ");
             format!("unknown --model {:?}; known: {known}", cfg.model)
         })?;
-        if cfg.workers == 0 || cfg.max_num_seqs == 0 || cfg.block_size == 0 {
-            return Err("--workers, --max-num-seqs and the block size must be at least 1".into());
+        if cfg.workers == 0
+            || cfg.max_num_seqs == 0
+            || cfg.block_size == 0
+            || cfg.tensor_parallel_size == 0
+        {
+            return Err(
+                "--workers, --max-num-seqs, --tensor-parallel-size and the block size must be at least 1"
+                    .into(),
+            );
         }
-        let budget = kv_block_budget(gpu, model, 1, cfg.gpu_memory_utilization, cfg.block_size)
-            .map_err(|e| e.to_string())?;
+        // Sharding as the engine shards it: the same budget and step-time model, per GPU.
+        let budget = kv_block_budget(
+            gpu,
+            model,
+            cfg.tensor_parallel_size,
+            cfg.gpu_memory_utilization,
+            cfg.block_size,
+        )
+        .map_err(|e| e.to_string())?;
         let num_blocks = cfg.num_gpu_blocks_override.unwrap_or(budget.num_blocks);
         if num_blocks == 0 {
             return Err("the KV cache would have no blocks".into());
@@ -72,6 +88,7 @@ impl WorkerSpec {
             gpu,
             model,
             RooflineConfig {
+                tensor_parallel_size: cfg.tensor_parallel_size,
                 max_num_seqs: cfg.max_num_seqs,
                 latency_multiplier: cfg.latency_multiplier,
                 ..RooflineConfig::default()
@@ -93,6 +110,7 @@ impl WorkerSpec {
             kv_protected_fraction: cfg.kv_protected_fraction,
             kv_events: cfg.kv_events,
             model: cfg.model.clone(),
+            max_model_len: model.max_model_len,
         })
     }
 }

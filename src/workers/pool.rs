@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 use crate::admission::{AdmissionQueue, QueueConfig};
 use crate::config::AdmissionSpec;
 use crate::degrade::live::PoolDegradation;
+use crate::routing::least_load::LeastLoad;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
 use crate::workers::state::WorkerState;
@@ -32,6 +33,8 @@ pub struct PoolRuntime {
     pub admission: (AdmissionSpec, AdmissionQueue),
     /// Degradation level, signals and policy of the pool.
     pub degrade: Arc<PoolDegradation>,
+    /// Routes the requests that leave no KV behind (embeddings) in a cache-aware pool.
+    by_load: LeastLoad,
 }
 
 impl PoolRuntime {
@@ -51,6 +54,7 @@ impl PoolRuntime {
             policy,
             admission,
             degrade,
+            by_load: LeastLoad::default(),
         };
         pool.update_capacity();
         pool
@@ -99,10 +103,14 @@ impl PoolRuntime {
     }
 
     /// Routes a request among the current workers, skipping those in `exclude` (already tried).
+    /// With `by_load` (embeddings: they leave no KV to reuse), a cache-aware pool routes it by
+    /// load instead, and records nothing in its prefix index; a pool whose operator chose
+    /// another policy keeps it.
     pub fn route(
         &self,
         features: &RequestFeatures,
         exclude: &[u64],
+        by_load: bool,
     ) -> Option<(Arc<WorkerState>, Decision)> {
         let workers = self.workers();
         let views: Vec<WorkerView> = workers
@@ -115,6 +123,11 @@ impl PoolRuntime {
                 v
             })
             .collect();
+        if by_load && matches!(self.policy.config, PolicyConfig::Prefix(_)) {
+            let decision = self.by_load.select(features, &views)?;
+            let worker = workers.get(decision.index)?.clone();
+            return Some((worker, decision));
+        }
         let decision = self.policy.policy.select(features, &views)?;
         let worker = workers.get(decision.index)?.clone();
         self.policy.policy.observe(features, &views[decision.index]);

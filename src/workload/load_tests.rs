@@ -154,3 +154,47 @@ fn prompt_text_retokenizes_to_about_the_same_length() {
         assert!((n - want).abs() <= 0.1 * want, "{n} tokens, planned {want}");
     }
 }
+
+/// Tokens the engine's ChatML template adds around one user message (as the simulator counts).
+fn chat_wrap() -> usize {
+    let tok = infergate_engine::tokenizer::SimTokenizer::shared().expect("tokenizer");
+    tok.encode("<|im_start|>user\n").len() + tok.encode("<|im_end|>\n<|im_start|>assistant\n").len()
+}
+
+#[test]
+fn shipped_workloads_fit_the_default_model_except_mixed_long_summaries() {
+    let context = infergate_engine::presets::model("llama-3-8b")
+        .expect("preset")
+        .max_model_len;
+    let longest = |name: &str, seed: u64| {
+        let o = Overrides {
+            duration: Some(Duration::from_secs(600)),
+            seed: Some(seed),
+            ..Overrides::default()
+        };
+        let plan = load(name).expect("shipped").plan(&o).expect("plan");
+        let need = |r: &PlannedRequest| r.prompt.len() + chat_wrap() + r.output_tokens as usize;
+        let over = plan.iter().filter(|r| need(r) > context).count();
+        (plan.iter().map(need).max().unwrap_or(0), over, plan.len())
+    };
+    for name in shipped().filter(|&n| n != "mixed-long") {
+        for seed in [1, 2] {
+            let (max, over, n) = longest(name, seed);
+            assert_eq!(
+                over, 0,
+                "{name} seed {seed}: {over} of {n} over {context} (max {max})"
+            );
+        }
+    }
+    // rag's requests stay long (the retrieved context alone is 3,000 to 5,000 tokens) under its
+    // bound of about 8,060 tokens.
+    let (max, _, _) = longest("rag", 1);
+    assert!(max > 5400 && max <= 8062, "rag's longest request {max}");
+    // mixed-long's summaries need a 32k model (mistral-7b), and fit it.
+    let (max, over, n) = longest("mixed-long", 1);
+    let long = infergate_engine::presets::model("mistral-7b")
+        .expect("preset")
+        .max_model_len;
+    assert!(over > 0 && over * 20 < n, "{over} of {n}");
+    assert!(max <= long, "{max} > {long}");
+}

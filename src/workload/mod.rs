@@ -3,6 +3,7 @@
 //! `config/workloads/NAME.yaml` and turned into a plan of requests for `bench` and `sim`.
 
 mod arrivals;
+mod body;
 mod build;
 mod build_mix;
 mod dist;
@@ -23,6 +24,7 @@ mod shape_tests;
 #[cfg(test)]
 mod tests;
 
+pub use body::request_body;
 pub use load::{WORKLOAD_DIR, load, load_file, parse, shipped};
 pub use model::{
     Arrival, LengthDist, Mix, Overrides, PlannedRequest, PrefixGroups, RequestClass, Sessions, Slo,
