@@ -438,9 +438,9 @@ async fn bad_requests_get_400_naming_the_problem() {
     assert_eq!(s.status, StatusCode::BAD_REQUEST);
 
     // Unknown routes are 404 in the same shape.
-    let (status, _, text) = post_raw(&e.at("/v1/embeddings"), "{}").await;
+    let (status, _, text) = post_raw(&e.at("/v1/audio/speech"), "{}").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_error(status, &as_json(&text), &["/v1/embeddings"]);
+    assert_error(status, &as_json(&text), &["/v1/audio/speech"]);
 
     // Nothing of the refused requests stayed in the engine.
     assert_eq!(e.metric("vllm:num_requests_waiting").await, 0.0);

@@ -12,6 +12,7 @@ use crate::backend::sim::SimBackend;
 use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
+use crate::embeddings::Embedder;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{CacheSettings, EngineMetrics};
 use crate::model::forward::Model;
@@ -74,6 +75,8 @@ pub struct Engine {
     pub submit: mpsc::Sender<Vec<NewRequest>>,
     /// KV events for `/kv/events`; `None` with `--no-kv-events` or without prefix caching.
     pub kv_events: Option<Arc<KvEventHub>>,
+    /// What `/v1/embeddings` runs.
+    pub embedder: Embedder,
 }
 
 impl Engine {
@@ -100,6 +103,7 @@ struct BackendParts {
     tokenizer: EngineTokenizer,
     vocab_size: usize,
     chat_template: ChatTemplate,
+    embedder: Embedder,
 }
 
 /// The template named by `--chat-template`, if any.
@@ -184,6 +188,9 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
         tokenizer: EngineTokenizer::Sim(tokenizer),
         vocab_size: tokenizer.eos() as usize + 1,
         chat_template: chat_template_flag(args)?.unwrap_or_else(ChatTemplate::default_chatml),
+        embedder: Embedder::Sim {
+            dim: model.hidden_size,
+        },
     })
 }
 
@@ -243,9 +250,10 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
         "loaded model"
     );
     let vocab_size = config.vocab_size;
-    let model = Model::new(config, loaded.weights);
+    let model = Arc::new(Model::new(config, loaded.weights));
     Ok(BackendParts {
-        backend: Box::new(CpuBackend::new(model, num_blocks, args.block_size)),
+        backend: Box::new(CpuBackend::new(model.clone(), num_blocks, args.block_size)),
+        embedder: Embedder::cpu(model),
         // As vLLM does: served under the --model string unless named otherwise.
         default_name: args.model.clone().unwrap_or(loaded.name),
         num_blocks,
@@ -354,5 +362,6 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         max_waiting: args.max_waiting_requests,
         kv_events,
         submit,
+        embedder: parts.embedder,
     })
 }

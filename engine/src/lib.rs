@@ -7,6 +7,7 @@ pub mod backend;
 pub mod block_manager;
 pub mod clock;
 pub mod core;
+pub mod embeddings;
 pub mod generation;
 pub mod gguf;
 pub mod kv_events;

@@ -20,7 +20,7 @@ use crate::args::EngineArgs;
 use crate::generation::{ChannelSink, EVENT_BUFFER, Generation, PromptPlan, RequestPlan};
 use crate::kv_events::{KvEventHub, PREFIX_KEYS_HEADER, PrefixKeys, event_line};
 use crate::launch::{Engine, build_engine};
-use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseMeta};
+use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseFrame, ResponseMeta};
 use crate::request::choice_seed;
 use crate::sequence::NewRequest;
 
@@ -149,13 +149,22 @@ fn error_response(e: &ApiError) -> Response<ResBody> {
     res
 }
 
+/// The API routes, for the 404 message.
+const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, GET /kv/events";
+
 async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResBody> {
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
-        (&Method::POST, "/v1/completions") => generate(state, req, Endpoint::Completions)
+        (&Method::POST, "/v1/completions") => generate(state, req, Api::Completions)
             .await
             .unwrap_or_else(|e| error_response(&e)),
-        (&Method::POST, "/v1/chat/completions") => generate(state, req, Endpoint::ChatCompletions)
+        (&Method::POST, "/v1/chat/completions") => generate(state, req, Api::Chat)
+            .await
+            .unwrap_or_else(|e| error_response(&e)),
+        (&Method::POST, "/v1/responses") => generate(state, req, Api::Responses)
+            .await
+            .unwrap_or_else(|e| error_response(&e)),
+        (&Method::POST, "/v1/embeddings") => embeddings(state, req)
             .await
             .unwrap_or_else(|e| error_response(&e)),
         (&Method::GET, "/v1/models") => {
@@ -186,13 +195,56 @@ async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResB
             _,
             "/v1/completions"
             | "/v1/chat/completions"
+            | "/v1/responses"
+            | "/v1/embeddings"
             | "/v1/models"
             | "/health"
             | "/metrics"
             | "/kv/events",
         ) => error_response(&ApiError::method_not_allowed()),
-        _ => error_response(&ApiError::not_found(format!("no route for {path}"))),
+        _ => error_response(&ApiError::not_found(format!(
+            "no route for {path}; routes: {ROUTES}"
+        ))),
     }
+}
+
+/// The generating endpoints, which share one path from parsing to the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/responses`: a chat request answered in the Responses shapes.
+    Responses,
+}
+
+/// Reads a request body, refusing one over `--max-body-bytes` with 413.
+async fn read_body(engine: &Engine, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    Ok(Limited::new(req.into_body(), engine.max_body_bytes)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::payload_too_large(format!(
+                    "request body exceeds {} bytes",
+                    engine.max_body_bytes
+                ))
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {e}"), None)
+            }
+        })?
+        .to_bytes())
+}
+
+/// `POST /v1/embeddings` (see [`crate::embeddings`]).
+async fn embeddings(
+    state: Arc<ServerState>,
+    req: Request<Incoming>,
+) -> Result<Response<ResBody>, ApiError> {
+    let body = read_body(&state.engine, req).await?;
+    let answer = crate::embeddings::answer(&state.engine, &body).await?;
+    Ok(full(StatusCode::OK, "application/json", answer))
 }
 
 /// A quiet stream sends this line this often, so a subscriber can tell a live worker from a hung one.
@@ -267,9 +319,13 @@ impl hyper::body::Body for ChannelBody {
 async fn generate(
     state: Arc<ServerState>,
     req: Request<Incoming>,
-    endpoint: Endpoint,
+    api: Api,
 ) -> Result<Response<ResBody>, ApiError> {
     let engine = &state.engine;
+    let endpoint = match api {
+        Api::Completions => Endpoint::Completions,
+        Api::Chat | Api::Responses => Endpoint::ChatCompletions,
+    };
     let arrival = state.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
     if engine.faults.crash_after.is_some_and(|n| arrival >= n) {
         tracing::error!("fault injection: crashing at request {arrival}");
@@ -289,23 +345,15 @@ async fn generate(
         None
     };
 
-    let body = Limited::new(req.into_body(), engine.max_body_bytes)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                ApiError::payload_too_large(format!(
-                    "request body exceeds {} bytes",
-                    engine.max_body_bytes
-                ))
-            } else {
-                ApiError::bad_request(format!("could not read the request body: {e}"), None)
-            }
-        })?
-        .to_bytes();
-    let parsed = match endpoint {
-        Endpoint::Completions => openai::parse_completion(&body)?,
-        Endpoint::ChatCompletions => openai::parse_chat(&body, &engine.chat_template)?,
+    let body = read_body(engine, req).await?;
+    // Responses is a chat request plus the fields its answer echoes.
+    let (parsed, responses_echo) = match api {
+        Api::Completions => (openai::parse_completion(&body)?, None),
+        Api::Chat => (openai::parse_chat(&body, &engine.chat_template)?, None),
+        Api::Responses => {
+            let (parsed, echo) = openai::parse_responses(&body, &engine.chat_template)?;
+            (parsed, Some(echo))
+        }
     };
     if !engine.served_names.iter().any(|n| n == &parsed.model) {
         return Err(ApiError::not_found(format!(
@@ -431,6 +479,7 @@ async fn generate(
         unsent -= len;
     }
 
+    let frame = responses_echo.map(|e| ResponseFrame::new(model.clone(), e));
     let meta = ResponseMeta::new(endpoint, model);
     let plan = RequestPlan {
         prompts: plans,
@@ -444,13 +493,19 @@ async fn generate(
     let mut res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.
         let first = generation.first_event().await?;
-        let mut res = Response::new(BoxBody::new(generation.into_sse(first)));
+        let mut res = match frame {
+            Some(frame) => Response::new(BoxBody::new(generation.into_responses_sse(frame, first))),
+            None => Response::new(BoxBody::new(generation.into_sse(first))),
+        };
         let h = res.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert("cache-control", HeaderValue::from_static("no-cache"));
         res
     } else {
-        let (body, paths) = generation.collect().await?;
+        let (body, paths) = match frame {
+            Some(frame) => generation.collect_response(&frame).await?,
+            None => generation.collect().await?,
+        };
         let mut res = full(StatusCode::OK, "application/json", body);
         if let Ok(v) = HeaderValue::from_str(&paths.header_value()) {
             res.headers_mut().insert("x-infergate-exec-path", v);

@@ -2,6 +2,7 @@
 //! engine's paged KV cache, and sampling on its logits. Step time is whatever the pass took.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{Backend, Sampled};
@@ -15,7 +16,8 @@ use crate::sequence::Sequence;
 
 /// The real forward pass.
 pub struct CpuBackend {
-    model: Model,
+    /// Shared with the embeddings path, which only reads the weights.
+    model: Arc<Model>,
     cache: KvCache,
     /// Logits of sequences whose last token this step computed, by sequence id.
     logits: HashMap<u64, Vec<f32>>,
@@ -26,7 +28,7 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A backend running `model` with a cache of `num_blocks` blocks of `block_size` tokens.
-    pub fn new(model: Model, num_blocks: usize, block_size: usize) -> Self {
+    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Self {
         let cache = model.new_cache(num_blocks, block_size);
         let eos = model.config.eos_token_ids.clone();
         Self {

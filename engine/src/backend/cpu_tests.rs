@@ -56,7 +56,7 @@ fn serve(prompt: &[u32], params: SamplingParams) -> Vec<SeqEvent> {
     let pending = Arc::new(AtomicUsize::new(2));
     let mut core = EngineCore::new(
         sched,
-        Box::new(CpuBackend::new(tiny(), BLOCKS, BS)),
+        Box::new(CpuBackend::new(Arc::new(tiny()), BLOCKS, BS)),
         Arc::new(VirtualClock::new()),
         Arc::new(EngineMetrics::new("m").unwrap()),
         pending.clone(),
@@ -174,4 +174,19 @@ fn greedy_tokens_are_their_top_alternative() {
         }
     }
     assert_eq!(n, 6);
+}
+
+#[test]
+fn embeddings_are_unit_norm_deterministic_and_input_dependent() {
+    let m = tiny();
+    let a = m.embed(&[1, 2, 3, 4, 5]).unwrap();
+    assert_eq!(a.len(), m.config.hidden_size);
+    let norm: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    assert_eq!(a, m.embed(&[1, 2, 3, 4, 5]).unwrap());
+    assert_ne!(a, m.embed(&[5, 4, 3, 2, 1]).unwrap());
+    // Longer than one scratch block, and out-of-vocabulary ids are refused.
+    assert_eq!(m.embed(&[7; 40]).unwrap().len(), m.config.hidden_size);
+    assert!(m.embed(&[u32::MAX]).is_err());
+    assert!(m.embed(&[]).is_err());
 }

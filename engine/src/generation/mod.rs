@@ -3,6 +3,7 @@
 //! SSE stream where each chunk is written as soon as its tokens exist and names its choice.
 
 mod choice;
+mod responses;
 mod stream;
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc;
 
+pub use responses::ResponsesSse;
 pub use stream::SseBody;
 
 use crate::openai::{self, ApiError, Choice, ResponseMeta, Usage};

@@ -140,7 +140,7 @@ impl Model {
 
     /// The final hidden states (`[tokens × hidden]`) of every token of the step, and which
     /// tokens are generated ones; `None` when the step has no tokens.
-    fn hidden_states(
+    pub(super) fn hidden_states(
         &self,
         cache: &mut KvCache,
         chunks: &[SeqChunk<'_>],

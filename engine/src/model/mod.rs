@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod default_model;
+pub mod embed;
 pub mod forward;
 pub mod gguf_model;
 pub mod hf;

@@ -1,14 +1,19 @@
 //! OpenAI-compatible wire types: request parsing and validation, response shapes, chat templates.
 
 mod chat_template;
+mod embeddings;
 mod error;
 mod fields;
 mod jinja_env;
 mod logprobs;
 mod parse;
 mod response;
+mod responses;
 
 pub use chat_template::ChatTemplate;
+pub use embeddings::{
+    EmbeddingsRequest, EncodingFormat, embeddings_response, l2_normalize, parse_embeddings,
+};
 pub use error::ApiError;
 pub use logprobs::{LogprobEntry, TopEntry};
 pub use parse::{
@@ -16,4 +21,7 @@ pub use parse::{
 };
 pub use response::{
     Choice, DONE, FinishReason, ResponseMeta, Usage, chunk, full_response, models_list, usage_chunk,
+};
+pub use responses::{
+    ResponseFrame, ResponseStatus, ResponsesEcho, parse_responses, sse_event, text_part,
 };

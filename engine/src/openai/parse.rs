@@ -74,7 +74,7 @@ const MAX_STOP: usize = 4;
 pub const MAX_CHOICES: usize = 128;
 
 /// Roles a chat message may have.
-const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+pub(super) const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
 /// Parses and validates a `/v1/completions` body.
 pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
@@ -161,14 +161,14 @@ fn top_logprobs_count(field: &str, k: i128) -> Result<usize, ApiError> {
     }
 }
 
-fn model(f: &Fields<'_>) -> Result<String, ApiError> {
+pub(super) fn model(f: &Fields<'_>) -> Result<String, ApiError> {
     f.string("model")?
         .map(str::to_owned)
         .ok_or_else(|| ApiError::bad_request("`model` is required", Some("model")))
 }
 
 /// The fields both endpoints share. `echo` allows `max_tokens: 0` (the prompt alone).
-fn common(
+pub(super) fn common(
     f: &Fields<'_>,
     endpoint: Endpoint,
     model: String,
@@ -367,9 +367,15 @@ fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
 
 /// The completions `prompt`: a string, token ids, or a list of either (one choice set each).
 fn completion_prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    prompt_list("prompt", value)
+}
+
+/// A prompt-shaped `field` (completions `prompt`, embeddings `input`): a string, token ids, or a
+/// list of either.
+pub(super) fn prompt_list(field: &str, value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     const EXPECTED: &str =
         "a string, an array of strings, an array of token ids, or an array of token-id arrays";
-    let empty = || invalid("prompt", "`prompt` must not be empty".to_owned());
+    let empty = || invalid(field, format!("`{field}` must not be empty"));
     let text = |s: &str| {
         if s.is_empty() {
             Err(empty())
@@ -379,36 +385,36 @@ fn completion_prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     };
     match value {
         None => Err(ApiError::bad_request(
-            "`prompt` is required",
-            Some("prompt"),
+            format!("`{field}` is required"),
+            Some(field),
         )),
         Some(Value::String(s)) => Ok(vec![text(s)?]),
         Some(Value::Array(items)) => match items.first() {
             None => Err(empty()),
-            Some(Value::Number(_)) => Ok(vec![Prompt::Tokens(token_ids(items)?)]),
+            Some(Value::Number(_)) => Ok(vec![Prompt::Tokens(token_ids(field, items)?)]),
             Some(Value::String(_)) => items
                 .iter()
                 .map(|item| match item {
                     Value::String(s) => text(s),
-                    _ => Err(wrong_type("prompt", EXPECTED)),
+                    _ => Err(wrong_type(field, EXPECTED)),
                 })
                 .collect(),
             Some(Value::Array(_)) => items
                 .iter()
                 .map(|item| match item {
-                    Value::Array(ids) => token_ids(ids).map(Prompt::Tokens),
-                    _ => Err(wrong_type("prompt", EXPECTED)),
+                    Value::Array(ids) => token_ids(field, ids).map(Prompt::Tokens),
+                    _ => Err(wrong_type(field, EXPECTED)),
                 })
                 .collect(),
-            Some(_) => Err(wrong_type("prompt", EXPECTED)),
+            Some(_) => Err(wrong_type(field, EXPECTED)),
         },
-        Some(_) => Err(wrong_type("prompt", EXPECTED)),
+        Some(_) => Err(wrong_type(field, EXPECTED)),
     }
 }
 
-fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
+fn token_ids(field: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
     if items.is_empty() {
-        return Err(invalid("prompt", "`prompt` must not be empty".to_owned()));
+        return Err(invalid(field, format!("`{field}` must not be empty")));
     }
     items
         .iter()
@@ -417,8 +423,8 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
                 .and_then(|id| u32::try_from(id).ok())
                 .ok_or_else(|| {
                     invalid(
-                        "prompt",
-                        format!("`prompt` token ids must be integers in [0, 2^32), got {item}"),
+                        field,
+                        format!("`{field}` token ids must be integers in [0, 2^32), got {item}"),
                     )
                 })
         })
@@ -449,7 +455,7 @@ fn chat_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-fn chat_message(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
+pub(super) fn chat_message(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
     let at = format!("messages[{i}]");
     let f = Fields::new(item).map_err(|_| wrong_type(&at, "an object"))?;
     let role_field = format!("{at}.role");

@@ -87,7 +87,7 @@ impl ResponseMeta {
     }
 }
 
-fn unix_secs() -> u64 {
+pub(super) fn unix_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -103,7 +103,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// 32 hex digits: the high half mixes time and pid, the low half is a bijection of a
 /// process-wide counter, so ids never repeat within a process.
-fn unique_hex() -> String {
+pub(super) fn unique_hex() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<u64> = OnceLock::new();
     let nanos = SystemTime::now()
