@@ -183,19 +183,12 @@ impl Body for ResponsesSse {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.queue.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(b))));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match this.generation.rx.poll_recv(cx) {
-                Poll::Ready(ev) => this.handle(ev),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        super::stream::poll_queued(
+            self.get_mut(),
+            cx,
+            |b| (&mut b.queue, b.done, &mut b.generation),
+            Self::handle,
+        )
     }
 
     fn is_end_stream(&self) -> bool {

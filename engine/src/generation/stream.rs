@@ -101,6 +101,29 @@ impl SseBody {
     }
 }
 
+/// The one polling loop of every streamed body (chat/completions chunks, Responses events): hand
+/// out what is queued, end once `done`, else turn the next engine event into more with `handle`.
+pub(super) fn poll_queued<S>(
+    state: &mut S,
+    cx: &mut Context<'_>,
+    parts: impl Fn(&mut S) -> (&mut VecDeque<Bytes>, bool, &mut Generation),
+    handle: impl Fn(&mut S, Option<TaggedEvent>),
+) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    loop {
+        let (queue, done, generation) = parts(state);
+        if let Some(b) = queue.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        if done {
+            return Poll::Ready(None);
+        }
+        match generation.rx.poll_recv(cx) {
+            Poll::Ready(ev) => handle(state, ev),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
 impl Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
@@ -109,19 +132,12 @@ impl Body for SseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.queue.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(b))));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match this.generation.rx.poll_recv(cx) {
-                Poll::Ready(ev) => this.handle(ev),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_queued(
+            self.get_mut(),
+            cx,
+            |b| (&mut b.queue, b.done, &mut b.generation),
+            Self::handle,
+        )
     }
 
     fn is_end_stream(&self) -> bool {
