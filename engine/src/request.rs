@@ -44,6 +44,14 @@ impl Default for SamplingParams {
     }
 }
 
+/// The engine's context rule: a prompt of `prompt` tokens asking for `max_tokens` more fits a
+/// context of `limit` tokens (a prompt filling the whole context fits only `max_tokens: 0`, the
+/// echo-only request). The gateway's simulator applies the same function, so both refuse the
+/// same requests.
+pub fn fits_context(prompt: usize, max_tokens: usize, limit: usize) -> bool {
+    prompt.saturating_add(max_tokens) <= limit && (max_tokens == 0 || prompt < limit)
+}
+
 /// The seed of choice `j` of a seeded request: the seed itself for the first choice (so `n: 1`
 /// and the first of `n: 3` agree), a splitmix64-scrambled mix of seed and index for the rest,
 /// so that choices differ and neighbouring seeds do not share streams.
@@ -60,6 +68,14 @@ pub fn choice_seed(seed: u64, j: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_context_rule_leaves_room_for_the_answer() {
+        assert!(fits_context(8_000, 192, 8_192));
+        assert!(!fits_context(8_000, 193, 8_192));
+        assert!(fits_context(8_192, 0, 8_192));
+        assert!(!fits_context(8_193, 0, 8_192));
+    }
 
     #[test]
     fn choice_seeds_keep_the_first_and_spread_the_rest() {

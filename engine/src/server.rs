@@ -563,7 +563,7 @@ fn check_prompt(engine: &Engine, tokens: &[u32], max_tokens: usize) -> Result<()
     }
     let limit = engine.max_model_len;
     let n_prompt = tokens.len();
-    if n_prompt + max_tokens > limit || (max_tokens > 0 && n_prompt >= limit) {
+    if !crate::request::fits_context(n_prompt, max_tokens, limit) {
         return Err(ApiError::bad_request(
             format!(
                 "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({n_prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",

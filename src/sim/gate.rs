@@ -254,13 +254,12 @@ impl Gate {
     /// The engine's answer to a request of `prompt_tokens` (as it tokenizes them, template
     /// included) asking for `max_tokens`: `None` when it queues it.
     ///
-    /// The engine's server checks this inline before its queue (`engine/src/server.rs`, the
-    /// "maximum context length" 400), outside the engine core the simulator runs; the rule is
-    /// restated here until the engine exports it. Its other clause (a prompt filling the whole
-    /// context) only matters for `max_tokens` 0, which simulated requests never ask for.
+    /// The engine's server applies this rule before its queue (the "maximum context length"
+    /// 400), outside the engine core the simulator runs: the same function here.
     pub(super) fn check_engine(&self, prompt_tokens: u64, max_tokens: u32) -> Option<Refused> {
-        let limit = self.engine_context as u64;
-        let over = prompt_tokens + u64::from(max_tokens) > limit;
+        let prompt = usize::try_from(prompt_tokens).unwrap_or(usize::MAX);
+        let asked = usize::try_from(max_tokens).unwrap_or(usize::MAX);
+        let over = !infergate_engine::request::fits_context(prompt, asked, self.engine_context);
         over.then_some(Refused {
             why: Refusal::EngineContext,
             status: 400,
