@@ -222,13 +222,7 @@ pub fn validate(
                     (role, content_text(m.get("content")))
                 })
                 .collect();
-            let pairs: Vec<(&str, &str)> =
-                flat.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            let text = flat
-                .iter()
-                .map(|(r, c)| format!("{r}\n{c}\n"))
-                .collect::<String>();
-            (canonical_chat(&pairs), PromptSize::Text(text))
+            chat_prompt(&flat)
         }
         Endpoint::Embeddings => embeddings_input(obj.get("input"))?,
         Endpoint::Responses => responses_input(obj)?,
@@ -417,12 +411,21 @@ fn responses_input(
             ));
         }
     }
-    let pairs: Vec<(&str, &str)> = flat.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-    let text = flat
+    Ok(chat_prompt(&flat))
+}
+
+/// A conversation as (role, text) turns: its canonical bytes (prefix hashing) and the text to
+/// meter. Chat and the Responses API share it, so the same turns hash and meter the same.
+fn chat_prompt(turns: &[(String, String)]) -> (Vec<u8>, PromptSize) {
+    let pairs: Vec<(&str, &str)> = turns
+        .iter()
+        .map(|(r, c)| (r.as_str(), c.as_str()))
+        .collect();
+    let text = turns
         .iter()
         .map(|(r, c)| format!("{r}\n{c}\n"))
         .collect::<String>();
-    Ok((canonical_chat(&pairs), PromptSize::Text(text)))
+    (canonical_chat(&pairs), PromptSize::Text(text))
 }
 
 /// Text of a message's `content`: a string, or the text parts of an array.

@@ -10,22 +10,9 @@ use common::{Engine, assert_error, metric, post_json, run_backend_to_exit, strea
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-/// A fresh cache directory for the default model of one test.
-fn cache_dir(test: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("infergate-cpu-test-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
+/// A cpu engine on the default model, generated into a fresh cache directory for `test`.
 async fn default_engine(test: &str, args: &[&str]) -> (Engine, PathBuf) {
-    let dir = cache_dir(test);
-    let e = Engine::start_with(
-        "cpu",
-        args,
-        &[("INFERGATE_CACHE_DIR", dir.to_str().unwrap())],
-    )
-    .await;
+    let (e, dir, _) = common::cpu_default(test, args).await;
     (e, dir)
 }
 
@@ -311,7 +298,7 @@ async fn bad_models_and_bad_prompts_get_clear_errors() {
     assert!(err.contains("/nonexistent/model does not exist"), "{err}");
 
     // A model directory whose config.json is broken, and one with an unsupported architecture.
-    let dir = cache_dir("broken");
+    let dir = common::cache_dir("broken");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("config.json"),

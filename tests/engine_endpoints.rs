@@ -95,20 +95,7 @@ async fn sim_embeddings_are_synthetic_unit_vectors_of_the_hidden_size() {
 
 #[tokio::test]
 async fn cpu_embeddings_come_from_the_model() {
-    let dir = std::env::temp_dir().join(format!(
-        "infergate-cpu-test-embeddings-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    let e = Engine::start_with(
-        "cpu",
-        &[],
-        &[("INFERGATE_CACHE_DIR", dir.to_str().unwrap())],
-    )
-    .await;
-    let (_, models) = common::get(&e.at("/v1/models")).await;
-    let models: Value = serde_json::from_str(&models).unwrap();
-    let name = models["data"][0]["id"].as_str().unwrap().to_owned();
+    let (e, dir, name) = common::cpu_default("embeddings", &[]).await;
     let config: Value = std::fs::read_dir(dir.join("models"))
         .unwrap()
         .flatten()

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::{Engine, assert_error, post_json, stream, words};
 use hyper::StatusCode;
 use serde_json::{Value, json};
@@ -50,23 +48,6 @@ fn cumulative(choice: &Value) -> f64 {
 
 async fn sim() -> Engine {
     Engine::start(&["--gpu", "h100"]).await
-}
-
-/// A cpu engine on the default model, generated into a fresh cache directory.
-async fn cpu_default(test: &str) -> (Engine, PathBuf, String) {
-    let dir =
-        std::env::temp_dir().join(format!("infergate-sampling-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let e = Engine::start_with(
-        "cpu",
-        &[],
-        &[("INFERGATE_CACHE_DIR", dir.to_str().unwrap())],
-    )
-    .await;
-    let (_, models) = common::get(&e.at("/v1/models")).await;
-    let models: Value = serde_json::from_str(&models).unwrap();
-    let name = models["data"][0]["id"].as_str().unwrap().to_owned();
-    (e, dir, name)
 }
 
 #[tokio::test]
@@ -464,7 +445,7 @@ fn check_chat_logprobs(content: &[Value], k: usize) {
 
 #[tokio::test]
 async fn cpu_chat_top_logprobs_are_sorted_probabilities_of_the_greedy_tokens() {
-    let (e, dir, model) = cpu_default("chat-logprobs").await;
+    let (e, dir, model) = common::cpu_default("sampling-chat-logprobs", &[]).await;
     let url = e.at("/v1/chat/completions");
     let body = json!({"model": model, "messages": [{"role": "user", "content": "Tell me a story"}],
                       "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 5});

@@ -4,6 +4,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::args::Endpoint;
+use super::sse::{SseReader, parse_exec_path, path_class};
+use crate::report::RequestRecord;
+use crate::workload::{PlannedRequest, request_body};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -11,12 +15,6 @@ use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde_json::json;
-
-use super::args::Endpoint;
-use super::sse::{SseReader, parse_exec_path, path_class};
-use crate::report::RequestRecord;
-use crate::workload::{PlannedRequest, prompt_text};
 
 /// What a [`Target`] is built from.
 #[derive(Debug, Clone)]
@@ -109,18 +107,8 @@ impl Target {
 
     /// The streaming request for `req`.
     fn request(&self, req: &PlannedRequest) -> Result<Request<Full<Bytes>>, String> {
-        let text = prompt_text(req);
-        let mut body = json!({
-            "model": self.model,
-            "max_tokens": req.output_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-            "ignore_eos": true,
-        });
-        match self.endpoint {
-            Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": text}]),
-            Endpoint::Completions => body["prompt"] = json!(text),
-        }
+        // The same bytes the simulator's gateway stage validates.
+        let body = request_body(req, &self.model, self.endpoint == Endpoint::Chat);
         let mut b = Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/json");
         let key = req.tenant.as_ref().and_then(|t| self.tenant_keys.get(t));
         if let Some(key) = key.or(self.api_key.as_ref()) {

@@ -204,6 +204,29 @@ impl Engine {
     }
 }
 
+/// A fresh cache directory for test `test`'s generated default model (removed if left over).
+pub fn cache_dir(test: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("infergate-cpu-test-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A cpu engine (flags `args`) on the default model, generated into [`cache_dir`]`(test)`: the
+/// engine, that directory (the caller removes it) and the model name the engine serves.
+pub async fn cpu_default(test: &str, args: &[&str]) -> (Engine, std::path::PathBuf, String) {
+    let dir = cache_dir(test);
+    let cache = dir.to_string_lossy().into_owned();
+    let e = Engine::start_with("cpu", args, &[("INFERGATE_CACHE_DIR", cache.as_str())]).await;
+    let (_, models) = get(&e.at("/v1/models")).await;
+    let models: Value = serde_json::from_str(&models).expect("/v1/models JSON");
+    let name = models["data"][0]["id"]
+        .as_str()
+        .expect("a served model")
+        .to_owned();
+    (e, dir, name)
+}
+
 /// SmolLM2-135M-Instruct's Q4_1 GGUF, from `SMOLLM2_GGUF` or `target/test-models/` (where
 /// `.ci/run` puts it). Under CI its absence fails the test; elsewhere the caller skips, with a
 /// notice unless `quiet`.
