@@ -214,6 +214,31 @@ fn agreement(outcomes: &[Outcome]) -> Option<f64> {
     (all > 0).then(|| agree as f64 / all as f64)
 }
 
+/// Prints each group's placements as one line of worker letters (a, b, ...), in workload order.
+fn print_trace(scenario: &str, policy: &str, outcomes: &[Outcome]) {
+    let mut names: Vec<&str> = outcomes
+        .iter()
+        .filter_map(|o| o.worker.as_deref())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let groups = outcomes.iter().map(|o| o.group + 1).max().unwrap_or(0);
+    eprintln!("{scenario} / {policy}: placements per group ({names:?} = a, b, ...)");
+    for g in 0..groups {
+        let line: String = outcomes
+            .iter()
+            .filter(|o| o.group == g)
+            .map(|o| {
+                o.worker
+                    .as_deref()
+                    .and_then(|w| names.iter().position(|n| *n == w))
+                    .map_or('-', |i| char::from(b'a' + i as u8))
+            })
+            .collect();
+        eprintln!("  group {g:2}: {line}");
+    }
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
@@ -244,10 +269,18 @@ async fn run() -> Result<(), BoxError> {
     let mut prompt_tokens = None;
     // `cargo bench --bench routing -- saturated evictions` runs the scenarios whose names contain
     // one of the words (cargo's own `--bench` flag is not a filter).
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
+    // `policies=prefix,oracle` runs only those policies of each scenario.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let only: Option<Vec<&str>> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("policies="))
+        .map(|list| list.split(',').collect());
+    let filters: Vec<&String> = args
+        .iter()
+        .filter(|a| !a.starts_with("--") && !a.starts_with("policies=") && *a != "trace")
         .collect();
+    // `trace` prints, per group, the workers its requests went to, in workload order.
+    let trace = args.iter().any(|a| a == "trace");
     for scenario in SCENARIOS
         .iter()
         .filter(|s| filters.is_empty() || filters.iter().any(|f| s.name.contains(f.as_str())))
@@ -260,7 +293,11 @@ async fn run() -> Result<(), BoxError> {
             workload.len(),
             scenario.groups,
         );
-        for &policy in scenario.policies {
+        for &policy in scenario
+            .policies
+            .iter()
+            .filter(|p| only.as_ref().is_none_or(|o| o.contains(p)))
+        {
             eprintln!("{}: {policy} ...", scenario.name);
             let r = run_policy(&bin, scenario, policy, workload.clone()).await?;
             let ok = r.outcomes.iter().filter(|o| o.ok).count();
@@ -287,6 +324,9 @@ async fn run() -> Result<(), BoxError> {
                 agreement(&r.outcomes).map_or("—".into(), |a| format!("{:.1}%", 100.0 * a)),
                 r.decisions.clone(),
             ]);
+            if trace {
+                print_trace(scenario.name, policy, &r.outcomes);
+            }
             if let Some(e) = r.outcomes.iter().find_map(|o| o.error.as_ref()) {
                 notes.push(format!("{} / {policy}: first failure: {e}", scenario.name));
             }
@@ -516,6 +556,11 @@ async fn run_policy(
             common::metric_by_label(&gw_metrics, "infergate_routing_decisions_total", "reason")
         {
             *by_reason.entry(reason).or_default() += n;
+        }
+        for (why, n) in
+            common::metric_by_label(&gw_metrics, "infergate_routing_prefix_lost_total", "reason")
+        {
+            *by_reason.entry(format!("(lost on {why})")).or_default() += n;
         }
     }
     let decisions = by_reason
@@ -796,7 +841,10 @@ async fn start_gateway(
     );
     dir.write(
         "policies/routing.yaml",
-        &format!("pools:\n  fleet:\n    policy: {policy}\n"),
+        &format!(
+            "pools:\n  fleet:\n    policy: {policy}\n{}",
+            std::env::var("ROUTING_EXTRA").unwrap_or_default()
+        ),
     );
     let args: Vec<String> = [
         "gateway",

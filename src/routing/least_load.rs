@@ -64,6 +64,7 @@ mod tests {
             in_flight,
             waiting,
             running: 0.0,
+            polled_in_flight: 0,
             kv_usage,
             ..crate::routing::testkit::worker(0)
         }

@@ -14,6 +14,7 @@
 
 use serde::Deserialize;
 
+pub mod demand;
 pub mod features;
 pub mod hash_ring;
 pub mod least_load;
@@ -50,6 +51,9 @@ pub struct WorkerView {
     pub waiting: f64,
     /// Engine-reported requests running (polled).
     pub running: f64,
+    /// `in_flight` when `waiting` and `running` were polled: the engine's count beyond it was
+    /// other gateways' traffic then.
+    pub polled_in_flight: u32,
     /// Engine-reported KV-cache usage, 0..=1 (polled).
     pub kv_usage: f64,
     /// Prompt tokens this gateway routed here whose prefill has not produced a first token yet
@@ -63,9 +67,12 @@ pub struct WorkerView {
 }
 
 impl WorkerView {
-    /// Load in requests: the larger of the fresh local count and the polled engine count.
+    /// Load in requests: the fresh local count plus what the last poll showed beyond this
+    /// gateway's own requests then (other replicas' traffic). A plain maximum of the two counts
+    /// would keep requests that ended since the poll.
     pub fn load(&self) -> f64 {
-        f64::from(self.in_flight).max(self.waiting + self.running)
+        let others = (self.waiting + self.running - f64::from(self.polled_in_flight)).max(0.0);
+        f64::from(self.in_flight) + others
     }
 }
 

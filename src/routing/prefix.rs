@@ -34,6 +34,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::demand::Demand;
 use super::features::{DEFAULT_BLOCK_BYTES, DEFAULT_BYTES_PER_TOKEN};
 use super::hash_ring;
 use super::prefix_index::{Placement, PrefixIndex};
@@ -56,6 +57,8 @@ const BPT_ALPHA: f64 = 0.05;
 pub struct CacheAware {
     cfg: PrefixConfig,
     index: PrefixIndex,
+    /// Each prefix's recent share of the requests, keyed by its first block.
+    demand: Demand,
     /// f64 bits: bytes of canonical prompt per prompt token, learned from answers' usage.
     bytes_per_token: AtomicU64,
     /// Tie-break keys for requests with neither prefix blocks nor a session.
@@ -86,6 +89,7 @@ impl CacheAware {
         Self {
             cfg,
             index,
+            demand: Demand::default(),
             bytes_per_token: AtomicU64::new(DEFAULT_BYTES_PER_TOKEN.to_bits()),
             turn: AtomicU64::new(0),
         }
@@ -109,12 +113,13 @@ impl CacheAware {
         }
     }
 
-    /// Indices of the healthy workers whose index fill (tokens held over capacity) is within
-    /// [`COLD_FILL_SLACK`] of the healthy workers' mean, plus room for a prompt of `prompt`
-    /// tokens; every healthy worker when the index knows none of them.
+    /// Indices of the healthy workers that may become a new prefix's home: those that, holding
+    /// `prompt` more tokens, would be within [`COLD_FILL_SLACK`] of the pool's mean fill (tokens
+    /// held over capacity, as the index sees it), and those within half this prompt of the least
+    /// filled, so someone always qualifies (bounded-load consistent hashing, in tokens).
     fn roomy_workers(&self, workers: &[WorkerView], prompt: f64) -> Vec<usize> {
         let sizes = self.index.sizes();
-        // (index, fill, capacity in tokens) of each healthy worker.
+        // (index, fill, this prompt's share of the capacity) of each healthy worker.
         let healthy: Vec<(usize, f64, f64)> = workers
             .iter()
             .enumerate()
@@ -125,16 +130,18 @@ impl CacheAware {
                     .find(|s| s.0 == w.key)
                     .map_or((0, self.cfg.default_worker_kv_tokens), |s| (s.2, s.3));
                 let cap = cap.max(1) as f64;
-                (i, used as f64 / cap, cap)
+                (i, used as f64 / cap, prompt / cap)
             })
             .collect();
-        if healthy.is_empty() {
-            return Vec::new();
-        }
-        let mean = healthy.iter().map(|h| h.1).sum::<f64>() / healthy.len() as f64;
+        let n = healthy.len() as f64;
+        let mean = healthy.iter().map(|h| h.1).sum::<f64>() / n;
+        let least = healthy.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
         healthy
             .iter()
-            .filter(|&&(_, fill, cap)| fill <= mean * (1.0 + COLD_FILL_SLACK) + prompt / cap)
+            .filter(|&&(_, fill, share)| {
+                fill <= least + share / 2.0
+                    || fill + share <= (1.0 + COLD_FILL_SLACK) * (mean + share / n)
+            })
             .map(|h| h.0)
             .collect()
     }
@@ -164,8 +171,6 @@ impl RoutingPolicy for CacheAware {
             return None;
         }
         let sizes = self.sizes(req);
-        let slack = self.cfg.balance_tolerance * total / healthy as f64 + MIN_SLACK;
-        let lambda = sizes.prompt / slack;
         let min_run = self.cfg.min_match_blocks.max(1);
         let matches = self.index.matches(&req.prefix_hashes);
         // A run shorter than the minimum is no hit.
@@ -173,6 +178,33 @@ impl RoutingPolicy for CacheAware {
             Some(&(_, run)) if run >= min_run => run,
             _ => 0,
         };
+        // The longest hit anywhere (an ejected holder counts, for the loss reason), and how
+        // many healthy workers hold it.
+        let best_run = matches
+            .iter()
+            .map(|&(_, run)| run)
+            .filter(|&run| run >= min_run)
+            .max()
+            .unwrap_or(0);
+        let holders = workers
+            .iter()
+            .filter(|w| w.healthy && best_run > 0 && run_of(w.key) == best_run)
+            .count();
+        let slack = self.cfg.balance_tolerance * total / healthy as f64 + MIN_SLACK;
+        // A prefix whose recent demand its holders serve within their share keeps them through
+        // load swings up to twice the tolerance; one that needs more workers than hold it spills
+        // at the tolerance itself.
+        let needed = req
+            .prefix_hashes
+            .first()
+            .map_or(0.0, |&k| self.demand.share(k))
+            * healthy as f64;
+        let keep = if holders > 0 {
+            2.0 - (needed / holders as f64).min(1.0)
+        } else {
+            1.0
+        };
+        let lambda = sizes.prompt / (slack * keep);
         let output = f64::from(req.max_output_tokens);
         let scored: Vec<Scored> = workers
             .iter()
@@ -193,7 +225,7 @@ impl RoutingPolicy for CacheAware {
                     hit,
                     queue,
                     fit,
-                    cost: queue + miss + fit,
+                    cost: queue + 2.0 * miss + fit,
                 }
             })
             .collect();
@@ -213,24 +245,16 @@ impl RoutingPolicy for CacheAware {
             Vec::new()
         };
         let in_band = |s: &&Scored| s.cost <= band;
+        // Among near-equal costs the longest held prefix wins, then the hash order: a copy is
+        // only made when every holder is clearly dearer.
+        let rank = |s: &&Scored| (s.run, hash_ring::score(key, workers[s.index].key));
         let chosen = scored
             .iter()
             .filter(in_band)
             .filter(|s| roomy.is_empty() || roomy.contains(&s.index))
-            .max_by_key(|s| hash_ring::score(key, workers[s.index].key))
-            .or_else(|| {
-                scored
-                    .iter()
-                    .filter(in_band)
-                    .max_by_key(|s| hash_ring::score(key, workers[s.index].key))
-            })
+            .max_by_key(rank)
+            .or_else(|| scored.iter().filter(in_band).max_by_key(rank))
             .copied()?;
-        let best_run = matches
-            .iter()
-            .map(|&(_, run)| run)
-            .filter(|&run| run >= min_run)
-            .max()
-            .unwrap_or(0);
         let (reason, lost) = if best_run == 0 {
             (cold_reason, None)
         } else if chosen.run >= best_run {
@@ -257,6 +281,7 @@ impl RoutingPolicy for CacheAware {
     }
 
     fn observe(&self, req: &RequestFeatures, worker: &WorkerView) {
+        self.demand.record(req.prefix_hashes.first().copied());
         let sizes = self.sizes(req);
         let blocks = req.prefix_hashes.len() as f64 * sizes.block_tokens;
         let tail = (sizes.prompt - blocks).max(0.0);

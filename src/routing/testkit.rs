@@ -28,6 +28,7 @@ pub fn worker(i: usize) -> WorkerView {
         in_flight: 0,
         waiting: 0.0,
         running: 0.0,
+        polled_in_flight: 0,
         kv_usage: 0.0,
         pending_prefill: 0,
         kv_capacity: None,

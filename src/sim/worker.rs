@@ -215,6 +215,7 @@ impl SimWorker {
             in_flight: self.in_flight,
             waiting: (self.inbox.len() + sched.waiting.len()) as f64,
             running: sched.running.len() as f64,
+            polled_in_flight: self.in_flight,
             kv_usage: sched.kv.usage(),
             pending_prefill: self.pending_prefill,
             kv_capacity: Some(self.kv_capacity),

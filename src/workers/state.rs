@@ -20,6 +20,8 @@ pub struct WorkerState {
     successes: AtomicU32,
     waiting: AtomicU64,
     running: AtomicU64,
+    /// `in_flight` when `waiting` and `running` were stored.
+    polled_in_flight: AtomicU32,
     kv_usage: AtomicU64,
     ejections: AtomicU64,
     /// Prompt tokens routed here whose first token has not arrived (see [`PrefillGuard`]).
@@ -78,6 +80,7 @@ impl WorkerState {
             successes: AtomicU32::new(0),
             waiting: AtomicU64::new(0f64.to_bits()),
             running: AtomicU64::new(0f64.to_bits()),
+            polled_in_flight: AtomicU32::new(0),
             kv_usage: AtomicU64::new(0f64.to_bits()),
             ejections: AtomicU64::new(0),
             pending_prefill: Arc::new(AtomicU64::new(0)),
@@ -140,6 +143,7 @@ impl WorkerState {
             in_flight: self.in_flight.load(Ordering::Acquire),
             waiting: f64::from_bits(self.waiting.load(Ordering::Relaxed)),
             running: f64::from_bits(self.running.load(Ordering::Relaxed)),
+            polled_in_flight: self.polled_in_flight.load(Ordering::Relaxed),
             kv_usage: f64::from_bits(self.kv_usage.load(Ordering::Relaxed)),
             pending_prefill: self.pending_prefill.load(Ordering::Acquire),
             kv_capacity: Some(self.kv_capacity.load(Ordering::Relaxed)).filter(|&c| c > 0),
@@ -189,6 +193,8 @@ impl WorkerState {
             .store(load.waiting.to_bits(), Ordering::Relaxed);
         self.running
             .store(load.running.to_bits(), Ordering::Relaxed);
+        self.polled_in_flight
+            .store(self.in_flight(), Ordering::Relaxed);
         self.kv_usage
             .store(load.kv_usage.to_bits(), Ordering::Relaxed);
         let capacity = load.kv_capacity.unwrap_or(0);
