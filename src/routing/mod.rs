@@ -219,7 +219,9 @@ pub enum PolicyConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct PrefixConfig {
     /// How much busier than its least loaded peer a worker holding the whole prefix may be and
-    /// still win, as a share of the pool's mean load (plus 2 requests). Default 0.25.
+    /// still win, as a share of the pool's mean load (plus 2 requests), doubled by the uncached
+    /// prompt's double weight, and doubled again for a prefix its holders serve within their
+    /// share of the traffic (see `prefix`). Default 0.25.
     pub balance_tolerance: f64,
     /// Fewest matching blocks that count as a hit. Default 1.
     pub min_match_blocks: usize,
@@ -263,6 +265,19 @@ pub fn build(cfg: &PolicyConfig) -> Box<dyn RoutingPolicy> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_is_fresh_local_count_plus_others_polled_share() {
+        let mut w = testkit::worker(0);
+        // Polled with 10 in the engine while this gateway had 8 there: 2 were another replica's.
+        (w.running, w.waiting, w.polled_in_flight) = (7.0, 3.0, 8);
+        // Since then 5 of ours ended: the stale engine count must not hide that.
+        w.in_flight = 3;
+        assert_eq!(w.load(), 5.0);
+        // The engine lagging behind our own count is no one else's traffic.
+        (w.running, w.waiting) = (2.0, 0.0);
+        assert_eq!(w.load(), 3.0);
+    }
 
     #[test]
     fn config_parses_and_builds_every_policy() {

