@@ -9,7 +9,10 @@
 //! events) and as `prefix_approx` with the events off. Measured: the engines' prefix-cache hit
 //! rate, req/s, client-side TTFT, requests per worker, peak running, KV usage, and for two
 //! replicas the share of placements both replicas used for the same group.
-//! Run with `cargo bench --bench routing`.
+//! Run with `cargo bench --bench routing`. Arguments: words that pick scenarios by name
+//! (`saturated evictions`), `policies=prefix,oracle` to run only those, and `trace` to print each
+//! group's placements. `ROUTING_BENCH_POLICY_YAML` (extra lines under the pool's policy, e.g.
+//! `"    balance_tolerance: 0.5\n"`) tries other knobs.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -843,7 +846,7 @@ async fn start_gateway(
         "policies/routing.yaml",
         &format!(
             "pools:\n  fleet:\n    policy: {policy}\n{}",
-            std::env::var("ROUTING_EXTRA").unwrap_or_default()
+            std::env::var("ROUTING_BENCH_POLICY_YAML").unwrap_or_default()
         ),
     );
     let args: Vec<String> = [
