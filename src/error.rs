@@ -42,8 +42,10 @@ pub enum GatewayError {
         message: String,
         /// Whole seconds, rounded up.
         retry_after_secs: u64,
-        /// `x-ratelimit-*` headers.
+        /// Extra headers: `x-ratelimit-*`, or `x-infergate-degraded` for a shed request.
         headers: Vec<(&'static str, String)>,
+        /// The per-tenant rejection reason label (`rate`, `queue_full`, `degraded`, ...).
+        reason: &'static str,
     },
     /// The tenant reached a hard spending budget (429); it resets after `retry_after_secs`.
     BudgetExceeded {
@@ -60,6 +62,8 @@ pub enum GatewayError {
         message: String,
         /// Whole seconds.
         retry_after_secs: u64,
+        /// The degradation action that refused it (the `x-infergate-degraded` header).
+        action: &'static str,
     },
     /// The request bodies being read or held gateway-wide already fill `limits.max_buffered_body_bytes`
     /// (503); a retry after `retry_after_secs` can pass.
@@ -90,115 +94,153 @@ impl GatewayError {
         }
     }
 
-    /// HTTP status of this error.
-    pub fn status(&self) -> StatusCode {
+    /// Everything this error maps to, in one place: status, OpenAI type, message, field,
+    /// `Retry-After`, extra headers and the rejection reason label.
+    fn row(&self) -> Row {
+        use StatusCode as S;
+        let row = |status, kind, reason, message: String| Row {
+            status,
+            kind,
+            reason,
+            message,
+            param: None,
+            retry_after_secs: None,
+            headers: Vec::new(),
+        };
+        const INVALID: &str = "invalid_request_error";
+        const UNAVAILABLE: &str = "service_unavailable";
+        const SERVER: &str = "server_error";
         match self {
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::TooManyRequests { .. } | Self::BudgetExceeded { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-            Self::NeverFits(_) => StatusCode::BAD_REQUEST,
-            Self::Degraded { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::NoHealthyWorker(_)
-            | Self::Draining
-            | Self::WorkerEjected(_)
-            | Self::BodyMemory { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
-            Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    /// The OpenAI-shaped error this maps to.
-    pub fn to_api(&self) -> ApiError {
-        match self {
-            Self::BadRequest { message, param } => ApiError::bad_request(message, param.as_deref()),
-            Self::NotFound(m) => ApiError::not_found(m),
-            Self::Unauthorized(m) => {
-                with_kind(m, StatusCode::UNAUTHORIZED, "authentication_error", None)
-            }
-            Self::Forbidden(m) => with_kind(m, StatusCode::FORBIDDEN, "permission_error", None),
+            Self::BadRequest { message, param } => Row {
+                param: param.clone(),
+                ..row(S::BAD_REQUEST, INVALID, "validation", message.clone())
+            },
+            Self::NotFound(m) => row(S::NOT_FOUND, "not_found_error", "validation", m.clone()),
+            Self::PayloadTooLarge(limit) => row(
+                S::PAYLOAD_TOO_LARGE,
+                INVALID,
+                "validation",
+                format!("request body exceeds {limit} bytes"),
+            ),
+            Self::BodyTimeout(limit) => row(
+                S::REQUEST_TIMEOUT,
+                INVALID,
+                "validation",
+                format!("the request body did not arrive within {limit:?}"),
+            ),
+            Self::MethodNotAllowed => row(
+                S::METHOD_NOT_ALLOWED,
+                INVALID,
+                "validation",
+                "Method Not Allowed".into(),
+            ),
+            Self::Unauthorized(m) => row(S::UNAUTHORIZED, "authentication_error", "auth", m.clone()),
+            Self::Forbidden(m) => row(S::FORBIDDEN, "permission_error", "validation", m.clone()),
             Self::TooManyRequests {
                 message,
                 retry_after_secs,
-                ..
-            } => with_kind(
-                message,
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                Some(*retry_after_secs),
-            ),
+                headers,
+                reason,
+            } => Row {
+                retry_after_secs: Some(*retry_after_secs),
+                headers: headers.clone(),
+                ..row(S::TOO_MANY_REQUESTS, "rate_limit_error", reason, message.clone())
+            },
             // OpenAI's own type for a spent quota.
             Self::BudgetExceeded {
                 message,
                 retry_after_secs,
-            } => with_kind(
-                message,
-                StatusCode::TOO_MANY_REQUESTS,
-                "insufficient_quota",
-                Some(*retry_after_secs),
-            ),
-            Self::NeverFits(m) => ApiError::bad_request(m, Some("max_tokens")),
+            } => Row {
+                retry_after_secs: Some(*retry_after_secs),
+                ..row(S::TOO_MANY_REQUESTS, "insufficient_quota", "budget", message.clone())
+            },
+            Self::NeverFits(m) => Row {
+                param: Some("max_tokens".into()),
+                ..row(S::BAD_REQUEST, INVALID, "validation", m.clone())
+            },
             Self::Degraded {
                 message,
                 retry_after_secs,
-            } => ApiError::unavailable(message, *retry_after_secs),
-            Self::PayloadTooLarge(limit) => {
-                ApiError::payload_too_large(format!("request body exceeds {limit} bytes"))
-            }
-            Self::BodyTimeout(limit) => with_kind(
-                &format!("the request body did not arrive within {limit:?}"),
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                None,
-            ),
-            Self::MethodNotAllowed => ApiError::method_not_allowed(),
-            Self::NoHealthyWorker(pool) => {
-                ApiError::unavailable(format!("no healthy worker in pool `{pool}`"), 1)
-            }
-            Self::Draining => ApiError::unavailable("the gateway is shutting down", 1),
-            Self::BodyMemory { retry_after_secs } => ApiError::unavailable(
-                "the gateway is holding as many request bodies as it may at once; retry shortly",
-                *retry_after_secs,
-            ),
+                action,
+            } => Row {
+                retry_after_secs: Some(*retry_after_secs),
+                headers: vec![("x-infergate-degraded", (*action).to_string())],
+                ..row(S::SERVICE_UNAVAILABLE, UNAVAILABLE, "degraded", message.clone())
+            },
+            Self::BodyMemory { retry_after_secs } => Row {
+                retry_after_secs: Some(*retry_after_secs),
+                ..row(
+                    S::SERVICE_UNAVAILABLE,
+                    UNAVAILABLE,
+                    "body_memory",
+                    "the gateway is holding as many request bodies as it may at once; retry shortly"
+                        .into(),
+                )
+            },
+            Self::NoHealthyWorker(pool) => Row {
+                retry_after_secs: Some(1),
+                ..row(
+                    S::SERVICE_UNAVAILABLE,
+                    UNAVAILABLE,
+                    "upstream",
+                    format!("no healthy worker in pool `{pool}`"),
+                )
+            },
+            Self::Draining => Row {
+                retry_after_secs: Some(1),
+                ..row(
+                    S::SERVICE_UNAVAILABLE,
+                    UNAVAILABLE,
+                    "draining",
+                    "the gateway is shutting down".into(),
+                )
+            },
             // The worker's URL stays in the logs: clients are not told internal addresses.
-            Self::WorkerEjected(_) => ApiError::unavailable(
-                "the worker serving this request stopped answering and was ejected; no other worker took it",
-                1,
-            ),
-            Self::UpstreamUnavailable(m) | Self::UpstreamTimeout(m) | Self::Internal(m) => {
-                let mut e = ApiError::internal(m);
-                e.status = self.status();
-                e
-            }
+            Self::WorkerEjected(_) => Row {
+                retry_after_secs: Some(1),
+                ..row(
+                    S::SERVICE_UNAVAILABLE,
+                    UNAVAILABLE,
+                    "upstream",
+                    "the worker serving this request stopped answering and was ejected; no other worker took it"
+                        .into(),
+                )
+            },
+            Self::UpstreamUnavailable(m) => row(S::BAD_GATEWAY, SERVER, "upstream", m.clone()),
+            Self::UpstreamTimeout(m) => row(S::GATEWAY_TIMEOUT, SERVER, "upstream", m.clone()),
+            Self::Internal(m) => row(S::INTERNAL_SERVER_ERROR, SERVER, "internal", m.clone()),
         }
+    }
+
+    /// HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        self.row().status
+    }
+
+    /// The OpenAI-shaped error this maps to.
+    pub fn to_api(&self) -> ApiError {
+        let row = self.row();
+        let mut e = ApiError::bad_request(row.message, row.param.as_deref());
+        e.status = row.status;
+        e.kind = row.kind;
+        e.retry_after_secs = row.retry_after_secs;
+        e
     }
 
     /// The response for this error.
     pub fn into_response(&self) -> Response<ResBody> {
-        let api = self.to_api();
-        let mut res = json_response(self.status(), api.to_json());
-        if let Some(secs) = api.retry_after_secs {
+        let row = self.row();
+        let headers = row.headers.clone();
+        let retry = row.retry_after_secs;
+        let status = row.status;
+        let mut res = json_response(status, self.to_api().to_json());
+        if let Some(secs) = retry {
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        if let Self::Degraded { .. } = self {
-            res.headers_mut().insert(
-                "x-infergate-degraded",
-                HeaderValue::from_static("refuse_long_prompts"),
-            );
-        }
-        if let Self::TooManyRequests { headers, .. } = self {
-            for (name, value) in headers {
-                if let Ok(v) = HeaderValue::from_str(value) {
-                    res.headers_mut().insert(*name, v);
-                }
+        for (name, value) in headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                res.headers_mut().insert(name, v);
             }
         }
         res
@@ -207,26 +249,7 @@ impl GatewayError {
     /// The rejection reason label for per-tenant metrics (`upstream`/`internal` are not
     /// rejections).
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Unauthorized(_) => "auth",
-            Self::TooManyRequests { .. } => "rate",
-            Self::BudgetExceeded { .. } => "budget",
-            Self::BadRequest { .. }
-            | Self::NotFound(_)
-            | Self::PayloadTooLarge(_)
-            | Self::BodyTimeout(_)
-            | Self::Forbidden(_)
-            | Self::NeverFits(_)
-            | Self::MethodNotAllowed => "validation",
-            Self::Draining => "draining",
-            Self::BodyMemory { .. } => "body_memory",
-            Self::Degraded { .. } => "degraded",
-            Self::NoHealthyWorker(_)
-            | Self::WorkerEjected(_)
-            | Self::UpstreamUnavailable(_)
-            | Self::UpstreamTimeout(_) => "upstream",
-            Self::Internal(_) => "internal",
-        }
+        self.row().reason
     }
 
     /// An SSE error event followed by `[DONE]`, for failures after a stream has started.
@@ -243,17 +266,20 @@ impl std::fmt::Display for GatewayError {
 
 impl std::error::Error for GatewayError {}
 
-fn with_kind(
-    message: &str,
+/// One row of the error table (see [`GatewayError::row`]).
+struct Row {
     status: StatusCode,
+    /// OpenAI error `type`.
     kind: &'static str,
-    retry: Option<u64>,
-) -> ApiError {
-    let mut e = ApiError::bad_request(message, None);
-    e.status = status;
-    e.kind = kind;
-    e.retry_after_secs = retry;
-    e
+    /// Per-tenant rejection reason label.
+    reason: &'static str,
+    message: String,
+    /// The request field at fault.
+    param: Option<String>,
+    /// `Retry-After`, whole seconds.
+    retry_after_secs: Option<u64>,
+    /// Extra response headers.
+    headers: Vec<(&'static str, String)>,
 }
 
 /// A complete body.
@@ -301,5 +327,44 @@ mod tests {
             ev.starts_with("data: {\"error\"") && ev.ends_with("data: [DONE]\n\n"),
             "{ev}"
         );
+    }
+
+    #[test]
+    fn each_variant_carries_its_reason_and_headers() {
+        let shed = GatewayError::TooManyRequests {
+            message: "shed".into(),
+            retry_after_secs: 3,
+            headers: vec![("x-infergate-degraded", "shed".into())],
+            reason: "degraded",
+        };
+        assert_eq!(shed.reason(), "degraded");
+        let res = shed.into_response();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[RETRY_AFTER], "3");
+        assert_eq!(res.headers()["x-infergate-degraded"], "shed");
+        let long = GatewayError::Degraded {
+            message: "too long".into(),
+            retry_after_secs: 5,
+            action: "refuse_long_prompts",
+        };
+        let res = long.into_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()["x-infergate-degraded"], "refuse_long_prompts");
+        assert_eq!(long.to_api().kind, "service_unavailable");
+        assert_eq!(GatewayError::Draining.reason(), "draining");
+        let quota = GatewayError::BudgetExceeded {
+            message: "spent".into(),
+            retry_after_secs: 60,
+        };
+        assert_eq!(
+            (quota.reason(), quota.to_api().kind),
+            ("budget", "insufficient_quota")
+        );
+        let never = GatewayError::NeverFits("huge".into()).to_api();
+        assert_eq!(
+            (never.status, never.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("max_tokens"))
+        );
+        assert_eq!(GatewayError::Internal("bug".into()).reason(), "internal");
     }
 }

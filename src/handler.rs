@@ -39,7 +39,6 @@ struct RequestCtx {
     version: String,
     /// Time waited in the admission queue.
     queue_ms: Option<u64>,
-    reject_reason: Option<&'static str>,
     /// The ledger, once the caller is known; with `row_owned` false at drop, the client left
     /// before any answer (hyper dropped the request) and the row is written here.
     ledger: Option<Arc<crate::ledger::UsageLedger>>,
@@ -229,7 +228,6 @@ fn accept(req: &Request<Incoming>) -> RequestCtx {
         key_id: String::new(),
         version: String::new(),
         queue_ms: None,
-        reject_reason: None,
         ledger: None,
         row_owned: false,
     }
@@ -347,15 +345,12 @@ async fn proxy(
     let check = gw
         .budgets
         .admit(&tenant.name, budgets, budget_estimate, crate::utc::now_ms())
-        .map_err(|refusal| {
-            ctx.reject_reason = Some("budget");
-            GatewayError::BudgetExceeded {
-                message: refusal.message(&tenant.name),
-                retry_after_secs: u64::try_from(refusal.retry_after_ms)
-                    .unwrap_or(0)
-                    .div_ceil(1000)
-                    .max(1),
-            }
+        .map_err(|refusal| GatewayError::BudgetExceeded {
+            message: refusal.message(&tenant.name),
+            retry_after_secs: u64::try_from(refusal.retry_after_ms)
+                .unwrap_or(0)
+                .div_ceil(1000)
+                .max(1),
         })?;
     for (over, spent) in &check.soft_first {
         tracing::warn!(
@@ -442,7 +437,6 @@ async fn proxy(
         .with_label_values(&[&pool.name])
         .set(queue.depth() as f64);
     let permit = permit.map_err(|refusal| {
-        ctx.reject_reason = Some(refusal.reason());
         let secs = crate::limits::retry_after_secs(refusal.retry_after());
         match refusal {
             Refusal::Draining { .. } => GatewayError::Draining,
@@ -450,6 +444,7 @@ async fn proxy(
                 message: format!("pool `{}`: {other}", pool.name),
                 retry_after_secs: secs,
                 headers: Vec::new(),
+                reason: other.reason(),
             },
         }
     })?;
@@ -563,7 +558,6 @@ fn degrade(
     let retry_after_secs = crate::limits::retry_after_secs(retry);
     if actions.shed {
         count("shed");
-        ctx.reject_reason = Some("degraded");
         return Err(GatewayError::TooManyRequests {
             message: format!(
                 "pool `{}` is degraded (level {level} `{name}`): requests of tier `{tier}` are shed; retry later",
@@ -571,19 +565,20 @@ fn degrade(
             ),
             retry_after_secs,
             headers: vec![("x-infergate-degraded", "shed".to_string())],
+            reason: "degraded",
         });
     }
     if let Some(max) = actions.max_prompt_tokens
         && prompt_tokens > max
     {
         count("refuse_long_prompts");
-        ctx.reject_reason = Some("degraded");
         return Err(GatewayError::Degraded {
             message: format!(
                 "pool `{}` is degraded (level {level} `{name}`): prompts of tier `{tier}` are limited to {max} tokens and this one is about {prompt_tokens}",
                 pool.name
             ),
             retry_after_secs,
+            action: "refuse_long_prompts",
         });
     }
     let mut labels = Vec::new();
@@ -810,6 +805,7 @@ fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
             ),
             retry_after_secs: crate::limits::retry_after_secs(retry_after),
             headers: headers.header_pairs(),
+            reason: "rate",
         },
         Rejection::TooLarge { tokens, burst } => GatewayError::NeverFits(format!(
             "this request needs {tokens} tokens (prompt plus max_tokens) but your tier allows at most {burst} tokens per minute: it can never pass; lower max_tokens or shorten the prompt"
@@ -818,6 +814,7 @@ fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
             message: format!("too many requests in flight: your tier allows {limit} at once"),
             retry_after_secs: 1,
             headers: Vec::new(),
+            reason: "rate",
         },
     }
 }
@@ -876,7 +873,7 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
         ctx.tenant.as_str()
     };
     if let Some(e) = err {
-        let reason = ctx.reject_reason.unwrap_or_else(|| e.reason());
+        let reason = e.reason();
         if !matches!(reason, "upstream" | "internal") {
             gw.metrics
                 .rejections
