@@ -44,6 +44,9 @@ struct RequestCtx {
     ledger: Option<Arc<crate::ledger::UsageLedger>>,
     /// An answer or error exists: its row is written by the body's account or by [`account`].
     row_owned: bool,
+    /// A worker's answer is being relayed: its request count and tenant outcome are recorded
+    /// when its body ends, when the outcome is known (a stream can still fail after its 200).
+    counted_at_end: bool,
 }
 
 impl Drop for RequestCtx {
@@ -230,6 +233,7 @@ fn accept(req: &Request<Incoming>) -> RequestCtx {
         queue_ms: None,
         ledger: None,
         row_owned: false,
+        counted_at_end: false,
     }
 }
 
@@ -485,7 +489,20 @@ async fn proxy(
         on_end: Some(Box::new({
             let version = version.clone();
             let metrics = gw.metrics.clone();
+            let (model, pool_name, tenant) =
+                (ctx.model.clone(), ctx.pool.clone(), ctx.tenant.clone());
             move |end| {
+                let (status, outcome) = end_outcome(&end);
+                metrics
+                    .requests
+                    .with_label_values(&[&model, &pool_name, &status])
+                    .inc();
+                if !tenant.is_empty() {
+                    metrics
+                        .tenant_requests
+                        .with_label_values(&[&tenant, outcome])
+                        .inc();
+                }
                 if let Some(tx) = shadow_tx {
                     let _ = tx.send(crate::shadow::PrimaryOutcome {
                         status: end.status,
@@ -513,6 +530,7 @@ async fn proxy(
         v.record(&gw.metrics, false, None, None);
     }
     let mut res = forwarded?;
+    ctx.counted_at_end = true;
     if let Some(v) = &version
         && let Ok(h) = HeaderValue::from_str(&v.name)
     {
@@ -860,6 +878,9 @@ fn models(gw: &Gateway) -> Response<ResBody> {
 
 /// Account: count the request by model, pool and status, and per tenant (once per request).
 fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<&GatewayError>) {
+    if ctx.counted_at_end && err.is_none() {
+        return;
+    }
     let status = res.status();
     if !ctx.model.is_empty() {
         gw.metrics
@@ -901,6 +922,24 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
         .tenant_requests
         .with_label_values(&[tenant, outcome])
         .inc();
+}
+
+/// The `status` label and tenant outcome of a relayed answer, from how its body ended: a stream
+/// the worker broke off is a 502 whatever status its headers had, and a client that left is
+/// nginx's 499.
+fn end_outcome(end: &crate::proxy::body::EndReport) -> (String, &'static str) {
+    if end.client_gone {
+        ("499".into(), "cancelled")
+    } else if !end.completed {
+        ("502".into(), "upstream_error")
+    } else {
+        let outcome = match end.status {
+            200..=399 => "ok",
+            400..=499 => "client_error",
+            _ => "upstream_error",
+        };
+        (end.status.to_string(), outcome)
+    }
 }
 
 #[cfg(test)]

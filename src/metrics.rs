@@ -66,7 +66,7 @@ pub struct GatewayMetrics {
     pub worker_healthy: GaugeVec,
     /// `infergate_config_reloads_total{result}`.
     pub reloads: IntCounterVec,
-    /// `infergate_tenant_requests_total{tenant,outcome}` (outcome: ok, client_error, rejected, upstream_error).
+    /// `infergate_tenant_requests_total{tenant,outcome}` (outcome: ok, client_error, rejected, upstream_error, cancelled).
     pub tenant_requests: IntCounterVec,
     /// `infergate_tenant_tokens_total{tenant,kind}` (kind: prompt, completion).
     pub tenant_tokens: IntCounterVec,

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::gateway::{
-    Gateway, POOL, PortEngine, TempDir, chat, config_yaml, port_of, routing_yaml, send, worker_of,
+    Gateway, MODEL, POOL, PortEngine, TempDir, chat, config_yaml, port_of, routing_yaml, send,
+    worker_of,
 };
 use common::{Engine, SseEvent, open_stream, post_json};
 use hyper::{Method, StatusCode};
@@ -114,6 +115,13 @@ async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
         ))
         .await;
     assert_eq!(mid_stream, 1.0);
+    // The broken stream is counted as the failure it is, not as the 200 its headers said: one
+    // 502, and every other request so far (the 6 sent after the kill) a 200.
+    let requests = |status: &str| {
+        format!("infergate_requests_total{{model=\"{MODEL}\",pool=\"{POOL}\",status=\"{status}\"}}")
+    };
+    gw.wait_metric(&requests("502"), |v| v == 1.0).await;
+    assert_eq!(gw.metric(&requests("200")).await, 6.0);
 
     // A is ejected; the gateway stays ready on B.
     gw.wait_health(&a_url, false, Duration::from_secs(5)).await;
