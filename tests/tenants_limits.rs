@@ -1,6 +1,7 @@
 //! Per-tenant rate limits end to end: a requests-per-minute tier whose `Retry-After` is enough and
 //! not a second more, a tokens-per-minute tier that throttles long prompts but not short ones,
-//! and reconciliation that refunds the unused part of a `max_tokens` reservation.
+//! and reconciliation that refunds the unused part of a `max_tokens` reservation, also for a
+//! stream its worker breaks off (which counts as the failure it is).
 
 mod common;
 #[path = "tenant_support/mod.rs"]
@@ -280,6 +281,79 @@ async fn reconciliation_refunds_unused_max_tokens() {
         Duration::from_secs(5),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_its_worker_breaks_off_counts_as_an_error_and_refunds_what_it_did_not_use() {
+    // Slow GPUs, so the stream is still running at the kill; answers end after about a token
+    // unless told to ignore the end of sequence (the stream is).
+    let args = ["--gpu", "l4", "--sim-mean-output-tokens", "1"];
+    let engines = [Engine::start(&args).await, Engine::start(&args).await];
+    // 3,000 tokens a minute: two 2,000-token reservations fit only if the first is refunded.
+    let tiers = "tiers:\n  recon: {priority: 1, tokens_per_minute: 3000, max_tokens: 2000}\n";
+    let gw = Gw::start(&Setup {
+        workers: &[&engines[0].url, &engines[1].url],
+        admission: None,
+        max_context: None,
+        aliases: &[],
+        extra: "debug_headers: true\nforward: {retries: 2, connect_timeout: 1s}\n",
+        tenants: &[("broken", "recon")],
+        tiers,
+    })
+    .await;
+    let (url, key) = (gw.at("/v1/completions"), key_of("broken"));
+    let auth = format!("Bearer {key}");
+    let prompt = "tell me a very long story about a river";
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2000, "stream": true,
+                      "ignore_eos": true});
+    let mut s = common::open_stream_with(&url, &[("authorization", &auth)], &body).await;
+    assert_eq!(s.status, StatusCode::OK);
+    let worker = s.headers["x-infergate-worker"]
+        .to_str()
+        .expect("worker header")
+        .to_string();
+    for _ in 0..3 {
+        s.next_event().await.expect("events before the kill");
+    }
+    let [e0, e1] = engines;
+    let (victim, _other) = if e0.url == worker { (e0, e1) } else { (e1, e0) };
+    drop(victim); // SIGKILL, mid-stream
+    let mut events = 3u64;
+    while s.next_event().await.is_some() {
+        events += 1;
+    }
+
+    // Counted as an upstream failure, for the tenant and in the request count: not as the 200
+    // its headers said.
+    gw.expect_metric(
+        "infergate_tenant_requests_total{tenant=\"broken\",outcome=\"upstream_error\"}",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    let ok = "infergate_tenant_requests_total{tenant=\"broken\",outcome=\"ok\"}";
+    assert_eq!(gw.metric(ok).await, 0.0);
+    let broken = format!("infergate_requests_total{{model=\"{MODEL}\",status=\"502\"}}");
+    assert_eq!(gw.metric(&broken).await, 1.0);
+    // Settled on what was streamed (one token per content chunk), not the 2,000 reserved.
+    let completion_tokens = gw
+        .metric("infergate_tenant_tokens_total{tenant=\"broken\",kind=\"completion\"}")
+        .await;
+    assert!(
+        (3.0..=events as f64).contains(&completion_tokens),
+        "{completion_tokens} completion tokens counted for {events} events"
+    );
+    // So a second 2,000-token reservation fits the 3,000-token minute (on the live worker).
+    let second = json!({"model": MODEL, "prompt": "and another one", "max_tokens": 2000});
+    let again = post(&url, Some(&key), &second).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    let left = again.header_u64("x-ratelimit-remaining-tokens");
+    let used = prompt_tokens(prompt) + completion_tokens as u64;
+    let reserve = prompt_tokens("and another one") + 2000;
+    assert!(
+        left + 10 >= 3000 - used - reserve,
+        "{left} tokens left; {used} used and {reserve} reserved of 3000"
+    );
 }
 
 /// Usage from the final usage chunk of an SSE answer.
