@@ -12,6 +12,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use crate::account::{Account, Usage};
 use crate::admission::Refusal;
 use crate::config::TenantSpec;
+use crate::degrade::Verdict;
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 use crate::gateway::Live;
@@ -574,36 +575,38 @@ fn degrade(
             .inc();
     };
     let retry_after_secs = crate::limits::retry_after_secs(retry);
-    if actions.shed {
-        count("shed");
-        return Err(GatewayError::TooManyRequests {
-            message: format!(
-                "pool `{}` is degraded (level {level} `{name}`): requests of tier `{tier}` are shed; retry later",
-                pool.name
-            ),
-            retry_after_secs,
-            headers: vec![("x-infergate-degraded", "shed".to_string())],
-            reason: "degraded",
-        });
-    }
-    if let Some(max) = actions.max_prompt_tokens
-        && prompt_tokens > max
-    {
-        count("refuse_long_prompts");
-        return Err(GatewayError::Degraded {
-            message: format!(
-                "pool `{}` is degraded (level {level} `{name}`): prompts of tier `{tier}` are limited to {max} tokens and this one is about {prompt_tokens}",
-                pool.name
-            ),
-            retry_after_secs,
-            action: "refuse_long_prompts",
-        });
-    }
+    let (cap, fallback) = match actions.verdict(&valid.model, prompt_tokens, valid.max_tokens) {
+        Verdict::Shed => {
+            count("shed");
+            return Err(GatewayError::TooManyRequests {
+                message: format!(
+                    "pool `{}` is degraded (level {level} `{name}`): requests of tier `{tier}` are shed; retry later",
+                    pool.name
+                ),
+                retry_after_secs,
+                headers: vec![("x-infergate-degraded", "shed".to_string())],
+                reason: "degraded",
+            });
+        }
+        Verdict::RefuseLong { max_prompt_tokens } => {
+            count("refuse_long_prompts");
+            return Err(GatewayError::Degraded {
+                message: format!(
+                    "pool `{}` is degraded (level {level} `{name}`): prompts of tier `{tier}` are limited to {max_prompt_tokens} tokens and this one is about {prompt_tokens}",
+                    pool.name
+                ),
+                retry_after_secs,
+                action: "refuse_long_prompts",
+            });
+        }
+        Verdict::Serve {
+            cap_max_tokens,
+            fallback_model,
+        } => (cap_max_tokens, fallback_model),
+    };
     let mut labels = Vec::new();
     let mut body: Option<serde_json::Value> = None;
-    if let Some(cap) = actions.cap_max_tokens
-        && valid.max_tokens > u64::from(cap)
-    {
+    if let Some(cap) = cap {
         let json = body.get_or_insert(parse_body(&valid.body)?);
         // The client's own field keeps its name; every limit field is capped.
         let keys = valid.endpoint.limit_keys();
@@ -621,15 +624,15 @@ fn degrade(
         labels.push("cap_max_tokens");
         count("cap_max_tokens");
     }
-    if let Some(model) = &actions.fallback_model
-        && model != &valid.model
+    // A fallback model missing from this snapshot leaves the request on its own model.
+    if let Some(model) = fallback
         && let Some(route) = live.snapshot.model(model)
     {
         let json = body.get_or_insert(parse_body(&valid.body)?);
         json["model"] = serde_json::Value::from(route.upstream_name());
         valid.pool = route.pool;
-        valid.model = model.clone();
-        ctx.model = model.clone();
+        valid.model = model.to_string();
+        ctx.model = model.to_string();
         labels.push("fallback");
         count("fallback");
     }

@@ -104,10 +104,52 @@ impl Actions {
     }
 }
 
+/// What degradation does to one request, in the order the gateway and the simulator both apply:
+/// shed first, then refuse a prompt longer than the level allows, else serve (capped, or on the
+/// fallback model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// Refused with 429 and `Retry-After`.
+    Shed,
+    /// Refused with 503: the prompt is longer than `max_prompt_tokens`.
+    RefuseLong {
+        /// The level's limit for the tier.
+        max_prompt_tokens: u64,
+    },
+    /// Served; each field set only when it changes the request.
+    Serve {
+        /// The new `max_tokens`, when the request asked for more.
+        cap_max_tokens: Option<u32>,
+        /// The model to serve it with instead, when it is another model.
+        fallback_model: Option<&'a str>,
+    },
+}
+
 impl TierActions {
     /// True when degradation touches the tier at all.
     pub fn is_degraded(&self) -> bool {
         !self.labels.is_empty()
+    }
+
+    /// The verdict for a request of `model` with a `prompt_tokens` estimate asking for up to
+    /// `max_tokens`.
+    pub fn verdict(&self, model: &str, prompt_tokens: u64, max_tokens: u64) -> Verdict<'_> {
+        if self.shed {
+            return Verdict::Shed;
+        }
+        if let Some(max) = self.max_prompt_tokens
+            && prompt_tokens > max
+        {
+            return Verdict::RefuseLong {
+                max_prompt_tokens: max,
+            };
+        }
+        Verdict::Serve {
+            cap_max_tokens: self
+                .cap_max_tokens
+                .filter(|&cap| max_tokens > u64::from(cap)),
+            fallback_model: self.fallback_model.as_deref().filter(|m| *m != model),
+        }
     }
 }
 
@@ -115,6 +157,47 @@ impl TierActions {
 mod tests {
     use super::*;
     use crate::degrade::testkit::three_levels;
+
+    #[test]
+    fn the_verdict_sheds_then_refuses_long_prompts_then_caps_and_falls_back() {
+        let mut t = TierActions {
+            cap_max_tokens: Some(100),
+            max_prompt_tokens: Some(1_000),
+            fallback_model: Some("small".into()),
+            shed: true,
+            labels: vec!["cap_max_tokens", "refuse_long_prompts", "fallback", "shed"],
+        };
+        assert_eq!(t.verdict("big", 10, 10), Verdict::Shed);
+        t.shed = false;
+        assert_eq!(
+            t.verdict("big", 1_001, 10),
+            Verdict::RefuseLong {
+                max_prompt_tokens: 1_000
+            }
+        );
+        assert_eq!(
+            t.verdict("big", 1_000, 500),
+            Verdict::Serve {
+                cap_max_tokens: Some(100),
+                fallback_model: Some("small")
+            }
+        );
+        // Nothing to change: under the cap, already on the fallback model.
+        assert_eq!(
+            t.verdict("small", 5, 100),
+            Verdict::Serve {
+                cap_max_tokens: None,
+                fallback_model: None
+            }
+        );
+        assert_eq!(
+            TierActions::default().verdict("big", u64::MAX, u64::MAX),
+            Verdict::Serve {
+                cap_max_tokens: None,
+                fallback_model: None
+            }
+        );
+    }
 
     #[test]
     fn level_zero_touches_nobody() {

@@ -22,7 +22,7 @@ mod machine_tests;
 mod testkit;
 
 pub mod live;
-pub use actions::{Actions, TierActions};
+pub use actions::{Actions, TierActions, Verdict};
 pub use machine::{Degrader, Transition};
 pub use policy::{Action, DegradationPolicy, Level, Thresholds};
 pub use signals::{SignalWindow, Signals};

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::degrade::{Actions, DegradationPolicy, Degrader, SignalWindow};
+use crate::degrade::{Actions, DegradationPolicy, Degrader, SignalWindow, Verdict};
 
 /// Tier of a request sent without a tenant (the gateway's built-in tier).
 const DEFAULT_TIER: &str = "default";
@@ -110,24 +110,24 @@ impl SimDegradation {
             return None;
         }
         let tier = self.actions.for_tier(tenant.unwrap_or(DEFAULT_TIER));
-        if tier.shed {
-            self.shed += 1;
-            return Some(429);
+        // The simulated fleet serves one model: a fallback leaves the request as it is.
+        match tier.verdict("", prompt_tokens, u64::from(*output_tokens)) {
+            Verdict::Shed => {
+                self.shed += 1;
+                Some(429)
+            }
+            Verdict::RefuseLong { .. } => {
+                self.refused_long += 1;
+                Some(503)
+            }
+            Verdict::Serve { cap_max_tokens, .. } => {
+                if let Some(cap) = cap_max_tokens {
+                    *output_tokens = cap;
+                    self.capped += 1;
+                }
+                None
+            }
         }
-        if tier
-            .max_prompt_tokens
-            .is_some_and(|max| prompt_tokens > max)
-        {
-            self.refused_long += 1;
-            return Some(503);
-        }
-        if let Some(cap) = tier.cap_max_tokens
-            && *output_tokens > cap
-        {
-            *output_tokens = cap;
-            self.capped += 1;
-        }
-        None
     }
 
     /// Numbers for the report's `extra`.
