@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub mod rate;
 mod state;
+pub mod waitlist;
 
 pub use rate::CompletionRate;
 use state::{Key, Outcome, State, lock};

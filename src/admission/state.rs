@@ -2,8 +2,6 @@
 //! arrival asc). Every change happens under one mutex, and every hand-off is a oneshot send made
 //! under it, so a slot is either in a waiter's channel, held by a permit, or free — never lost.
 
-use std::cmp::Reverse;
-use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -11,9 +9,8 @@ use tokio::sync::oneshot;
 
 use super::Refusal;
 use super::rate::CompletionRate;
-
-/// Orders waiters: higher priority first, then earlier arrival.
-pub(super) type Key = (Reverse<u32>, u64);
+pub(super) use super::waitlist::Key;
+use super::waitlist::{Push, Waitlist};
 
 /// What a waiter is told.
 #[derive(Debug)]
@@ -29,9 +26,7 @@ pub(super) enum Outcome {
 pub(super) struct State {
     pub capacity: usize,
     pub in_flight: usize,
-    pub max_queue: usize,
-    pub waiters: BTreeMap<Key, oneshot::Sender<Outcome>>,
-    pub next_seq: u64,
+    pub waiters: Waitlist<oneshot::Sender<Outcome>>,
     pub closed: bool,
     pub rate: CompletionRate,
 }
@@ -39,14 +34,12 @@ pub(super) struct State {
 impl State {
     /// An empty state.
     pub fn new(capacity: usize, max_queue: usize) -> Self {
-        let waiters = BTreeMap::new();
+        let waiters = Waitlist::new(Some(max_queue));
         let rate = CompletionRate::default();
         Self {
             capacity,
             in_flight: 0,
-            max_queue,
             waiters,
-            next_seq: 0,
             closed: false,
             rate,
         }
@@ -54,7 +47,7 @@ impl State {
 
     /// Waiters ahead of `key`.
     pub fn position(&self, key: &Key) -> usize {
-        self.waiters.range(..key).count()
+        self.waiters.position(key)
     }
 
     /// `Retry-After` for a request at `position`.
@@ -65,32 +58,22 @@ impl State {
     /// Queues a waiter, or refuses at once when the queue is full. A full queue makes room for a
     /// strictly higher priority by refusing its lowest-priority, latest waiter.
     pub fn enqueue(&mut self, priority: u32) -> Result<(Key, oneshot::Receiver<Outcome>), Refusal> {
-        let key = (Reverse(priority), self.next_seq);
-        if self.waiters.len() >= self.max_queue {
-            let evict = self
-                .waiters
-                .last_key_value()
-                .is_some_and(|(worst, _)| *worst > key);
-            let position = self.position(&key);
-            if !evict {
-                return Err(Refusal::QueueFull {
-                    retry_after: self.retry_after(position),
-                    position,
-                });
-            }
-            let position = self.waiters.len().saturating_sub(1);
-            let retry_after = self.retry_after(position);
-            if let Some((_, tx)) = self.waiters.pop_last() {
-                let _ = tx.send(Outcome::Refused(Refusal::QueueFull {
-                    retry_after,
-                    position,
-                }));
+        let (tx, rx) = oneshot::channel();
+        match self.waiters.push(priority, tx) {
+            Push::Full { position, .. } => Err(Refusal::QueueFull {
+                retry_after: self.retry_after(position),
+                position,
+            }),
+            Push::Queued { key, evicted } => {
+                if let Some((position, evicted)) = evicted {
+                    let _ = evicted.send(Outcome::Refused(Refusal::QueueFull {
+                        retry_after: self.retry_after(position),
+                        position,
+                    }));
+                }
+                Ok((key, rx))
             }
         }
-        self.next_seq += 1;
-        let (tx, rx) = oneshot::channel();
-        self.waiters.insert(key, tx);
-        Ok((key, rx))
     }
 
     /// Frees one slot (recording how long it was held, if it was used) and hands it on.
@@ -105,7 +88,7 @@ impl State {
     /// Hands free slots to the best waiters. A waiter whose receiver is gone is skipped.
     pub fn dispatch(&mut self) {
         while self.in_flight < self.capacity {
-            let Some((_, tx)) = self.waiters.pop_first() else {
+            let Some(tx) = self.waiters.pop_best() else {
                 break;
             };
             if tx.send(Outcome::Slot).is_ok() {
@@ -118,7 +101,7 @@ impl State {
     pub fn close(&mut self) {
         self.closed = true;
         let retry_after = self.retry_after(0);
-        for (_, tx) in std::mem::take(&mut self.waiters) {
+        for tx in self.waiters.drain() {
             let _ = tx.send(Outcome::Refused(Refusal::Draining { retry_after }));
         }
     }

@@ -1,16 +1,16 @@
-//! The simulated fleet's admission stage, modelled on the gateway's (`crate::admission`): a fixed
-//! number of slots (in-flight requests per worker × workers) handed out at once while free; beyond
-//! them, requests wait best priority first, then by arrival, up to `max_queue` of them (a full
-//! queue makes room for a strictly higher priority by refusing its lowest, latest waiter) and for
-//! at most `max_wait`. Pure bookkeeping: the fleet's event loop owns time and routing.
+//! The simulated fleet's admission stage, the gateway's (`crate::admission`) on virtual time: a
+//! fixed number of slots (in-flight requests per worker × workers) handed out at once while free;
+//! beyond them, requests wait in the gateway's own order ([`Waitlist`]: best priority first, then
+//! arrival, up to `max_queue` of them) for at most `max_wait`. Pure bookkeeping: the fleet's
+//! event loop owns time and routing.
 
-use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
+use crate::admission::waitlist::{Key, Push, Waitlist};
 use crate::workload::PlannedRequest;
 
-/// Where a waiter stands in the queue: (priority, arrival sequence). Also the key of its expiry.
-pub(super) type QueueKey = (u32, u64);
+/// Where a waiter stands in the queue; also the key of its expiry.
+pub(super) type QueueKey = Key;
 
 /// A request that passed degradation and waits for (or is about to get) a slot.
 #[derive(Debug)]
@@ -37,14 +37,11 @@ pub(super) struct Enqueued {
 pub(super) struct Admission {
     /// Requests in flight at once; 0 = no admission stage (everything is routed at once).
     capacity: usize,
-    /// Requests allowed to wait; 0 = unbounded.
-    max_queue: usize,
     /// Longest wait before a 429, seconds.
     max_wait: f64,
     /// Tenant → priority; unlisted tenants (and requests without one) get 0.
     priorities: BTreeMap<String, u32>,
-    waiters: BTreeMap<(Reverse<u32>, u64), Waiting>,
-    next_seq: u64,
+    waiters: Waitlist<Waiting>,
 }
 
 impl Admission {
@@ -62,11 +59,9 @@ impl Admission {
     ) -> Self {
         Self {
             capacity,
-            max_queue,
             max_wait,
             priorities,
-            waiters: BTreeMap::new(),
-            next_seq: 0,
+            waiters: Waitlist::new((max_queue > 0).then_some(max_queue)),
         }
     }
 
@@ -101,33 +96,26 @@ impl Admission {
     /// Queues `w`, or refuses it (or a worse waiter) when the queue is full.
     pub(super) fn enqueue(&mut self, w: Waiting) -> Enqueued {
         let priority = self.priority(w.req.tenant.as_deref());
-        let key = (Reverse(priority), self.next_seq);
-        let mut out = Enqueued::default();
-        if self.max_queue > 0 && self.waiters.len() >= self.max_queue {
-            let evict = self
-                .waiters
-                .last_key_value()
-                .is_some_and(|(worst, _)| *worst > key);
-            if !evict {
-                out.refused = Some(w);
-                return out;
-            }
-            out.refused = self.waiters.pop_last().map(|(_, evicted)| evicted);
+        match self.waiters.push(priority, w) {
+            Push::Queued { key, evicted } => Enqueued {
+                queued: Some(key),
+                refused: evicted.map(|(_, w)| w),
+            },
+            Push::Full { item, .. } => Enqueued {
+                queued: None,
+                refused: Some(item),
+            },
         }
-        self.next_seq += 1;
-        self.waiters.insert(key, w);
-        out.queued = Some((priority, key.1));
-        out
     }
 
     /// The best waiter (highest priority, then earliest), taken out of the queue.
     pub(super) fn pop_best(&mut self) -> Option<Waiting> {
-        self.waiters.pop_first().map(|(_, w)| w)
+        self.waiters.pop_best()
     }
 
     /// The waiter under `key`, if it still waits (its expiry came due).
     pub(super) fn remove(&mut self, key: QueueKey) -> Option<Waiting> {
-        self.waiters.remove(&(Reverse(key.0), key.1))
+        self.waiters.remove(&key)
     }
 }
 
