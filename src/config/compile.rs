@@ -131,13 +131,17 @@ pub(super) fn compile(
         }
         None => (Default::default(), Vec::new()),
     };
-    // A routing.yaml that does not parse is reported once, above.
+    // A routing.yaml that is not YAML at all is reported once, above; errors in its `pools:`
+    // section do not hide those of its `models:` (canary) and `shadows:` sections.
+    let routing_is_yaml = routing
+        .as_ref()
+        .is_some_and(|(text, _)| serde_saphyr::from_str::<serde::de::IgnoredAny>(text).is_ok());
     let (canaries, canary_errors) = match &routing {
-        Some((text, file)) if routing_errors.is_empty() => canaries(text, file, &models),
+        Some((text, file)) if routing_is_yaml => canaries(text, file, &models),
         _ => (Default::default(), Vec::new()),
     };
     let (shadows, shadow_errors) = match &routing {
-        Some((text, file)) if routing_errors.is_empty() => shadows(text, file, &models),
+        Some((text, file)) if routing_is_yaml => shadows(text, file, &models),
         _ => (Default::default(), Vec::new()),
     };
     let (degradation_policies, degradation_errors) = match &degradation {

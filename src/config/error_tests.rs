@@ -156,6 +156,30 @@ pools:
 }
 
 #[test]
+fn a_pools_error_does_not_hide_canary_and_shadow_errors() {
+    let routing = "\
+pools:
+  p: {policy: prefix, balance_tolerance: 99}
+models:
+  m:
+    versions:
+      - {name: stable, model: m, weight: -5}
+shadows:
+  ghost: {model: m, share: 0.1}
+";
+    let errs = errors(MINIMAL, Some(routing));
+    let all: Vec<&str> = errs.iter().map(|e| e.2.as_str()).collect();
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(
+        all.iter().any(|m| m.contains("balance_tolerance")),
+        "{all:?}"
+    );
+    assert!(all.iter().any(|m| m.contains("invalid u32")), "{all:?}");
+    assert!(all.iter().any(|m| m.contains("`ghost`")), "{all:?}");
+    assert!(errs.iter().all(|e| e.0 == "routing.yaml"), "{errs:?}");
+}
+
+#[test]
 fn several_errors_in_both_files_are_all_reported() {
     let config = "\
 listen: nowhere
