@@ -219,22 +219,16 @@ impl GatewayError {
 
     /// The OpenAI-shaped error this maps to.
     pub fn to_api(&self) -> ApiError {
-        let row = self.row();
-        let mut e = ApiError::bad_request(row.message, row.param.as_deref());
-        e.status = row.status;
-        e.kind = row.kind;
-        e.retry_after_secs = row.retry_after_secs;
-        e
+        self.row().into_api()
     }
 
     /// The response for this error.
     pub fn into_response(&self) -> Response<ResBody> {
-        let row = self.row();
-        let headers = row.headers.clone();
-        let retry = row.retry_after_secs;
-        let status = row.status;
-        let mut res = json_response(status, self.to_api().to_json());
-        if let Some(secs) = retry {
+        let mut row = self.row();
+        let headers = std::mem::take(&mut row.headers);
+        let api = row.into_api();
+        let mut res = json_response(api.status, api.to_json());
+        if let Some(secs) = api.retry_after_secs {
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -280,6 +274,17 @@ struct Row {
     retry_after_secs: Option<u64>,
     /// Extra response headers.
     headers: Vec<(&'static str, String)>,
+}
+
+impl Row {
+    /// The OpenAI error body's fields.
+    fn into_api(self) -> ApiError {
+        let mut e = ApiError::bad_request(self.message, self.param.as_deref());
+        e.status = self.status;
+        e.kind = self.kind;
+        e.retry_after_secs = self.retry_after_secs;
+        e
+    }
 }
 
 /// A complete body.

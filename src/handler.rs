@@ -896,9 +896,11 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
     } else {
         ctx.tenant.as_str()
     };
-    if let Some(e) = err {
-        let reason = e.reason();
-        if !matches!(reason, "upstream" | "internal") {
+    // `upstream` and `internal` failures are not refusals of the caller.
+    let reason = err.map(GatewayError::reason);
+    let refused = reason.filter(|r| !matches!(*r, "upstream" | "internal"));
+    if let Some(reason) = reason {
+        if let Some(reason) = refused {
             gw.metrics
                 .rejections
                 .with_label_values(&[tenant, reason])
@@ -915,11 +917,9 @@ fn account(gw: &Gateway, ctx: &RequestCtx, res: &Response<ResBody>, err: Option<
     if ctx.tenant.is_empty() && err.is_none() {
         return;
     }
-    let outcome = match (err, status.as_u16()) {
-        (Some(e), _) if !matches!(e.reason(), "upstream" | "internal") => "rejected",
-        (_, 200..=399) => "ok",
-        (_, 400..=499) => "client_error",
-        _ => "upstream_error",
+    let outcome = match refused {
+        Some(_) => "rejected",
+        None => outcome_of(status.as_u16()),
     };
     gw.metrics
         .tenant_requests
@@ -936,12 +936,16 @@ fn end_outcome(end: &crate::proxy::body::EndReport) -> (String, &'static str) {
     } else if !end.completed {
         ("502".into(), "upstream_error")
     } else {
-        let outcome = match end.status {
-            200..=399 => "ok",
-            400..=499 => "client_error",
-            _ => "upstream_error",
-        };
-        (end.status.to_string(), outcome)
+        (end.status.to_string(), outcome_of(end.status))
+    }
+}
+
+/// The tenant outcome of an answer with HTTP `status`.
+fn outcome_of(status: u16) -> &'static str {
+    match status {
+        200..=399 => "ok",
+        400..=499 => "client_error",
+        _ => "upstream_error",
     }
 }
 

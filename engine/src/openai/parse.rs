@@ -482,7 +482,7 @@ pub(super) fn chat_message(i: usize, item: &Value) -> Result<ChatMessage, ApiErr
             ));
         }
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => text_parts(&content_field, parts)?,
+        Some(Value::Array(parts)) => text_parts(&content_field, parts, &["text"])?,
         Some(_) => {
             return Err(wrong_type(
                 &content_field,
@@ -496,19 +496,21 @@ pub(super) fn chat_message(i: usize, item: &Value) -> Result<ChatMessage, ApiErr
     })
 }
 
-/// Joins `{"type":"text","text":...}` parts with `\n`, as vLLM flattens them for text-only models.
-fn text_parts(field: &str, parts: &[Value]) -> Result<String, ApiError> {
+/// Joins text parts (`{"type": T, "text": ...}` with `T` one of `types`) with `\n`, as vLLM
+/// flattens them for text-only models; any other part type is refused, naming `types[0]`.
+pub(super) fn text_parts(field: &str, parts: &[Value], types: &[&str]) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let at = format!("{field}[{j}]");
         let f = Fields::new(part).map_err(|_| wrong_type(&at, "an object"))?;
         match f.string("type") {
-            Ok(Some("text")) => {}
+            Ok(Some(t)) if types.contains(&t) => {}
             Ok(Some(other)) => {
+                let only = types.first().copied().unwrap_or("text");
                 return Err(invalid(
                     &at,
                     format!(
-                        "content part type `{other}` in `{at}` is not supported; only `text` is"
+                        "content part type `{other}` in `{at}` is not supported; only `{only}` is"
                     ),
                 ));
             }

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::fields::{Fields, invalid, wrong_type};
-use super::parse::{ROLES, common, model};
+use super::parse::{ROLES, common, model, text_parts};
 use super::response::{Usage, unique_hex, unix_secs};
 use super::{ApiError, ChatMessage, ChatTemplate, Endpoint, ParsedRequest, Prompt};
 
@@ -125,7 +125,12 @@ fn input_item(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
     let content_field = format!("{at}.content");
     let content = match f.get("content") {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => content_parts(&content_field, parts)?,
+        // `output_text` parts are earlier assistant turns.
+        Some(Value::Array(parts)) => text_parts(
+            &content_field,
+            parts,
+            &["input_text", "output_text", "text"],
+        )?,
         None => {
             return Err(invalid(
                 &content_field,
@@ -143,32 +148,6 @@ fn input_item(i: usize, item: &Value) -> Result<ChatMessage, ApiError> {
         role: role.to_owned(),
         content,
     })
-}
-
-/// Joins text parts (`input_text`, and `output_text` of earlier assistant turns) with `\n`.
-fn content_parts(field: &str, parts: &[Value]) -> Result<String, ApiError> {
-    let mut texts = Vec::with_capacity(parts.len());
-    for (j, part) in parts.iter().enumerate() {
-        let at = format!("{field}[{j}]");
-        let f = Fields::new(part).map_err(|_| wrong_type(&at, "an object"))?;
-        match f.string("type") {
-            Ok(Some("input_text" | "output_text" | "text")) => {}
-            Ok(Some(other)) => {
-                return Err(invalid(
-                    &at,
-                    format!(
-                        "content part type `{other}` in `{at}` is not supported; only `input_text` is"
-                    ),
-                ));
-            }
-            _ => return Err(invalid(&at, format!("`{at}.type` must be a string"))),
-        }
-        match f.string("text") {
-            Ok(Some(text)) => texts.push(text),
-            _ => return Err(wrong_type(&format!("{at}.text"), "a string")),
-        }
-    }
-    Ok(texts.join("\n"))
 }
 
 /// Where a response stands.
