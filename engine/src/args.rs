@@ -9,6 +9,8 @@ pub enum BackendKind {
     Sim,
     /// A real forward pass on this machine's CPU cores.
     Cpu,
+    /// A real forward pass on an NVIDIA GPU (builds with the cargo feature `cuda`).
+    Cuda,
 }
 
 /// Flags of one engine worker.
@@ -21,8 +23,8 @@ pub struct EngineArgs {
     #[arg(long, default_value = "h100")]
     pub gpu: String,
     /// sim: a model preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-0.5b) or its Hugging
-    /// Face id, default llama-3-8b. cpu: a Hugging Face model directory or a `.gguf` file;
-    /// without it a small default model is generated in the cache directory.
+    /// Face id, default llama-3-8b. cpu and cuda: a Hugging Face model directory or a `.gguf`
+    /// file; without it a small default model is generated in the cache directory.
     #[arg(long)]
     pub model: Option<String>,
     /// cpu: GiB of memory for the KV cache (sizes the block count, like vLLM's
@@ -53,6 +55,14 @@ pub struct EngineArgs {
     /// Fraction of GPU memory the engine may use (weights, activations, KV cache).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
+    /// Decode batch sizes that get a captured CUDA graph, e.g. `1,2,4,8` (default: vLLM's, 1, 2,
+    /// 4 and multiples of 8 up to `--max-num-seqs`). Other batches run eagerly. sim costs the
+    /// path; cuda captures and replays it.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub cuda_graph_sizes: Vec<usize>,
+    /// Never use CUDA graphs: every step runs eagerly.
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// Context length (default: the model's).
     #[arg(long)]
     pub max_model_len: Option<usize>,

@@ -30,6 +30,13 @@ pub enum Embedder {
         /// One pass at a time.
         permits: Arc<Semaphore>,
     },
+    /// A backend that serves no embeddings (yet): requests get a 400 naming it.
+    Unavailable {
+        /// The model's hidden size.
+        dim: usize,
+        /// The backend's name.
+        backend: &'static str,
+    },
 }
 
 impl Embedder {
@@ -46,6 +53,7 @@ impl Embedder {
         match self {
             Self::Sim { dim } => *dim,
             Self::Cpu { model, .. } => model.config.hidden_size,
+            Self::Unavailable { dim, .. } => *dim,
         }
     }
 
@@ -53,6 +61,12 @@ impl Embedder {
     async fn embed(&self, tokens: Vec<u32>) -> Result<Vec<f32>, ApiError> {
         match self {
             Self::Sim { dim } => Ok(sim_vector(&tokens, *dim)),
+            Self::Unavailable { backend, .. } => Err(ApiError::bad_request(
+                format!(
+                    "the {backend} backend does not serve embeddings; run this model on the cpu backend for /v1/embeddings"
+                ),
+                None,
+            )),
             Self::Cpu { model, permits } => {
                 let _permit = permits
                     .acquire()

@@ -13,6 +13,7 @@ use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
 use crate::embeddings::Embedder;
+use crate::exec_path::CaptureSizes;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{CacheSettings, EngineMetrics};
 use crate::model::forward::Model;
@@ -172,7 +173,8 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
             latency_multiplier: args.fault_latency_multiplier,
             ..RooflineConfig::default()
         },
-    );
+    )
+    .with_capture_sizes(capture_sizes(args)?);
     let backend = SimBackend::new(
         roofline,
         tokenizer.word_tokens().to_vec(),
@@ -194,9 +196,28 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
     })
 }
 
-fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
+/// The CUDA-graph capture sizes of `--cuda-graph-sizes` and `--enforce-eager`.
+fn capture_sizes(args: &EngineArgs) -> Result<CaptureSizes, String> {
+    CaptureSizes::from_flags(
+        &args.cuda_graph_sizes,
+        args.enforce_eager,
+        args.max_num_seqs,
+    )
+}
+
+/// A real model loaded for the cpu or cuda backend, with its context length and template.
+struct RealModel {
+    loaded: crate::model::LoadedModel,
+    max_model_len: usize,
+    chat_template: ChatTemplate,
+}
+
+/// Loads `--model` (or the generated default model) and checks `--max-model-len` against it.
+fn load_real_model(args: &EngineArgs, backend: &str) -> Result<RealModel, String> {
     if args.tensor_parallel_size != 1 {
-        return Err("the cpu backend runs on one machine: --tensor-parallel-size must be 1".into());
+        return Err(format!(
+            "the {backend} backend runs on one device: --tensor-parallel-size must be 1"
+        ));
     }
     let path = match &args.model {
         Some(m) => std::path::PathBuf::from(m),
@@ -205,32 +226,11 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
     let started = std::time::Instant::now();
     let loaded =
         crate::model::load(&path).map_err(|e| format!("--model {}: {e}", path.display()))?;
-    let config = loaded.config;
-    let model_len = config.max_position_embeddings;
+    let model_len = loaded.config.max_position_embeddings;
     let max_model_len = args.max_model_len.unwrap_or(model_len);
     if max_model_len == 0 || max_model_len > model_len {
         return Err(format!(
             "--max-model-len {max_model_len} must be between 1 and the model's context of {model_len}"
-        ));
-    }
-    let per_block = crate::model::kv_cache::KvCache::block_bytes(
-        args.block_size,
-        config.num_layers,
-        config.kv_dim(),
-    );
-    if args.cpu_kv_cache_space.is_nan() || args.cpu_kv_cache_space <= 0.0 {
-        return Err("--cpu-kv-cache-space must be positive".into());
-    }
-    let space = args.cpu_kv_cache_space * f64::from(1u32 << 30);
-    let num_blocks = args
-        .num_gpu_blocks_override
-        .unwrap_or((space / per_block as f64) as usize);
-    // A single request must fit, or the scheduler could never finish it.
-    let needed = max_model_len.div_ceil(args.block_size);
-    if num_blocks < needed {
-        return Err(format!(
-            "the KV cache holds {num_blocks} blocks of {} tokens but one {max_model_len}-token sequence needs {needed}: raise --cpu-kv-cache-space or lower --max-model-len",
-            args.block_size
         ));
     }
     let chat_template = match chat_template_flag(args)? {
@@ -243,12 +243,56 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
     };
     tracing::info!(
         model = %path.display(),
-        parameters = config.num_parameters(),
-        layers = config.num_layers,
-        kv_blocks = num_blocks,
+        parameters = loaded.config.num_parameters(),
+        layers = loaded.config.num_layers,
         load_seconds = started.elapsed().as_secs_f64(),
         "loaded model"
     );
+    Ok(RealModel {
+        loaded,
+        max_model_len,
+        chat_template,
+    })
+}
+
+/// A single request must fit in the cache, or the scheduler could never finish it.
+fn check_fits(
+    num_blocks: usize,
+    args: &EngineArgs,
+    max_model_len: usize,
+    raise: &str,
+) -> Result<(), String> {
+    let needed = max_model_len.div_ceil(args.block_size);
+    if num_blocks < needed {
+        return Err(format!(
+            "the KV cache holds {num_blocks} blocks of {} tokens but one {max_model_len}-token sequence needs {needed}: raise {raise} or lower --max-model-len",
+            args.block_size
+        ));
+    }
+    Ok(())
+}
+
+fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
+    let RealModel {
+        loaded,
+        max_model_len,
+        chat_template,
+    } = load_real_model(args, "cpu")?;
+    let config = loaded.config;
+    let per_block = crate::model::kv_cache::KvCache::block_bytes(
+        args.block_size,
+        config.num_layers,
+        config.kv_dim(),
+    );
+    if args.cpu_kv_cache_space.is_nan() || args.cpu_kv_cache_space <= 0.0 {
+        return Err("--cpu-kv-cache-space must be positive".into());
+    }
+    let space = args.cpu_kv_cache_space * f64::from(1u32 << 30);
+    let num_blocks = args
+        .num_gpu_blocks_override
+        .unwrap_or((space / per_block as f64) as usize);
+    check_fits(num_blocks, args, max_model_len, "--cpu-kv-cache-space")?;
+    tracing::info!(kv_blocks = num_blocks, "sized the KV cache");
     let vocab_size = config.vocab_size;
     let model = Arc::new(Model::new(config, loaded.weights));
     Ok(BackendParts {
@@ -262,6 +306,62 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
         vocab_size,
         chat_template,
     })
+}
+
+#[cfg(feature = "cuda")]
+fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
+    use crate::backend::cuda::{self, CudaBackend, CudaOptions};
+    // Check the libraries and the device before spending time on loading the model.
+    drop(cuda::probe::open_device(0)?);
+    let RealModel {
+        loaded,
+        max_model_len,
+        chat_template,
+    } = load_real_model(args, "cuda")?;
+    let config = loaded.config;
+    cuda::model::check_shape(&config)?;
+    let sizes = capture_sizes(args)?;
+    let batched = args.max_num_batched_tokens.unwrap_or(8192);
+    let opts = CudaOptions {
+        device: 0,
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        num_gpu_blocks_override: args.num_gpu_blocks_override,
+        limits: cuda::limits(
+            if args.no_chunked_prefill {
+                batched.max(max_model_len)
+            } else {
+                batched
+            },
+            args.max_num_seqs,
+            max_model_len,
+            args.block_size,
+            &sizes,
+        ),
+        capture_sizes: sizes,
+        kernel_cache: crate::model::default_model::cache_root().join("kernels"),
+    };
+    let vocab_size = config.vocab_size;
+    let hidden = config.hidden_size;
+    let (backend, num_blocks) = CudaBackend::start(config, &loaded.weights, &opts)?;
+    check_fits(num_blocks, args, max_model_len, "--gpu-memory-utilization")?;
+    Ok(BackendParts {
+        backend: Box::new(backend),
+        embedder: Embedder::Unavailable {
+            dim: hidden,
+            backend: "cuda",
+        },
+        default_name: args.model.clone().unwrap_or(loaded.name),
+        num_blocks,
+        max_model_len,
+        tokenizer: EngineTokenizer::Model(std::sync::Arc::new(loaded.tokenizer)),
+        vocab_size,
+        chat_template,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn build_cuda(_args: &EngineArgs) -> Result<BackendParts, String> {
+    Err("--backend cuda: this infergate was built without the cuda backend; rebuild it with `cargo build --release --features cuda` (it builds without CUDA, and needs an NVIDIA GPU and driver to run)".into())
 }
 
 /// Validates the flags, loads or models the backend, sizes the KV cache and starts the core
@@ -278,6 +378,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     let parts = match args.backend {
         BackendKind::Sim => build_sim(args)?,
         BackendKind::Cpu => build_cpu(args)?,
+        BackendKind::Cuda => build_cuda(args)?,
     };
     let (num_blocks, max_model_len) = (parts.num_blocks, parts.max_model_len);
     if num_blocks == 0 {

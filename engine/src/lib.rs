@@ -8,6 +8,7 @@ pub mod block_manager;
 pub mod clock;
 pub mod core;
 pub mod embeddings;
+pub mod exec_path;
 pub mod generation;
 pub mod gguf;
 pub mod kv_events;

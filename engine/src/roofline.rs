@@ -25,8 +25,6 @@ const PREFILL_PREP_S: f64 = 1e-3;
 const ALLREDUCE_LATENCY_S: f64 = 8e-6;
 /// All-reduces per decoder layer under tensor parallelism (after attention and after the MLP).
 const ALLREDUCES_PER_LAYER: f64 = 2.0;
-/// Largest CUDA-graph capture size, as in vLLM.
-const MAX_CAPTURE_SIZE: usize = 512;
 /// Per-GPU runtime reserve outside weights and KV: CUDA context, cuBLAS/NCCL workspaces, allocator slack.
 const RUNTIME_RESERVE_BYTES: u64 = 1 << 30;
 /// Tokens in the largest forward pass profiled for activation memory (a chunked-prefill budget).
@@ -49,24 +47,8 @@ pub struct BatchShape {
     pub attn_token_pairs: u64,
 }
 
-/// How a step was executed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExecPath {
-    /// Replay of a captured CUDA graph (decode-only batch within the capture sizes).
-    Graph,
-    /// Eager kernel-by-kernel launch (prefill, mixed, or too-large batches).
-    Eager,
-}
-
-impl ExecPath {
-    /// Lowercase label for metrics and logs: "graph" or "eager".
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExecPath::Graph => "graph",
-            ExecPath::Eager => "eager",
-        }
-    }
-}
+use crate::exec_path::CaptureSizes;
+pub use crate::exec_path::ExecPath;
 
 /// Modelled cost of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,7 +95,7 @@ impl Default for RooflineConfig {
 #[derive(Debug, Clone)]
 pub struct RooflineModel {
     cfg: RooflineConfig,
-    capture_sizes: Vec<usize>,
+    capture_sizes: CaptureSizes,
     /// Parameters of the decoder layers (everything but the embedding table and LM head), per GPU.
     body_params: f64,
     /// Parameters of the LM head, per GPU (vocab-parallel).
@@ -154,7 +136,7 @@ impl RooflineModel {
         // Tied: the one matrix is streamed as the LM head.
         let streamed_params = body + vocab_matrix;
         RooflineModel {
-            capture_sizes: capture_sizes_for(cfg.max_num_seqs),
+            capture_sizes: CaptureSizes::vllm_default(cfg.max_num_seqs),
             body_params: body / tp,
             lm_head_params: vocab_matrix / tp,
             weight_read_bytes: streamed_params * BF16_BYTES / tp,
@@ -175,9 +157,16 @@ impl RooflineModel {
         &self.cfg
     }
 
-    /// Batch sizes with a captured CUDA graph, ascending: 1, 2, 4, then multiples of 8.
+    /// Batch sizes with a captured CUDA graph, ascending (by default 1, 2, 4, then multiples
+    /// of 8; see [`CaptureSizes`]).
     pub fn capture_sizes(&self) -> &[usize] {
-        &self.capture_sizes
+        self.capture_sizes.as_slice()
+    }
+
+    /// This model with `sizes` as its capture sizes (`--cuda-graph-sizes`, `--enforce-eager`).
+    pub fn with_capture_sizes(mut self, sizes: CaptureSizes) -> Self {
+        self.capture_sizes = sizes;
+        self
     }
 
     /// Cost of one step of `shape`. Pure and allocation-free; an empty shape costs nothing.
@@ -189,17 +178,7 @@ impl RooflineModel {
                 padded_batch: 0,
             };
         }
-        let decode_only = shape.num_seqs > 0 && shape.num_decode_seqs >= shape.num_seqs;
-        let graph_size = if decode_only {
-            let i = self.capture_sizes.partition_point(|&s| s < shape.num_seqs);
-            self.capture_sizes.get(i).copied()
-        } else {
-            None
-        };
-        let (path, padded_batch) = match graph_size {
-            Some(size) => (ExecPath::Graph, size),
-            None => (ExecPath::Eager, shape.num_seqs),
-        };
+        let (path, padded_batch) = self.capture_sizes.pick(shape);
         // On the graph path the linear layers run over the padded batch; padding slots have no
         // context, so attention and KV traffic stay those of the real sequences.
         let linear_tokens = match path {
@@ -257,17 +236,6 @@ fn positive_or(x: f64, fallback: f64) -> f64 {
     } else {
         fallback
     }
-}
-
-/// vLLM-style capture sizes: 1, 2, 4, then multiples of 8 up to min(512, max_num_seqs rounded up to 8).
-fn capture_sizes_for(max_num_seqs: usize) -> Vec<usize> {
-    let limit = max_num_seqs
-        .div_ceil(8)
-        .saturating_mul(8)
-        .min(MAX_CAPTURE_SIZE);
-    let mut sizes = vec![1, 2, 4];
-    sizes.extend((8..=limit).step_by(8));
-    sizes
 }
 
 /// KV bytes one token occupies on one GPU: KV heads are split over the TP group, and replicated

@@ -1,8 +1,17 @@
 //! Backends: the one part of the engine that differs between `sim` (a roofline time model) and
-//! real forward passes (`cpu`). Everything else (scheduler, KV cache, server, metrics) is shared.
+//! real forward passes (`cpu`, and `cuda` with the cargo feature of that name). Everything else
+//! (scheduler, KV cache, server, metrics) is shared.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+#[expect(
+    unsafe_code,
+    reason = "the CUDA FFI: kernel launches, cuBLAS calls and graph handles"
+)]
+pub mod cuda;
 pub mod sim;
+pub mod step_logits;
+pub mod step_plan;
 
 use crate::logprobs::TokenLogprob;
 use crate::roofline::StepCost;

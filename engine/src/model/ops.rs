@@ -84,6 +84,11 @@ impl Rope {
         Self { inv_freq }
     }
 
+    /// The frequencies, `head_dim / 2` of them (what a GPU kernel rotates by).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     /// Rotates every head of `x` (`[heads × head_dim]`) for position `pos`, rotate-half style
     /// (pairs `i` and `i + head_dim/2`), as Hugging Face Llama does.
     pub fn apply(&self, x: &mut [f32], pos: usize) {

@@ -1,0 +1,209 @@
+//! Which execution path a step takes: replay of a CUDA graph captured for its batch size, or
+//! kernel-by-kernel eager launch. One rule for the `sim` backend (which costs the path) and the
+//! `cuda` backend (which runs it), so `x-infergate-exec-path` and
+//! `infergate_engine_steps_total{path}` mean the same on both.
+//!
+//! As in vLLM, a decode-only batch of `b` sequences replays the graph of the smallest capture
+//! size `>= b`, padded with empty slots; any step with prefill tokens, or more sequences than
+//! the largest capture size, runs eagerly.
+
+use crate::roofline::BatchShape;
+
+/// Largest CUDA-graph capture size, as in vLLM.
+pub const MAX_CAPTURE_SIZE: usize = 512;
+
+/// How a step was executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecPath {
+    /// Replay of a captured CUDA graph (decode-only batch within the capture sizes).
+    Graph,
+    /// Eager kernel-by-kernel launch (prefill, mixed, or too-large batches).
+    Eager,
+}
+
+impl ExecPath {
+    /// Lowercase label for metrics and logs: "graph" or "eager".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecPath::Graph => "graph",
+            ExecPath::Eager => "eager",
+        }
+    }
+}
+
+/// The batch sizes that have a captured graph, ascending and distinct; empty means every step
+/// runs eagerly (`--enforce-eager`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSizes(Vec<usize>);
+
+impl CaptureSizes {
+    /// vLLM's default: 1, 2, 4, then multiples of 8 up to `max_num_seqs` rounded up to 8
+    /// (at most [`MAX_CAPTURE_SIZE`]).
+    pub fn vllm_default(max_num_seqs: usize) -> Self {
+        let limit = max_num_seqs
+            .max(1)
+            .div_ceil(8)
+            .saturating_mul(8)
+            .min(MAX_CAPTURE_SIZE);
+        let mut sizes = vec![1, 2, 4];
+        sizes.extend((8..=limit).step_by(8));
+        Self(sizes)
+    }
+
+    /// No graphs: every step eager.
+    pub fn none() -> Self {
+        Self(Vec::new())
+    }
+
+    /// The sizes of `--cuda-graph-sizes` (empty: [`vllm_default`](Self::vllm_default)), or none
+    /// with `--enforce-eager`. Sizes are sorted and deduplicated; sizes above the larger of
+    /// `max_num_seqs` and 1 could never be used and are dropped. Zero or above
+    /// [`MAX_CAPTURE_SIZE`] is an error.
+    pub fn from_flags(
+        sizes: &[usize],
+        enforce_eager: bool,
+        max_num_seqs: usize,
+    ) -> Result<Self, String> {
+        if enforce_eager {
+            return Ok(Self::none());
+        }
+        if sizes.is_empty() {
+            return Ok(Self::vllm_default(max_num_seqs));
+        }
+        if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > MAX_CAPTURE_SIZE) {
+            return Err(format!(
+                "--cuda-graph-sizes: {bad} is not a batch size between 1 and {MAX_CAPTURE_SIZE}"
+            ));
+        }
+        let mut v: Vec<usize> = sizes
+            .iter()
+            .copied()
+            .filter(|&s| s <= max_num_seqs.max(1))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        if v.is_empty() {
+            return Err(format!(
+                "--cuda-graph-sizes: every size is above --max-num-seqs {max_num_seqs}; give one at most that, or --enforce-eager"
+            ));
+        }
+        Ok(Self(v))
+    }
+
+    /// The sizes, ascending.
+    pub fn as_slice(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The largest size, 0 when there are none.
+    pub fn largest(&self) -> usize {
+        self.0.last().copied().unwrap_or(0)
+    }
+
+    /// The path of a step of `shape` and the batch size its linear layers run at: the capture
+    /// size it is padded to on the graph path, else its own sequence count.
+    pub fn pick(&self, shape: &BatchShape) -> (ExecPath, usize) {
+        let decode_only = shape.num_seqs > 0
+            && shape.num_decode_seqs >= shape.num_seqs
+            && shape.new_tokens == shape.num_seqs;
+        let graph_size = if decode_only {
+            let i = self.0.partition_point(|&s| s < shape.num_seqs);
+            self.0.get(i).copied()
+        } else {
+            None
+        };
+        match graph_size {
+            Some(size) => (ExecPath::Graph, size),
+            None => (ExecPath::Eager, shape.num_seqs),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(n: usize) -> BatchShape {
+        BatchShape {
+            num_seqs: n,
+            num_decode_seqs: n,
+            new_tokens: n,
+            kv_tokens_read: 100 * n,
+            attn_token_pairs: 100 * n as u64,
+        }
+    }
+
+    #[test]
+    fn the_default_follows_vllm() {
+        let s = CaptureSizes::vllm_default(256);
+        assert_eq!(&s.as_slice()[..5], &[1, 2, 4, 8, 16]);
+        assert_eq!(s.largest(), 256);
+        assert_eq!(CaptureSizes::vllm_default(5).as_slice(), &[1, 2, 4, 8]);
+        assert_eq!(CaptureSizes::vllm_default(4096).largest(), MAX_CAPTURE_SIZE);
+    }
+
+    #[test]
+    fn a_decode_batch_pads_to_the_next_capture_size() {
+        let s = CaptureSizes::from_flags(&[8, 1, 4, 2, 4], false, 256).unwrap();
+        assert_eq!(s.as_slice(), &[1, 2, 4, 8]);
+        assert_eq!(s.pick(&decode(1)), (ExecPath::Graph, 1));
+        assert_eq!(s.pick(&decode(3)), (ExecPath::Graph, 4));
+        assert_eq!(s.pick(&decode(8)), (ExecPath::Graph, 8));
+        // A rare shape: more sequences than the largest capture size.
+        assert_eq!(s.pick(&decode(9)), (ExecPath::Eager, 9));
+    }
+
+    #[test]
+    fn prefill_and_mixed_steps_run_eagerly() {
+        let s = CaptureSizes::vllm_default(256);
+        let prefill = BatchShape {
+            num_seqs: 1,
+            num_decode_seqs: 0,
+            new_tokens: 300,
+            kv_tokens_read: 300,
+            attn_token_pairs: 45_000,
+        };
+        assert_eq!(s.pick(&prefill), (ExecPath::Eager, 1));
+        let mixed = BatchShape {
+            num_seqs: 3,
+            num_decode_seqs: 2,
+            new_tokens: 50,
+            ..prefill
+        };
+        assert_eq!(s.pick(&mixed), (ExecPath::Eager, 3));
+        assert_eq!(s.pick(&BatchShape::default()), (ExecPath::Eager, 0));
+    }
+
+    #[test]
+    fn enforce_eager_captures_nothing() {
+        let s = CaptureSizes::from_flags(&[1, 2], true, 256).unwrap();
+        assert_eq!(s, CaptureSizes::none());
+        assert_eq!(s.largest(), 0);
+        assert_eq!(s.pick(&decode(1)), (ExecPath::Eager, 1));
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_and_unusable_ones_dropped() {
+        assert!(
+            CaptureSizes::from_flags(&[0, 4], false, 256)
+                .unwrap_err()
+                .contains("0 is not a batch size")
+        );
+        assert!(CaptureSizes::from_flags(&[1024], false, 2048).is_err());
+        assert_eq!(
+            CaptureSizes::from_flags(&[1, 64, 128], false, 64)
+                .unwrap()
+                .as_slice(),
+            &[1, 64]
+        );
+        assert!(
+            CaptureSizes::from_flags(&[128], false, 64)
+                .unwrap_err()
+                .contains("--max-num-seqs 64")
+        );
+        assert_eq!(
+            CaptureSizes::from_flags(&[], false, 16).unwrap(),
+            CaptureSizes::vllm_default(16)
+        );
+    }
+}
