@@ -1186,3 +1186,105 @@ fn dockerfile_builds_or_passes_structural_checks() {
         t.trim()
     );
 }
+
+/// deploy/Dockerfile.cuda: the same builder as deploy/Dockerfile with the `cuda` feature, on a
+/// CUDA runtime base that brings cuBLAS and NVRTC, running the cuda engine by default.
+#[test]
+fn cuda_dockerfile_builds_the_cuda_engine_on_a_cuda_runtime() {
+    let text = read("deploy/Dockerfile.cuda");
+    let ins = instructions(&text);
+    let froms: Vec<&String> = ins
+        .iter()
+        .filter(|(k, _)| k == "FROM")
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(froms.len(), 2, "builder and runtime: {froms:?}");
+    // The builder is deploy/Dockerfile's, so the two images build the same code the same way.
+    let plain = instructions(&read("deploy/Dockerfile"));
+    let plain_builder = plain.iter().find(|(k, _)| k == "FROM").map(|(_, r)| r);
+    assert_eq!(Some(froms[0]), plain_builder, "the builders differ");
+    let builds: Vec<&String> = ins
+        .iter()
+        .filter(|(k, r)| k == "RUN" && r.contains("cargo build"))
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(builds.len(), 2, "dependency layer and source layer");
+    for b in &builds {
+        assert!(
+            b.contains("cargo build --release --locked --features cuda --bin infergate"),
+            "{b}"
+        );
+    }
+    let cargo = read("Cargo.toml");
+    assert!(
+        cargo.contains("cuda = [\"infergate-engine/cuda\"]"),
+        "the root crate has no cuda feature"
+    );
+    // The runtime: a pinned CUDA 12 runtime image (cuBLAS 12 and NVRTC 12, what the backend
+    // loads), non-root, the engine's health path, the cuda engine by default.
+    let runtime = froms[1].split_whitespace().next().unwrap();
+    assert!(
+        runtime.starts_with("nvidia/cuda:12.") && runtime.contains("-runtime-"),
+        "FROM {runtime}"
+    );
+    let last = ins.iter().rposition(|(k, _)| k == "FROM").unwrap();
+    let get = |kw: &str| {
+        ins[last..]
+            .iter()
+            .filter(|(k, _)| k == kw)
+            .map(|(_, r)| r.clone())
+            .next_back()
+    };
+    let user = get("USER").expect("USER");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "USER {user}"
+    );
+    let health = get("HEALTHCHECK").expect("HEALTHCHECK");
+    assert!(health.contains("http://127.0.0.1:8000/health"), "{health}");
+    let entry: Vec<String> =
+        serde_json::from_str(&get("ENTRYPOINT").expect("ENTRYPOINT")).expect("exec form");
+    assert_eq!(entry, ["infergate"]);
+    let cmd: Vec<String> = serde_json::from_str(&get("CMD").expect("CMD")).expect("exec form");
+    assert_eq!(&cmd[..3], ["engine", "--backend", "cuda"], "{cmd:?}");
+    assert_flags(&cmd, "Dockerfile.cuda CMD");
+    let out = Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(&cmd)
+        .arg("--help")
+        .output()
+        .expect("infergate --help");
+    assert!(
+        out.status.success(),
+        "the CMD does not parse: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (k, r) in &ins {
+        if k == "COPY" && !r.contains("--from=") {
+            let words: Vec<&str> = r.split_whitespace().collect();
+            for src in &words[..words.len() - 1] {
+                assert!(
+                    root().join(src).exists(),
+                    "COPY {src}: not in the repository"
+                );
+            }
+        }
+    }
+    if probe("docker", &["info"]) {
+        let t = run_ok(
+            Command::new("docker").current_dir(root()).args([
+                "build",
+                "-f",
+                "deploy/Dockerfile.cuda",
+                "-t",
+                "infergate:deploy-test-cuda",
+                ".",
+            ]),
+            "docker build -f deploy/Dockerfile.cuda .",
+        );
+        println!("container builder found: the cuda image was built\n{t}");
+    } else {
+        skip::skipped(
+            "the cuda image build (no container builder: `docker info` fails); deploy/Dockerfile.cuda is checked structurally instead",
+        );
+    }
+}

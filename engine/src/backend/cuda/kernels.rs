@@ -1,11 +1,13 @@
-//! The forward pass's kernels (`kernels.cu`), compiled at run time by NVRTC for the device's
-//! architecture and cached on disk as PTX, keyed by a hash of the source, the architecture and
-//! the NVRTC version, so a second start skips the compile and a changed kernel never loads a
-//! stale one.
+//! The forward pass's kernels (`kernels.cu`), compiled at run time by NVRTC to machine code
+//! (CUBIN) for the device's architecture and cached on disk, keyed by a hash of the source, the
+//! architecture and the NVRTC version, so a second start skips the compile and a changed kernel
+//! never loads a stale one. Machine code rather than PTX: a driver older than NVRTC cannot JIT
+//! NVRTC's newer PTX, while CUBIN loads on any driver of the same CUDA major version.
 
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::{result, sys};
 
 /// CUDA C source of every kernel.
 pub const SOURCE: &str = include_str!("kernels.cu");
@@ -33,29 +35,61 @@ pub const ATTN_WARPS: u32 = 4;
 pub fn nvrtc_version() -> Result<(i32, i32), String> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: nvrtcVersion only writes the two integers it is given.
-    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let status = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
     status
         .result()
         .map_err(|e| format!("nvrtcVersion failed: {e:?}"))?;
     Ok((major, minor))
 }
 
-/// Compiles [`SOURCE`] to PTX for compute capability `arch` (`(9, 0)` for an H100).
-pub fn compile(arch: (i32, i32)) -> Result<Ptx, String> {
-    let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture=compute_{}{}", arch.0, arch.1),
-            "--std=c++17".into(),
-        ],
-        name: Some("infergate_kernels.cu".into()),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            format!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
-        }
-        other => format!("NVRTC failed: {other:?}"),
-    })
+/// A compile: the machine code and ptxas's report (registers, spills, shared memory).
+pub struct Compiled {
+    /// CUBIN for one architecture.
+    pub cubin: Vec<u8>,
+    /// NVRTC's log, ptxas's `-v` report included.
+    pub log: String,
+}
+
+/// The program's log as text.
+fn program_log(prog: sys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is a live program (the caller destroys it afterwards).
+    unsafe { result::get_program_log(prog) }
+        .map(|l| {
+            let bytes: Vec<u8> = l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+        .unwrap_or_default()
+}
+
+/// Compiles [`SOURCE`] to CUBIN for compute capability `arch` (`(9, 0)` for an H100).
+pub fn compile(arch: (i32, i32)) -> Result<Compiled, String> {
+    let src = CString::new(SOURCE).map_err(|e| e.to_string())?;
+    let name = CString::new("infergate_kernels.cu").map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| format!("NVRTC could not create the program: {e:?}"))?;
+    let opts = [
+        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
+        "--std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: `prog` was just created; it is destroyed once, below.
+    let compiled = unsafe { result::compile_program(prog, &opts) };
+    let log = program_log(prog);
+    let cubin = compiled.and_then(|()| {
+        let mut size = 0usize;
+        // SAFETY: `size` receives the CUBIN's length; `buf` has exactly that many bytes.
+        unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }.result()?;
+        let mut buf = vec![0u8; size];
+        unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()) }.result()?;
+        Ok(buf)
+    });
+    // SAFETY: destroyed once; nothing uses `prog` afterwards.
+    let _ = unsafe { result::destroy_program(prog) };
+    match cubin {
+        Ok(cubin) if !cubin.is_empty() => Ok(Compiled { cubin, log }),
+        Ok(_) => Err(format!("NVRTC produced no machine code:\n{log}")),
+        Err(e) => Err(format!("NVRTC rejected the kernels ({e:?}):\n{log}")),
+    }
 }
 
 /// The cache file of the kernels for `arch` under NVRTC `version`.
@@ -65,28 +99,30 @@ pub fn cache_path(dir: &Path, arch: (i32, i32), version: (i32, i32)) -> PathBuf 
         SOURCE, arch.0, arch.1, version.0, version.1
     );
     let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
-    dir.join(format!("kernels-sm{}{}-{hash:016x}.ptx", arch.0, arch.1))
+    dir.join(format!("kernels-sm{}{}-{hash:016x}.cubin", arch.0, arch.1))
 }
 
-/// The PTX for `arch`: read from `dir` when a compile of this source, architecture and NVRTC
-/// version is there, else compiled and written (a failed write only costs the next start a
-/// compile). Returns the PTX and whether it came from the cache.
-pub fn load_or_compile(dir: &Path, arch: (i32, i32)) -> Result<(Ptx, bool), String> {
+/// The kernels' CUBIN for `arch` (load it with `cudarc::nvrtc::Ptx::from_binary`): read from `dir` when a compile of this source,
+/// architecture and NVRTC version is there, else compiled and written (a failed write only
+/// costs the next start a compile). Returns them and whether they came from the cache.
+pub fn load_or_compile(dir: &Path, arch: (i32, i32)) -> Result<(Vec<u8>, bool), String> {
     let path = cache_path(dir, arch, nvrtc_version()?);
-    if let Ok(src) = std::fs::read_to_string(&path) {
-        return Ok((Ptx::from_src(src), true));
+    if let Ok(bytes) = std::fs::read(&path)
+        && !bytes.is_empty()
+    {
+        return Ok((bytes, true));
     }
-    let ptx = compile(arch)?;
+    let compiled = compile(arch)?;
     let written = std::fs::create_dir_all(dir).and_then(|()| {
         // Write then rename, so a concurrent start never reads half a file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, ptx.to_src())?;
+        std::fs::write(&tmp, &compiled.cubin)?;
         std::fs::rename(&tmp, &path)
     });
     if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "could not cache the compiled kernels");
     }
-    Ok((ptx, false))
+    Ok((compiled.cubin, false))
 }
 
 #[cfg(test)]
@@ -120,7 +156,7 @@ mod tests {
     /// it fails: `.ci/run` provides it.
     fn nvrtc_present() -> bool {
         // SAFETY: only tries dlopen on NVRTC's names.
-        if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if unsafe { sys::is_culib_present() } {
             return true;
         }
         let how = "NVRTC (libnvrtc.so.12) not found: `.ci/run` extracts it from the PyPI wheel \
@@ -133,22 +169,36 @@ mod tests {
     }
 
     #[test]
-    fn the_kernels_compile_with_nvrtc_and_the_ptx_is_cached() {
+    fn the_kernels_assemble_for_ampere_ada_and_hopper_without_spills() {
         if !nvrtc_present() {
             return;
         }
-        // Ampere, Ada and Hopper.
         for arch in [(8, 0), (8, 6), (8, 9), (9, 0)] {
-            let src = compile(arch)
-                .unwrap_or_else(|e| panic!("sm_{}{}: {e}", arch.0, arch.1))
-                .to_src();
-            assert!(
-                src.contains(&format!(".target sm_{}{}", arch.0, arch.1)),
-                "{src:.300}"
-            );
+            let sm = format!("sm_{}{}", arch.0, arch.1);
+            let c = compile(arch).unwrap_or_else(|e| panic!("{sm}: {e}"));
+            // An ELF image: what cuModuleLoadData takes.
+            assert_eq!(&c.cubin[..4], b"\x7fELF", "{sm}");
             for name in NAMES {
-                assert!(src.contains(&format!(".entry {name}(")), "no entry {name}");
+                assert!(
+                    c.log
+                        .contains(&format!("entry function '{name}' for '{sm}'")),
+                    "{sm}: ptxas did not compile {name}:\n{}",
+                    c.log
+                );
             }
+            let spilling: Vec<&str> = c
+                .log
+                .lines()
+                .filter(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"))
+                .collect();
+            assert!(spilling.is_empty(), "{sm}: register spills: {spilling:?}");
+        }
+    }
+
+    #[test]
+    fn compiled_kernels_are_cached_by_source_architecture_and_version() {
+        if !nvrtc_present() {
+            return;
         }
         let dir = std::env::temp_dir().join(format!("infergate-kernels-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -156,62 +206,13 @@ mod tests {
         assert!(!cached);
         let (second, cached) = load_or_compile(&dir, (9, 0)).unwrap();
         assert!(cached, "the second load compiles again");
-        assert_eq!(first.to_src(), second.to_src());
+        assert_eq!(first, second);
+        assert!(first.starts_with(b"\x7fELF"));
         let files = std::fs::read_dir(&dir).unwrap().count();
         assert_eq!(files, 1, "one cache file, no temporary left behind");
+        // Another architecture is another file.
+        let (_, cached) = load_or_compile(&dir, (8, 0)).unwrap();
+        assert!(!cached);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Compiles [`SOURCE`] to a CUBIN for real architecture `sm`, which runs ptxas: inline
-    /// PTX, register and shared-memory limits are checked as a GPU's module load would.
-    /// Returns the CUBIN's size and ptxas's report.
-    fn compile_cubin(sm: &str) -> Result<(usize, String), String> {
-        use cudarc::nvrtc::{result, sys};
-        use std::ffi::CString;
-        let src = CString::new(SOURCE).unwrap();
-        let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
-        let opts = [
-            format!("--gpu-architecture={sm}"),
-            "--ptxas-options=-v".into(),
-        ];
-        // SAFETY: `prog` was just created and is destroyed below, once.
-        let compiled = unsafe { result::compile_program(prog, &opts) };
-        let log = unsafe { result::get_program_log(prog) }
-            .map(|l| {
-                let bytes: Vec<u8> = l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
-            .unwrap_or_default();
-        let mut size = 0usize;
-        let sized =
-            compiled.and_then(|()| unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }.result());
-        unsafe { result::destroy_program(prog) }.map_err(|e| format!("{e:?}"))?;
-        sized.map_err(|e| format!("{e:?}: {log}"))?;
-        Ok((size, log))
-    }
-
-    #[test]
-    fn the_kernels_assemble_to_machine_code_without_spills() {
-        if !nvrtc_present() {
-            return;
-        }
-        for sm in ["sm_80", "sm_90"] {
-            let (size, log) = compile_cubin(sm).unwrap_or_else(|e| panic!("{sm}: {e}"));
-            assert!(size > 0, "{sm}: empty CUBIN");
-            for name in NAMES {
-                assert!(
-                    log.contains(name),
-                    "{sm}: ptxas did not report {name}:\n{log}"
-                );
-            }
-            let spilling: Vec<&str> = log
-                .lines()
-                .filter(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"))
-                .collect();
-            assert!(
-                spilling.is_empty(),
-                "{sm}: register spills: {spilling:?}\n{log}"
-            );
-        }
     }
 }

@@ -182,7 +182,11 @@ impl Backend for CudaBackend {
             let seq = &running[s.index];
             seq.params.prompt_logprobs.is_some() && seq.needs_prompt_logprobs()
         });
-        if path == ExecPath::Graph && (wants_prompt_rows || !self.model.has_graph(padded)) {
+        // A graph computes one token per sequence.
+        let one_token_each = batch.seqs.iter().all(|s| s.num_tokens == 1);
+        if path == ExecPath::Graph
+            && (wants_prompt_rows || !one_token_each || !self.model.has_graph(padded))
+        {
             (path, padded) = (ExecPath::Eager, batch.seqs.len());
         }
         if let Err(e) = self.run(batch, running, path, padded) {

@@ -281,6 +281,22 @@ impl GpuModel {
         kernel_cache: &std::path::Path,
     ) -> Result<Self, String> {
         check_shape(&config)?;
+        let widest = config
+            .intermediate_size
+            .max(config.q_dim())
+            .max(config.hidden_size);
+        if limits.max_tokens.saturating_mul(widest) >= i32::MAX as usize
+            || limits
+                .max_rows
+                .max(limits.max_seqs)
+                .saturating_mul(config.vocab_size)
+                >= i32::MAX as usize
+        {
+            return Err(format!(
+                "a step of {} tokens is too large for the cuda kernels' 32-bit element counts with this model: lower --max-num-batched-tokens (or --max-model-len without chunked prefill)",
+                limits.max_tokens
+            ));
+        }
         // One stream, one thread: cudarc's per-buffer events only cost time here, and they
         // would be recorded into captured graphs.
         // SAFETY: every buffer is used on `stream` alone.
@@ -290,9 +306,9 @@ impl GpuModel {
             .compute_capability()
             .map_err(gpu_err("reading the compute capability"))?;
         let started = Instant::now();
-        let (ptx, cached) = kernels::load_or_compile(kernel_cache, arch)?;
+        let (cubin, cached) = kernels::load_or_compile(kernel_cache, arch)?;
         let module = ctx
-            .load_module(ptx)
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(gpu_err("loading the kernels"))?;
         tracing::info!(
             arch = format!("sm_{}{}", arch.0, arch.1),
@@ -303,6 +319,16 @@ impl GpuModel {
         let k = Kernels::load(&module)?;
 
         let blas = CudaBlas::new(stream.clone()).map_err(gpu_err("creating a cuBLAS handle"))?;
+        // fp32 split-K reductions too, so that a row's result moves less with the batch shape.
+        // SAFETY: a live handle and a valid mode.
+        unsafe {
+            cudarc::cublas::sys::cublasSetMathMode(
+                *blas.handle(),
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+            )
+        }
+        .result()
+        .map_err(gpu_err("setting the cuBLAS math mode"))?;
         let mut workspace = zeros::<u8>(&stream, CUBLAS_WORKSPACE_BYTES)?;
         {
             let (ptr, _sync) = workspace.device_ptr_mut(&stream);
@@ -445,11 +471,10 @@ impl GpuModel {
             let body = self
                 .layers_pass(size)
                 .and_then(|()| self.head_pass(size, true));
-            let graph = self
-                .stream
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(gpu_err("ending a graph capture"))?;
+            let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+            // A failed launch inside the capture is the cause; ending the capture then fails too.
             body?;
+            let graph = graph.map_err(gpu_err("ending a graph capture"))?;
             let graph =
                 graph.ok_or_else(|| format!("capturing batch size {size} made no graph"))?;
             graph.upload().map_err(gpu_err("uploading a graph"))?;
@@ -480,12 +505,9 @@ impl GpuModel {
         rows: &[usize],
         on_block: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), String> {
-        if plan.len() > self.limits.max_tokens || plan.last_rows.len() > self.limits.max_seqs {
-            return Err(format!(
-                "a step of {} tokens exceeds the {} the cuda buffers hold",
-                plan.len(),
-                self.limits.max_tokens
-            ));
+        self.check_fits(plan)?;
+        if plan.is_empty() {
+            return Ok(());
         }
         self.upload(plan)?;
         self.layers_pass(plan.len())?;
@@ -510,6 +532,7 @@ impl GpuModel {
                 plan.len()
             ));
         }
+        self.check_fits(plan)?;
         self.upload(plan)?;
         let graph = self
             .graphs
@@ -520,6 +543,26 @@ impl GpuModel {
             .launch()
             .map_err(gpu_err("launching a CUDA graph"))?;
         self.download_logits(size)
+    }
+
+    /// Whether the step buffers hold `plan`: its rows and its block tables.
+    fn check_fits(&self, plan: &StepPlan) -> Result<(), String> {
+        let seqs = plan.block_tables.len() / plan.width.max(1);
+        if plan.len() > self.limits.max_tokens || seqs > self.limits.max_seqs {
+            return Err(format!(
+                "a step of {} tokens over {seqs} sequences exceeds the {} tokens and {} sequences the cuda buffers hold",
+                plan.len(),
+                self.limits.max_tokens,
+                self.limits.max_seqs
+            ));
+        }
+        if plan.width != self.limits.max_blocks_per_seq {
+            return Err(format!(
+                "block tables {} wide, the kernels expect {}",
+                plan.width, self.limits.max_blocks_per_seq
+            ));
+        }
+        Ok(())
     }
 
     fn sync(&self) -> Result<(), String> {
