@@ -3,6 +3,7 @@
 //! latency, output length) into metrics, and thrown away. The client's request never waits for,
 //! and is never changed or failed by, its shadow.
 
+use crate::config::{Problem, YamlPath};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,29 +45,69 @@ struct ShadowsFile {
     shadows: BTreeMap<String, ShadowSpec>,
 }
 
-/// Reads only the `shadows:` key of routing.yaml; errors are messages.
+/// Reads only the `shadows:` key of routing.yaml; errors are messages (model names unchecked).
 pub fn parse_shadows(text: &str) -> Result<BTreeMap<String, ShadowSpec>, Vec<String>> {
-    let file: ShadowsFile =
-        serde_saphyr::from_str(text).map_err(|e| vec![format!("shadows: {e}")])?;
-    let mut errors = Vec::new();
+    let (specs, problems) = check_shadows(text, &|_| true);
+    if problems.is_empty() {
+        Ok(specs)
+    } else {
+        Err(problems.into_iter().map(|p| p.message).collect())
+    }
+}
+
+/// Reads and checks the `shadows:` key of routing.yaml, model names against `known` (the
+/// config's models): the shadows and every problem, each with its place in the file.
+pub fn check_shadows(
+    text: &str,
+    known: &dyn Fn(&str) -> bool,
+) -> (BTreeMap<String, ShadowSpec>, Vec<Problem>) {
+    let file: ShadowsFile = match serde_saphyr::from_str(text) {
+        Ok(f) => f,
+        Err(e) => {
+            let problem = Problem::at(&YamlPath::root(), format!("shadows: {e}"));
+            return (BTreeMap::new(), vec![problem]);
+        }
+    };
+    let mut problems = Vec::new();
+    let root = YamlPath::root().key("shadows");
     for (model, s) in &file.shadows {
+        let at = root.key(model);
+        let mut push = |key: Option<&str>, message: String| {
+            let path = key.map_or_else(|| at.clone(), |k| at.key(k));
+            problems.push(Problem::at(&path, message));
+        };
+        if !known(model) {
+            push(
+                None,
+                format!("shadows: model `{model}` is not a model of the config"),
+            );
+        }
+        if !known(&s.model) {
+            push(
+                Some("model"),
+                format!(
+                    "shadows: shadow model `{}` is not a model of the config",
+                    s.model
+                ),
+            );
+        }
         if !(0.0..=1.0).contains(&s.share) {
-            errors.push(format!(
-                "shadows: `{model}`: share must be in 0..=1, got {}",
-                s.share
-            ));
+            push(
+                Some("share"),
+                format!(
+                    "shadows: `{model}`: share must be in 0..=1, got {}",
+                    s.share
+                ),
+            );
         }
         if s.max_concurrency == 0 {
-            errors.push(format!(
-                "shadows: `{model}`: max_concurrency must be at least 1"
-            ));
+            push(
+                Some("max_concurrency"),
+                format!("shadows: `{model}`: max_concurrency must be at least 1"),
+            );
         }
     }
-    if errors.is_empty() {
-        Ok(file.shadows)
-    } else {
-        Err(errors)
-    }
+    (file.shadows, problems)
 }
 
 /// A shadow at run time: its spec and the permits that bound its concurrency.

@@ -633,3 +633,86 @@ async fn logs_written_to_a_file_carry_no_colour_codes() {
         "ANSI escapes in a log file:\n{text:?}"
     );
 }
+
+/// The 1-based line of `text` that contains `needle` (once).
+fn line_of(text: &str, needle: &str) -> usize {
+    let hits: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(hits.len(), 1, "{needle:?} should be on exactly one line");
+    hits[0]
+}
+
+#[tokio::test]
+async fn config_check_reports_every_error_of_every_section_with_its_line() {
+    // The shipped config and policies, with one error in each of four sections: routing.yaml's
+    // pools:, its canary models: and its shadows:, and degradation.yaml's levels.
+    let dir = TempDir::new("config-check-lines");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(dir.path.join("config")).unwrap();
+    std::fs::copy(
+        root.join("config/infergate.yaml"),
+        dir.path.join("config/infergate.yaml"),
+    )
+    .unwrap();
+    for f in ["tenants.yaml", "prices.yaml"] {
+        std::fs::copy(
+            root.join("policies").join(f),
+            dir.path.join("policies").join(f),
+        )
+        .unwrap();
+    }
+    let routing = std::fs::read_to_string(root.join("policies/routing.yaml"))
+        .unwrap()
+        .replace("min_match_blocks: 1 ", "min_match_blocks: 0 ")
+        .replace("max_error_rate_delta: 0.02", "max_error_rate_delta: 2.5")
+        .replace(
+            "# shadows:\n#   llama-3-8b: {model: llama-3-8b-next, share: 0.05, max_concurrency: 8}",
+            "shadows:\n  llama-3-8b: {model: llama-3-8b, share: 1.5, max_concurrency: 8}",
+        );
+    let degradation = std::fs::read_to_string(root.join("policies/degradation.yaml"))
+        .unwrap()
+        .replace("- shed: {tiers: [free]}", "- shed: {tiers: [gold]}");
+    std::fs::write(dir.path.join("policies/routing.yaml"), &routing).unwrap();
+    std::fs::write(dir.path.join("policies/degradation.yaml"), &degradation).unwrap();
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+        .args(["config", "check", "--config"])
+        .arg(dir.path.join("config/infergate.yaml"))
+        .output()
+        .expect("run infergate config check");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let expect = [
+        (
+            "routing.yaml",
+            line_of(&routing, "min_match_blocks: 0"),
+            "min_match_blocks",
+        ),
+        (
+            "routing.yaml",
+            line_of(&routing, "max_error_rate_delta: 2.5"),
+            "max_error_rate_delta 2.5",
+        ),
+        (
+            "routing.yaml",
+            line_of(&routing, "share: 1.5"),
+            "share must be in 0..=1, got 1.5",
+        ),
+        (
+            "degradation.yaml",
+            line_of(&degradation, "tiers: [gold]"),
+            "unknown tier `gold`",
+        ),
+    ];
+    for (file, line, what) in expect {
+        let found = text
+            .lines()
+            .any(|l| l.contains(what) && l.contains(&format!("{file}:{line}:")));
+        assert!(found, "no `{file}:{line}:` line saying {what:?}:\n{text}");
+    }
+}

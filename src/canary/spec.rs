@@ -3,6 +3,7 @@
 //! `parse_models` checks every entry in one pass and yields the validated `CanarySpec`s.
 //! That each version's `model` exists in the main config is checked where that config is known.
 
+use crate::config::{Problem, YamlPath};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -144,30 +145,49 @@ impl CanarySpec {
     }
 }
 
-/// Reads the `models:` key of routing.yaml (ignoring every other key) and checks each entry:
-/// model name → spec, or every error found, each naming its model.
+/// Reads only the `models:` key of routing.yaml: each model's canary split, every problem as a
+/// message (model names unchecked).
 pub fn parse_models(text: &str) -> Result<BTreeMap<String, CanarySpec>, Vec<String>> {
+    let (specs, problems) = check_models(text, &|_| true);
+    if problems.is_empty() {
+        Ok(specs)
+    } else {
+        Err(problems.into_iter().map(|p| p.message).collect())
+    }
+}
+
+/// Reads and checks the `models:` key of routing.yaml, model names against `known` (the
+/// config's models): the valid splits and every problem, each with its place in the file.
+pub fn check_models(
+    text: &str,
+    known: &dyn Fn(&str) -> bool,
+) -> (BTreeMap<String, CanarySpec>, Vec<Problem>) {
     let blank = text
         .lines()
         .map(str::trim)
         .all(|l| l.is_empty() || l.starts_with('#') || l == "---");
     if blank {
-        return Ok(BTreeMap::new());
+        return (BTreeMap::new(), Vec::new());
     }
-    let raw: RawModelsFile = serde_saphyr::from_str(text).map_err(|e| vec![e.to_string()])?;
-    let mut errors = Vec::new();
+    let raw: RawModelsFile = match serde_saphyr::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            return (
+                BTreeMap::new(),
+                vec![Problem::at(&YamlPath::root(), e.to_string())],
+            );
+        }
+    };
+    let mut problems = Vec::new();
     let mut specs = BTreeMap::new();
+    let root = YamlPath::root().key("models");
     for (model, entry) in raw.models.unwrap_or_default() {
-        match super::validate::check(&model, &entry) {
+        match super::validate::check(&model, &root.key(&model), &entry, known) {
             Ok(spec) => {
                 specs.insert(model, spec);
             }
-            Err(found) => errors.extend(found),
+            Err(found) => problems.extend(found),
         }
     }
-    if errors.is_empty() {
-        Ok(specs)
-    } else {
-        Err(errors)
-    }
+    (specs, problems)
 }

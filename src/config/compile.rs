@@ -212,7 +212,8 @@ pub(super) fn compile(
     }
 }
 
-/// The canary splits of routing.yaml's `models:`, each version's model checked against the config.
+/// The canary splits of routing.yaml's `models:`, each version's model checked against the
+/// config; every problem at its line.
 fn canaries(
     text: &str,
     file: &Path,
@@ -221,41 +222,13 @@ fn canaries(
     std::collections::BTreeMap<String, crate::canary::CanarySpec>,
     Vec<ConfigError>,
 ) {
-    match crate::canary::parse_models(text) {
-        Ok(specs) => {
-            let mut errors = Vec::new();
-            for (model, spec) in &specs {
-                if !models.iter().any(|m| &m.name == model) {
-                    errors.push(ConfigError::file(
-                        file,
-                        format!("models: `{model}` is not a model of the config"),
-                    ));
-                }
-                for v in &spec.versions {
-                    if !models.iter().any(|m| m.name == v.model) {
-                        errors.push(ConfigError::file(
-                            file,
-                            format!(
-                                "model `{model}` version `{}`: `{}` is not a model of the config",
-                                v.name, v.model
-                            ),
-                        ));
-                    }
-                }
-            }
-            (specs, errors)
-        }
-        Err(messages) => (
-            Default::default(),
-            messages
-                .into_iter()
-                .map(|m| ConfigError::file(file, m))
-                .collect(),
-        ),
-    }
+    let known = |m: &str| models.iter().any(|r| r.name == m);
+    let (specs, problems) = crate::canary::check_models(text, &known);
+    (specs, placed_all(text, file, problems))
 }
 
-/// The shadows of routing.yaml's `shadows:`, each model checked against the config.
+/// The shadows of routing.yaml's `shadows:`, each model checked against the config; every
+/// problem at its line.
 fn shadows(
     text: &str,
     file: &Path,
@@ -264,37 +237,22 @@ fn shadows(
     std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
     Vec<ConfigError>,
 ) {
-    match crate::shadow::parse_shadows(text) {
-        Ok(specs) => {
-            let known = |m: &str| models.iter().any(|r| r.name == m);
-            let errors = specs
-                .iter()
-                .flat_map(|(model, s)| {
-                    [
-                        (model.as_str(), "model"),
-                        (s.model.as_str(), "shadow model"),
-                    ]
-                    .into_iter()
-                    .filter(|(m, _)| !known(m))
-                    .map(|(m, what)| {
-                        ConfigError::file(
-                            file,
-                            format!("shadows: {what} `{m}` is not a model of the config"),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                })
-                .collect();
-            (specs, errors)
-        }
-        Err(messages) => (
-            Default::default(),
-            messages
-                .into_iter()
-                .map(|m| ConfigError::file(file, m))
-                .collect(),
-        ),
+    let known = |m: &str| models.iter().any(|r| r.name == m);
+    let (specs, problems) = crate::shadow::check_shadows(text, &known);
+    if !problems.is_empty() {
+        return (Default::default(), placed_all(text, file, problems));
     }
+    (specs, Vec::new())
+}
+
+/// Problems of `text` as errors of `file`, each at its line, in line order.
+fn placed_all(text: &str, file: &Path, problems: Vec<super::Problem>) -> Vec<ConfigError> {
+    let mut errors: Vec<ConfigError> = problems
+        .into_iter()
+        .map(|p| super::degradation_file::placed(text, file, p))
+        .collect();
+    errors.sort_by_key(|e| (e.line, e.column));
+    errors
 }
 
 /// The text of one policy file and the path it stands for, `None` when absent.

@@ -1,14 +1,17 @@
 //! `policies/degradation.yaml` in the snapshot: the degradation module validates the levels; this
-//! pass checks what only the whole config knows (pool, tier and fallback model names).
+//! pass checks what only the whole config knows (pool, tier and fallback model names), and
+//! places every problem on its line.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::error::ConfigError;
+use super::place::{self, Problem, YamlPath};
 use super::snapshot::{ModelRoute, PoolSpec, TierSpec};
+use crate::degrade::policy::RawDegradationFile;
 use crate::degrade::{Action, DegradationPolicy};
 
-/// The validated policies per pool, and every error found (tied to `file`).
+/// The validated policies per pool, and every error found (tied to `file`, each at its line).
 pub(super) fn compile(
     text: &str,
     file: &Path,
@@ -16,30 +19,57 @@ pub(super) fn compile(
     tiers: &[TierSpec],
     models: &[ModelRoute],
 ) -> (BTreeMap<String, DegradationPolicy>, Vec<ConfigError>) {
-    let policies = match crate::degrade::parse(text) {
-        Ok(p) => p,
-        Err(messages) => {
-            let errors = messages
-                .into_iter()
-                .map(|m| ConfigError::file(file, m))
-                .collect();
-            return (BTreeMap::new(), errors);
-        }
+    let raw: RawDegradationFile = match serde_saphyr::from_str(text) {
+        Ok(raw) => raw,
+        Err(err) => return (BTreeMap::new(), vec![ConfigError::yaml(file, &err)]),
     };
-    let mut errors = Vec::new();
-    for (pool, policy) in &policies {
+    // Every check runs, whatever the others found, so that one error never hides the next.
+    let (policies, mut problems) = crate::degrade::check(&raw);
+    problems.extend(cross_check(&policies, pools, tiers, models));
+    let mut errors: Vec<ConfigError> = problems
+        .into_iter()
+        .map(|p| placed(text, file, p))
+        .collect();
+    errors.sort_by_key(|e| (e.line, e.column));
+    (policies, errors)
+}
+
+/// `problem` at its line and column in `text`, else about the whole file.
+pub(super) fn placed(text: &str, file: &Path, problem: Problem) -> ConfigError {
+    match place::locate(text, &problem.path) {
+        Some(location) => ConfigError::at(file, &location, problem.message),
+        None => ConfigError::file(file, problem.message),
+    }
+}
+
+/// Pool, tier and fallback model names the policies use that the config lacks.
+fn cross_check(
+    policies: &BTreeMap<String, DegradationPolicy>,
+    pools: &[PoolSpec],
+    tiers: &[TierSpec],
+    models: &[ModelRoute],
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (pool, policy) in policies {
+        let at = YamlPath::root().key("pools").key(pool);
         if !pools.iter().any(|p| &p.name == pool) {
-            errors.push(ConfigError::file(
-                file,
+            problems.push(Problem::at(
+                &at,
                 format!("pool `{pool}` is not defined in the config"),
             ));
         }
         for (i, level) in policy.levels.iter().enumerate() {
-            for action in &level.actions {
+            for (j, action) in level.actions.iter().enumerate() {
+                let action_at = at
+                    .key("levels")
+                    .index(i)
+                    .key("actions")
+                    .index(j)
+                    .key(action.label());
                 for tier in action.tiers() {
-                    if !tiers.iter().any(|t| &t.name == tier) {
-                        errors.push(ConfigError::file(
-                            file,
+                    if !tier.trim().is_empty() && !tiers.iter().any(|t| &t.name == tier) {
+                        problems.push(Problem::at(
+                            &action_at.key("tiers"),
                             format!(
                                 "pool `{pool}` level {} `{}`: unknown tier `{tier}`",
                                 i + 1,
@@ -49,10 +79,11 @@ pub(super) fn compile(
                     }
                 }
                 if let Action::Fallback { model, .. } = action
+                    && !model.trim().is_empty()
                     && !models.iter().any(|m| &m.name == model)
                 {
-                    errors.push(ConfigError::file(
-                        file,
+                    problems.push(Problem::at(
+                        &action_at.key("model"),
                         format!(
                             "pool `{pool}` level {} `{}`: fallback model `{model}` is not a model of the config",
                             i + 1,
@@ -63,5 +94,5 @@ pub(super) fn compile(
             }
         }
     }
-    (policies, errors)
+    problems
 }

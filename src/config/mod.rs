@@ -5,6 +5,7 @@
 mod compile;
 mod degradation_file;
 mod error;
+mod place;
 mod pools;
 mod prices_file;
 mod raw;
@@ -25,6 +26,7 @@ mod tests;
 use std::path::Path;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use place::{Problem, Seg, YamlPath};
 pub use snapshot::{
     AdminConfig, AdmissionSpec, ConnectionLimits, Dialect, ForwardConfig, HealthConfig, LogConfig,
     LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,

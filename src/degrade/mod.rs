@@ -26,4 +26,4 @@ pub use actions::{Actions, TierActions, Verdict};
 pub use machine::{Degrader, Transition};
 pub use policy::{Action, DegradationPolicy, Level, Thresholds};
 pub use signals::{SignalWindow, Signals};
-pub use validate::parse;
+pub use validate::{check, parse};

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
+use crate::config::{Problem, YamlPath};
+
 use super::policy::{
     Action, DEFAULT_MIN_DWELL, DEFAULT_TICK, DEFAULT_WINDOW, DegradationPolicy, Level,
     RawDegradationFile, RawLevel, RawPoolPolicy, RawThresholds, Thresholds,
@@ -17,28 +19,47 @@ const SIGNALS: [&str; 4] = ["queue_depth", "queue_wait_p95", "kv_usage", "ttft_p
 /// Pool and tier names are not checked here: that needs the main config and tenants.yaml.
 pub fn parse(text: &str) -> Result<BTreeMap<String, DegradationPolicy>, Vec<String>> {
     let raw: RawDegradationFile = serde_saphyr::from_str(text).map_err(|e| vec![e.to_string()])?;
-    let mut errors = Vec::new();
-    let mut pools = BTreeMap::new();
-    for (pool, entry) in &raw.pools {
-        match DegradationPolicy::from_raw(pool, entry) {
-            Ok(policy) => {
-                pools.insert(pool.clone(), policy);
-            }
-            Err(found) => errors.extend(found),
-        }
-    }
-    if errors.is_empty() {
+    let (pools, problems) = check(&raw);
+    if problems.is_empty() {
         Ok(pools)
     } else {
-        Err(errors)
+        Err(problems.into_iter().map(|p| p.message).collect())
     }
+}
+
+/// Validates a parsed file: every pool's policy (with bad values replaced by defaults, so the
+/// caller can still cross-check names) and every problem, each with its place in the file.
+pub fn check(raw: &RawDegradationFile) -> (BTreeMap<String, DegradationPolicy>, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let mut pools = BTreeMap::new();
+    let root = YamlPath::root().key("pools");
+    for (pool, entry) in &raw.pools {
+        let (policy, found) = DegradationPolicy::checked(pool, &root.key(pool), entry);
+        problems.extend(found);
+        pools.insert(pool.clone(), policy);
+    }
+    (pools, problems)
 }
 
 impl DegradationPolicy {
     /// Checks one pool's entry; every error is reported, each prefixed with where it is.
     pub fn from_raw(pool: &str, raw: &RawPoolPolicy) -> Result<Self, Vec<String>> {
+        let (policy, problems) = Self::checked(pool, &YamlPath::root(), raw);
+        if problems.is_empty() {
+            Ok(policy)
+        } else {
+            Err(problems.into_iter().map(|p| p.message).collect())
+        }
+    }
+
+    /// Checks one pool's entry, written at `path`: the policy (bad values replaced by their
+    /// defaults) and every problem.
+    fn checked(pool: &str, path: &YamlPath, raw: &RawPoolPolicy) -> (Self, Vec<Problem>) {
         let mut errors = Vec::new();
-        let at = format!("pool `{pool}`");
+        let at = Place {
+            text: format!("pool `{pool}`"),
+            path: path.clone(),
+        };
         let window = duration(
             &at,
             "window",
@@ -48,65 +69,113 @@ impl DegradationPolicy {
         );
         let tick = duration(&at, "tick", raw.tick.as_ref(), DEFAULT_TICK, &mut errors);
         if window.is_zero() || tick.is_zero() {
-            errors.push(format!("{at}: window and tick must be above 0"));
+            at.push(
+                "tick",
+                format!("{}: window and tick must be above 0", at.text),
+                &mut errors,
+            );
         } else if tick > window {
-            errors.push(format!(
-                "{at}: tick {tick:?} is longer than window {window:?}; the tick must be ≤ the window"
-            ));
+            at.push(
+                "tick",
+                format!(
+                    "{}: tick {tick:?} is longer than window {window:?}; the tick must be ≤ the window",
+                    at.text
+                ),
+                &mut errors,
+            );
         }
         if raw.levels.is_empty() {
-            errors.push(format!("{at}: levels is empty: give at least one level"));
+            at.push(
+                "levels",
+                format!("{}: levels is empty: give at least one level", at.text),
+                &mut errors,
+            );
         }
         let levels: Vec<Level> = raw
             .levels
             .iter()
             .enumerate()
-            .map(|(i, l)| level(&format!("{at} level {}", i + 1), l, &mut errors))
+            .map(|(i, l)| {
+                let place = Place {
+                    text: format!("{} level {}", at.text, i + 1),
+                    path: path.key("levels").index(i),
+                };
+                level(&place, l, &mut errors)
+            })
             .collect();
         for (i, l) in levels.iter().enumerate() {
             if levels[..i].iter().any(|earlier| earlier.name == l.name) {
-                errors.push(format!(
-                    "{at} level {}: name `{}` is used twice",
-                    i + 1,
-                    l.name
+                errors.push(Problem::at(
+                    &path.key("levels").index(i).key("name"),
+                    format!(
+                        "{} level {}: name `{}` is used twice",
+                        at.text,
+                        i + 1,
+                        l.name
+                    ),
                 ));
             }
         }
-        if errors.is_empty() {
-            Ok(DegradationPolicy {
+        (
+            DegradationPolicy {
                 window,
                 tick,
                 levels,
-            })
-        } else {
-            Err(errors)
-        }
+            },
+            errors,
+        )
+    }
+}
+
+/// A place to report problems at: its words for messages and its path in the file.
+struct Place {
+    text: String,
+    path: YamlPath,
+}
+
+impl Place {
+    /// Records `message` at this place's `key`.
+    fn push(&self, key: &str, message: String, errors: &mut Vec<Problem>) {
+        errors.push(Problem::at(&self.path.key(key), message));
     }
 }
 
 /// One level; errors are pushed and the level is returned anyway.
-fn level(at: &str, raw: &RawLevel, errors: &mut Vec<String>) -> Level {
-    let at = format!("{at} `{}`", raw.name);
+fn level(at: &Place, raw: &RawLevel, errors: &mut Vec<Problem>) -> Level {
+    let at = Place {
+        text: format!("{} `{}`", at.text, raw.name),
+        path: at.path.clone(),
+    };
+    let text = &at.text;
     if raw.name.trim().is_empty() {
-        errors.push(format!("{at}: name is empty"));
+        at.push("name", format!("{text}: name is empty"), errors);
     }
     let enter = thresholds(&at, "enter", &raw.enter, errors);
     let exit = thresholds(&at, "exit", &raw.exit, errors);
     let (given_enter, given_exit) = (given(&raw.enter), given(&raw.exit));
     if !given_enter.contains(&true) {
-        errors.push(format!(
-            "{at}: enter gives no threshold: set at least one of {}",
-            SIGNALS.join(", ")
-        ));
+        at.push(
+            "enter",
+            format!(
+                "{text}: enter gives no threshold: set at least one of {}",
+                SIGNALS.join(", ")
+            ),
+            errors,
+        );
     }
     for ((signal, on_enter), on_exit) in SIGNALS.iter().zip(given_enter).zip(given_exit) {
         if on_enter && !on_exit {
-            errors.push(format!(
-                "{at}: exit gives no {signal} threshold; every entry signal needs a lower exit one"
-            ));
+            at.push(
+                "exit",
+                format!(
+                    "{text}: exit gives no {signal} threshold; every entry signal needs a lower exit one"
+                ),
+                errors,
+            );
         } else if on_exit && !on_enter {
-            errors.push(format!(
-                "{at}: exit.{signal} has no matching enter.{signal}"
+            errors.push(Problem::at(
+                &at.path.key("exit").key(signal),
+                format!("{text}: exit.{signal} has no matching enter.{signal}"),
             ));
         }
     }
@@ -134,7 +203,11 @@ fn level(at: &str, raw: &RawLevel, errors: &mut Vec<String>) -> Level {
         errors,
     );
     for (i, a) in raw.actions.iter().enumerate() {
-        action(&format!("{at} action {} ({})", i + 1, a.label()), a, errors);
+        let place = Place {
+            text: format!("{text} action {} ({})", i + 1, a.label()),
+            path: at.path.key("actions").index(i).key(a.label()),
+        };
+        action(&place, a, errors);
     }
     Level {
         name: raw.name.clone(),
@@ -156,12 +229,17 @@ fn given(raw: &RawThresholds) -> [bool; 4] {
 }
 
 /// One `enter:` or `exit:` set; unparsable values are reported and left out.
-fn thresholds(at: &str, key: &str, raw: &RawThresholds, errors: &mut Vec<String>) -> Thresholds {
-    let mut span = |field: &str, text: Option<&String>| {
-        text.and_then(|t| match parse_duration(t) {
+fn thresholds(at: &Place, key: &str, raw: &RawThresholds, errors: &mut Vec<Problem>) -> Thresholds {
+    let text = &at.text;
+    let set = at.path.key(key);
+    let mut span = |field: &str, value: Option<&String>| {
+        value.and_then(|t| match parse_duration(t) {
             Ok(d) => Some(d),
             Err(e) => {
-                errors.push(format!("{at}: {key}.{field}: {e}"));
+                errors.push(Problem::at(
+                    &set.key(field),
+                    format!("{text}: {key}.{field}: {e}"),
+                ));
                 None
             }
         })
@@ -171,7 +249,10 @@ fn thresholds(at: &str, key: &str, raw: &RawThresholds, errors: &mut Vec<String>
     let kv_usage = raw.kv_usage.filter(|kv| {
         let ok = (0.0..=1.0).contains(kv);
         if !ok {
-            errors.push(format!("{at}: {key}.kv_usage {kv} is outside 0..=1"));
+            errors.push(Problem::at(
+                &set.key("kv_usage"),
+                format!("{text}: {key}.kv_usage {kv} is outside 0..=1"),
+            ));
         }
         ok
     });
@@ -184,41 +265,61 @@ fn thresholds(at: &str, key: &str, raw: &RawThresholds, errors: &mut Vec<String>
 }
 
 /// Reports an exit threshold above its entry threshold.
-fn not_above<T>(at: &str, signal: &str, enter: Option<T>, exit: Option<T>, errors: &mut Vec<String>)
-where
+fn not_above<T>(
+    at: &Place,
+    signal: &str,
+    enter: Option<T>,
+    exit: Option<T>,
+    errors: &mut Vec<Problem>,
+) where
     T: PartialOrd + Debug,
 {
     if let (Some(enter), Some(exit)) = (enter, exit)
         && exit > enter
     {
-        errors.push(format!(
-            "{at}: exit.{signal} {exit:?} is above enter.{signal} {enter:?}; exit thresholds must \
-             be ≤ entry thresholds"
+        errors.push(Problem::at(
+            &at.path.key("exit").key(signal),
+            format!(
+                "{}: exit.{signal} {exit:?} is above enter.{signal} {enter:?}; exit thresholds \
+                 must be ≤ entry thresholds",
+                at.text
+            ),
         ));
     }
 }
 
 /// Checks one action's values.
-fn action(at: &str, action: &Action, errors: &mut Vec<String>) {
+fn action(at: &Place, action: &Action, errors: &mut Vec<Problem>) {
+    let text = &at.text;
     let tiers = action.tiers();
     if tiers.is_empty() {
-        errors.push(format!(
-            "{at}: tiers is empty: list the tiers it applies to"
-        ));
+        at.push(
+            "tiers",
+            format!("{text}: tiers is empty: list the tiers it applies to"),
+            errors,
+        );
     }
     if tiers.iter().any(|t| t.trim().is_empty()) {
-        errors.push(format!("{at}: a tier name is empty"));
+        at.push("tiers", format!("{text}: a tier name is empty"), errors);
     }
     match action {
         Action::CapMaxTokens { max_tokens: 0, .. } => {
-            errors.push(format!("{at}: max_tokens must be ≥ 1"));
+            at.push(
+                "max_tokens",
+                format!("{text}: max_tokens must be ≥ 1"),
+                errors,
+            );
         }
         Action::RefuseLongPrompts {
             max_prompt_tokens: 0,
             ..
-        } => errors.push(format!("{at}: max_prompt_tokens must be ≥ 1")),
+        } => at.push(
+            "max_prompt_tokens",
+            format!("{text}: max_prompt_tokens must be ≥ 1"),
+            errors,
+        ),
         Action::Fallback { model, .. } if model.trim().is_empty() => {
-            errors.push(format!("{at}: model is empty"));
+            at.push("model", format!("{text}: model is empty"), errors);
         }
         _ => {}
     }
@@ -226,17 +327,17 @@ fn action(at: &str, action: &Action, errors: &mut Vec<String>) {
 
 /// A duration field with its default; a bad value is reported and replaced by the default.
 fn duration(
-    at: &str,
+    at: &Place,
     key: &str,
-    text: Option<&String>,
+    value: Option<&String>,
     default: Duration,
-    errors: &mut Vec<String>,
+    errors: &mut Vec<Problem>,
 ) -> Duration {
-    match text.map(|t| parse_duration(t)) {
+    match value.map(|t| parse_duration(t)) {
         None => default,
         Some(Ok(d)) => d,
         Some(Err(e)) => {
-            errors.push(format!("{at}: {key}: {e}"));
+            at.push(key, format!("{}: {key}: {e}", at.text), errors);
             default
         }
     }
