@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::{Body, Bytes};
 use tokio::time::Instant;
 
 use crate::error::GatewayError;
@@ -105,12 +105,16 @@ impl BodyLimits {
 /// Reads `body` whole under `limits`, holding its bytes in `budget`. `declared` is the
 /// Content-Length header, when present: a body that declares too much is refused before a byte
 /// is read (after the bounded discard), and one that fits reserves its size up front.
-pub async fn read_body(
-    mut body: Incoming,
+pub async fn read_body<B>(
+    mut body: B,
     declared: Option<u64>,
     limits: BodyLimits,
     budget: &Arc<BodyBudget>,
-) -> Result<(Bytes, BodyHold), GatewayError> {
+) -> Result<(Bytes, BodyHold), GatewayError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let deadline = Instant::now() + limits.timeout;
     let mut hold = BodyHold::new(budget.clone());
     let busy = || GatewayError::BodyMemory {
@@ -157,7 +161,7 @@ pub async fn read_body(
 
 /// Reads and drops up to [`DISCARD_LIMIT`] bytes (for at most [`DISCARD_TIME`], and never past
 /// the body's own deadline), so a client still sending an oversized body reaches the 413.
-async fn discard(body: &mut Incoming, deadline: Instant) {
+async fn discard<B: Body<Data = Bytes> + Unpin>(body: &mut B, deadline: Instant) {
     let until = deadline.min(Instant::now() + DISCARD_TIME);
     let mut dropped = 0usize;
     while dropped < DISCARD_LIMIT {

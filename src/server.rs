@@ -336,7 +336,7 @@ async fn accept_loop(
                                     .into_response()
                             }),
                     },
-                    None => crate::handler::handle(gw, req).await,
+                    None => crate::pipeline::handle(gw, req).await,
                 };
                 Ok::<_, Infallible>(res)
             }

@@ -10,7 +10,7 @@ mod tools_support;
 use std::time::Duration;
 
 use common::Engine;
-use common::gateway::{Gateway, TempDir, config_yaml, routing_yaml};
+use common::gateway::{Gateway, TempDir, config_yaml, line_of, routing_yaml};
 use infergate::report::Report;
 use infergate::workload::{self, Overrides};
 use tools_support::{
@@ -632,18 +632,6 @@ async fn logs_written_to_a_file_carry_no_colour_codes() {
         !text.contains('\u{1b}'),
         "ANSI escapes in a log file:\n{text:?}"
     );
-}
-
-/// The 1-based line of `text` that contains `needle` (once).
-fn line_of(text: &str, needle: &str) -> usize {
-    let hits: Vec<usize> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| l.contains(needle))
-        .map(|(i, _)| i + 1)
-        .collect();
-    assert_eq!(hits.len(), 1, "{needle:?} should be on exactly one line");
-    hits[0]
 }
 
 #[tokio::test]

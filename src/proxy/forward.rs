@@ -1,5 +1,5 @@
-//! Forwards a validated request to a worker of its pool: route, send, and before the first byte
-//! retry another worker on a connect failure or a 503, within the retry budget.
+//! Forwards a routed request to its worker: send, and before the first byte retry another worker
+//! (routed again, without those tried) on a connect failure or a 503, within the retry budget.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
+use crate::pipeline::route::Routed;
 use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use crate::proxy::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
@@ -74,10 +75,12 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-/// Sends `out` to a worker of `pool` and returns its response with the body streaming through.
+/// Sends `out` to `first` (the route phase's pick among `pool`'s workers) and returns its
+/// response with the body streaming through.
 pub async fn forward(
     client: &UpstreamClient,
     pool: &PoolRuntime,
+    first: Routed,
     mut out: Outbound<'_>,
     settings: ForwardSettings,
     metrics: &Arc<GatewayMetrics>,
@@ -85,22 +88,17 @@ pub async fn forward(
     let mut tried: Vec<u64> = Vec::new();
     let deadline = tokio::time::Instant::from_std(out.started) + settings.total_timeout;
     let mut last_err = GatewayError::NoHealthyWorker(pool.name.clone());
+    let mut next = Some(first);
     for attempt in 0..=settings.retries {
-        let Some((worker, decision)) = pool.route(out.features, &tried, out.by_load) else {
+        let routed = match next.take() {
+            Some(r) => Some(r),
+            None => crate::pipeline::route::pick(pool, out.features, &tried, out.by_load, metrics),
+        };
+        let Some((worker, decision)) = routed else {
             return Err(last_err);
         };
         if attempt > 0 {
             metrics.retries.with_label_values(&[&pool.name]).inc();
-        }
-        metrics
-            .decisions
-            .with_label_values(&[&pool.name, decision.reason.as_str()])
-            .inc();
-        if let Some(lost) = decision.lost {
-            metrics
-                .prefix_lost
-                .with_label_values(&[&pool.name, lost.as_str()])
-                .inc();
         }
         let guard = worker.start_request();
         // Until its first token, this request's uncached prompt is queued work on the worker.

@@ -1,0 +1,84 @@
+//! Account: the request's metrics, tenant outcome and (for a refused or failed request) its
+//! usage row, once per request. A relayed answer is accounted when its body ends (see
+//! [`super::forward`]): its status is known only then.
+
+use hyper::Response;
+
+use super::ctx::RequestCtx;
+use crate::error::{GatewayError, ResBody};
+use crate::gateway::Gateway;
+
+/// Account: count the request by model, pool and status, and per tenant (once per request).
+pub(super) fn account(
+    gw: &Gateway,
+    ctx: &RequestCtx,
+    res: &Response<ResBody>,
+    err: Option<&GatewayError>,
+) {
+    if ctx.counted_at_end && err.is_none() {
+        return;
+    }
+    let status = res.status();
+    if !ctx.model.is_empty() {
+        gw.metrics
+            .requests
+            .with_label_values(&[&ctx.model, &ctx.pool, status.as_str()])
+            .inc();
+    }
+    let tenant = if ctx.tenant.is_empty() {
+        "unknown"
+    } else {
+        ctx.tenant.as_str()
+    };
+    // `upstream` and `internal` failures are not refusals of the caller.
+    let reason = err.map(GatewayError::reason);
+    let refused = reason.filter(|r| !matches!(*r, "upstream" | "internal"));
+    if let Some(reason) = reason {
+        if let Some(reason) = refused {
+            gw.metrics
+                .rejections
+                .with_label_values(&[tenant, reason])
+                .inc();
+        }
+        // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
+        // bad keys must not fill the ledger).
+        if let Some(ledger) = ctx.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
+            let mut row = ctx.ended_row(status.as_u16(), reason);
+            row.price_version = gw.live().snapshot.prices.version;
+            ledger.record(row);
+        }
+    }
+    if ctx.tenant.is_empty() && err.is_none() {
+        return;
+    }
+    let outcome = match refused {
+        Some(_) => "rejected",
+        None => outcome_of(status.as_u16()),
+    };
+    gw.metrics
+        .tenant_requests
+        .with_label_values(&[tenant, outcome])
+        .inc();
+}
+
+/// The `status` label and tenant outcome of a relayed answer, from how its body ended: a stream
+/// the worker broke off is a 502 whatever status its headers had, and a client that left is
+/// nginx's 499.
+pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (String, &'static str) {
+    if end.client_gone {
+        ("499".into(), "cancelled")
+    } else if !end.completed {
+        ("502".into(), "upstream_error")
+    } else {
+        (end.status.to_string(), outcome_of(end.status))
+    }
+}
+
+/// The tenant outcome of an answer with HTTP `status`.
+pub(super) fn outcome_of(status: u16) -> &'static str {
+    match status {
+        200..=399 => "ok",
+        400..=499 => "client_error",
+        _ => "upstream_error",
+    }
+}

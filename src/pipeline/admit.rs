@@ -1,0 +1,45 @@
+//! Admit: the request waits in its pool's bounded priority queue (tier priority, then arrival),
+//! leaving at once if the client goes. A full queue, or a wait past its deadline, is a 429 with
+//! a Retry-After from the observed drain rate (503 while draining).
+
+use std::time::Instant;
+
+use super::ctx::RequestCtx;
+use crate::admission::{Permit, Refusal};
+use crate::config::TierSpec;
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::workers::pool::PoolRuntime;
+
+/// Waits for `pool`'s permit at `tier`'s priority.
+pub(super) async fn admit(
+    gw: &Gateway,
+    pool: &PoolRuntime,
+    tier: &TierSpec,
+    ctx: &mut RequestCtx,
+) -> Result<Permit, GatewayError> {
+    let (_, queue) = &pool.admission;
+    let depth = gw.metrics.queue_depth.with_label_values(&[&pool.name]);
+    depth.set(queue.depth() as f64 + 1.0);
+    let permit = queue.admit(tier.priority, Instant::now()).await;
+    depth.set(queue.depth() as f64);
+    let permit = permit.map_err(|refusal| {
+        let secs = crate::limits::retry_after_secs(refusal.retry_after());
+        match refusal {
+            Refusal::Draining { .. } => GatewayError::Draining,
+            other => GatewayError::TooManyRequests {
+                message: format!("pool `{}`: {other}", pool.name),
+                retry_after_secs: secs,
+                headers: Vec::new(),
+                reason: other.reason(),
+            },
+        }
+    })?;
+    gw.metrics
+        .queue_wait
+        .with_label_values(&[&pool.name])
+        .observe(permit.waited().as_secs_f64());
+    pool.degrade.record_queue_wait(permit.waited());
+    ctx.queue_ms = Some(permit.waited().as_millis() as u64);
+    Ok(permit)
+}

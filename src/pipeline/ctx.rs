@@ -1,0 +1,114 @@
+//! The per-request context every phase reads and fills in: who asked, for what, where it went,
+//! and whether an answer exists (the usage row of a client that left before one is written when
+//! the context drops).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use hyper::Request;
+
+use crate::ledger::UsageRow;
+
+static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// Per-request context shared by the phases.
+pub(crate) struct RequestCtx {
+    pub(super) request_id: String,
+    pub(super) started: Instant,
+    /// Arrival, Unix ms (for the usage ledger).
+    pub(super) started_ms: i64,
+    pub(super) model: String,
+    pub(super) pool: String,
+    pub(super) tenant: String,
+    /// Short id of the caller's API key.
+    pub(super) key_id: String,
+    /// The version (canary arm) the split chose.
+    pub(super) version: String,
+    /// Time waited in the admission queue.
+    pub(super) queue_ms: Option<u64>,
+    /// The ledger, once the caller is known; with `row_owned` false at drop, the client left
+    /// before any answer (hyper dropped the request) and the row is written here.
+    pub(super) ledger: Option<Arc<crate::ledger::UsageLedger>>,
+    /// An answer or error exists: its row is written by the body's account or by [`account`].
+    pub(super) row_owned: bool,
+    /// A worker's answer is being relayed: its request count and tenant outcome are recorded
+    /// when its body ends, when the outcome is known (a stream can still fail after its 200).
+    pub(super) counted_at_end: bool,
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        if self.row_owned || self.tenant.is_empty() {
+            return;
+        }
+        if let Some(ledger) = &self.ledger {
+            // nginx's code for a client that closed the connection before the answer.
+            ledger.record(self.ended_row(499, "client_gone"));
+        }
+    }
+}
+
+impl RequestCtx {
+    /// The usage-ledger row of this request as far as the phases got.
+    pub(super) fn usage_row(&self) -> UsageRow {
+        UsageRow {
+            request_id: self.request_id.clone(),
+            start_ms: self.started_ms,
+            tenant: self.tenant.clone(),
+            key_id: self.key_id.clone(),
+            model: self.model.clone(),
+            version: self.version.clone(),
+            pool: self.pool.clone(),
+            queue_ms: self.queue_ms,
+            ..UsageRow::default()
+        }
+    }
+
+    /// The row of a request that ends here, without an answer from a worker.
+    pub(super) fn ended_row(&self, status: u16, reason: &str) -> UsageRow {
+        UsageRow {
+            end_ms: crate::utc::now_ms(),
+            status,
+            reason: reason.to_string(),
+            total_ms: self.started.elapsed().as_millis() as u64,
+            ..self.usage_row()
+        }
+    }
+}
+
+/// Accept: a request id (the client's, or a fresh one) and the arrival time.
+pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            let n = REQUEST_SEQ.fetch_add(1, Ordering::Relaxed);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            format!(
+                "{:016x}{:016x}",
+                t,
+                xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes())
+            )
+        });
+    RequestCtx {
+        request_id,
+        started: Instant::now(),
+        started_ms: crate::utc::now_ms(),
+        model: String::new(),
+        pool: String::new(),
+        tenant: String::new(),
+        key_id: String::new(),
+        version: String::new(),
+        queue_ms: None,
+        ledger: None,
+        row_owned: false,
+        counted_at_end: false,
+    }
+}

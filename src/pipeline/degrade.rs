@@ -1,0 +1,108 @@
+//! Degrade: the target pool's current level decides what the caller's tier gets: shed,
+//! a refused long prompt, a capped `max_tokens`, or the fallback model. The decision itself is
+//! [`crate::degrade::TierActions::verdict`], shared with the simulator.
+
+use super::ctx::RequestCtx;
+use crate::degrade::Verdict;
+use crate::error::GatewayError;
+use crate::gateway::{Gateway, Live};
+use crate::request::ValidRequest;
+
+/// Applies the pool's degradation actions for `tier`: shed (429), refuse a long prompt (503),
+/// cap `max_tokens`, or send to the fallback model. Returns the request as altered and the labels
+/// of what changed it (for `x-infergate-degraded`).
+pub(super) fn degrade(
+    gw: &Gateway,
+    live: &Live,
+    mut valid: ValidRequest,
+    tier: &str,
+    prompt_tokens: u64,
+    ctx: &mut RequestCtx,
+) -> Result<(ValidRequest, Vec<&'static str>), GatewayError> {
+    let Some(pool) = live.pools.get(valid.pool) else {
+        return Ok((valid, Vec::new()));
+    };
+    let (actions, state) = pool.degrade.for_tier(tier);
+    let Some((level, name, retry)) = state else {
+        return Ok((valid, Vec::new()));
+    };
+    let count = |action: &str| {
+        gw.metrics
+            .degraded
+            .with_label_values(&[&pool.name, action])
+            .inc();
+    };
+    let retry_after_secs = crate::limits::retry_after_secs(retry);
+    let (cap, fallback) = match actions.verdict(&valid.model, prompt_tokens, valid.max_tokens) {
+        Verdict::Shed => {
+            count("shed");
+            return Err(GatewayError::TooManyRequests {
+                message: format!(
+                    "pool `{}` is degraded (level {level} `{name}`): requests of tier `{tier}` are shed; retry later",
+                    pool.name
+                ),
+                retry_after_secs,
+                headers: vec![("x-infergate-degraded", "shed".to_string())],
+                reason: "degraded",
+            });
+        }
+        Verdict::RefuseLong { max_prompt_tokens } => {
+            count("refuse_long_prompts");
+            return Err(GatewayError::Degraded {
+                message: format!(
+                    "pool `{}` is degraded (level {level} `{name}`): prompts of tier `{tier}` are limited to {max_prompt_tokens} tokens and this one is about {prompt_tokens}",
+                    pool.name
+                ),
+                retry_after_secs,
+                action: "refuse_long_prompts",
+            });
+        }
+        Verdict::Serve {
+            cap_max_tokens,
+            fallback_model,
+        } => (cap_max_tokens, fallback_model),
+    };
+    let mut labels = Vec::new();
+    let mut body: Option<serde_json::Value> = None;
+    if let Some(cap) = cap {
+        let json = body.get_or_insert(parse_body(&valid.body)?);
+        // The client's own field keeps its name; every limit field is capped.
+        let keys = valid.endpoint.limit_keys();
+        for &key in keys {
+            if json.get(key).is_some_and(|v| !v.is_null()) {
+                json[key] = serde_json::Value::from(cap);
+            }
+        }
+        if let Some(&last) = keys.last()
+            && keys.iter().all(|k| json.get(*k).is_none())
+        {
+            json[last] = serde_json::Value::from(cap);
+        }
+        valid.max_tokens = u64::from(cap);
+        labels.push("cap_max_tokens");
+        count("cap_max_tokens");
+    }
+    // A fallback model missing from this snapshot leaves the request on its own model.
+    if let Some(model) = fallback
+        && let Some(route) = live.snapshot.model(model)
+    {
+        let json = body.get_or_insert(parse_body(&valid.body)?);
+        json["model"] = serde_json::Value::from(route.upstream_name());
+        valid.pool = route.pool;
+        valid.model = model.to_string();
+        ctx.model = model.to_string();
+        labels.push("fallback");
+        count("fallback");
+    }
+    if let Some(json) = body {
+        valid.body = serde_json::to_vec(&json)
+            .map_err(|e| GatewayError::Internal(e.to_string()))?
+            .into();
+    }
+    Ok((valid, labels))
+}
+
+pub(super) fn parse_body(body: &[u8]) -> Result<serde_json::Value, GatewayError> {
+    serde_json::from_slice(body)
+        .map_err(|e| GatewayError::Internal(format!("re-reading a validated body: {e}")))
+}

@@ -1,0 +1,186 @@
+//! Meter: what the request may cost is reserved before it runs: the tenant's cost budgets (the
+//! spend so far plus what its requests in flight may cost), then its requests- and
+//! tokens-per-minute (prompt plus `max_tokens`; in fleet mode one Redis round trip). The
+//! reservation lives in an [`Account`], which reconciles it with the real usage when the answer
+//! ends, or refunds it whole if none starts.
+
+use std::time::Instant;
+
+use super::ctx::RequestCtx;
+use super::split::VersionChoice;
+use crate::account::{Account, Usage};
+use crate::config::{Snapshot, TenantSpec, TierSpec};
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::ledger::UsageRow;
+use crate::limits::{ConcurrencySlot, Rejection, Reservation, TierLimits};
+use crate::request::ValidRequest;
+use crate::request_body::BodyHold;
+
+/// What metering hands on: the account that settles the request, and the limiter's answer
+/// (its `x-ratelimit-*` headers go on the response).
+pub(super) struct Metered {
+    /// Settles the reservation once.
+    pub account: Account,
+    /// The limiter's reservation.
+    pub reservation: Reservation,
+}
+
+/// The limits the caller's tier sets.
+pub(super) fn tier_limits(tier: &TierSpec) -> TierLimits {
+    TierLimits {
+        requests_per_minute: tier.requests_per_minute,
+        tokens_per_minute: tier.tokens_per_minute,
+        max_concurrent: tier.max_concurrent,
+    }
+}
+
+/// Reserves `valid`'s cost for `tenant`: budgets first, then the rate limits (a refusal there
+/// releases the budget reservation). `holds` are the tenant's concurrency slot and the body's
+/// budget share, kept until the request ends.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "metering reads the caller, the request, its version and the context"
+)]
+pub(super) async fn meter(
+    gw: &Gateway,
+    snapshot: &Snapshot,
+    (tenant, tier): (&TenantSpec, &TierSpec),
+    valid: &ValidRequest,
+    prompt_tokens: u64,
+    version: Option<&VersionChoice>,
+    holds: (ConcurrencySlot, BodyHold),
+    ctx: &RequestCtx,
+) -> Result<Metered, GatewayError> {
+    let served_model = version.map_or_else(|| ctx.model.clone(), |v| v.served_model.clone());
+    let budgets = snapshot.budgets_of(&tenant.name, tier);
+    let budget_estimate = if budgets.is_empty() {
+        0
+    } else {
+        let reserved = crate::pricing::TokenCounts {
+            prompt: prompt_tokens,
+            cached: 0,
+            completion: valid.max_tokens,
+        };
+        snapshot
+            .prices
+            .cost(&served_model, &ctx.model, &tier.name, reserved)
+            .nano_usd
+    };
+    let check = gw
+        .budgets
+        .admit(&tenant.name, budgets, budget_estimate, crate::utc::now_ms())
+        .map_err(|refusal| GatewayError::BudgetExceeded {
+            message: refusal.message(&tenant.name),
+            retry_after_secs: u64::try_from(refusal.retry_after_ms)
+                .unwrap_or(0)
+                .div_ceil(1000)
+                .max(1),
+        })?;
+    for (over, spent) in &check.soft_first {
+        tracing::warn!(
+            tenant = %tenant.name,
+            period = over.period.as_str(),
+            limit = %crate::pricing::format_usd_cents(over.limit_nano),
+            spent = %crate::pricing::format_usd_cents(*spent),
+            "tenant is over its soft budget (requests still pass)"
+        );
+    }
+    for over in &check.soft_over {
+        gw.metrics
+            .budget_soft_exceeded
+            .with_label_values(&[&tenant.name, over.period.as_str()])
+            .inc();
+    }
+    let budget_periods = crate::budgets::periods(budgets);
+    let usage = Usage {
+        // Without a ledger only the model (the metrics' label) is needed.
+        row: if gw.ledger.is_some() {
+            ctx.usage_row()
+        } else {
+            UsageRow {
+                model: ctx.model.clone(),
+                ..UsageRow::default()
+            }
+        },
+        prices: snapshot.prices.clone(),
+        served_model,
+        tier: tier.name.clone(),
+        ledger: gw.ledger.clone(),
+        budgets: gw.budgets.clone(),
+        budget_periods: budget_periods.clone(),
+        budget_estimate,
+    };
+    let limits = tier_limits(tier);
+    let reserve = prompt_tokens + valid.max_tokens;
+    // Fleet mode: one round trip to Redis for the tenant's shared rate and concurrency.
+    let acquired = match &gw.shared {
+        Some(shared) => shared
+            .acquire(&tenant.name, &limits, reserve)
+            .await
+            .map(|(r, held)| (r, Some(held))),
+        None => gw
+            .limiter
+            .acquire(&tenant.name, &limits, reserve, Instant::now())
+            .map(|r| (r, None)),
+    };
+    let (reservation, held) = match acquired {
+        Ok(r) => r,
+        Err(r) => {
+            // Refused after the budget reserved: release it.
+            gw.budgets.settle(
+                &tenant.name,
+                &budget_periods,
+                budget_estimate,
+                0,
+                crate::utc::now_ms(),
+            );
+            return Err(rejection_error(r, reserve));
+        }
+    };
+    let mut account = Account::new(
+        gw.limiter.clone(),
+        gw.metrics.clone(),
+        &tenant.name,
+        (reserve, prompt_tokens),
+        holds,
+        usage,
+        ctx.started,
+    );
+    if let (Some(shared), Some(held)) = (&gw.shared, held) {
+        account.shared_by(shared.clone(), limits, held);
+    }
+    Ok(Metered {
+        account,
+        reservation,
+    })
+}
+
+/// A limiter refusal as the answer the client gets.
+pub(super) fn rejection_error(r: Rejection, reserve: u64) -> GatewayError {
+    match r {
+        Rejection::RateLimited {
+            retry_after,
+            which,
+            headers,
+        } => GatewayError::TooManyRequests {
+            message: format!(
+                "Rate limit reached for {} (this request needs {reserve} tokens). Try again in {}.",
+                which.as_str(),
+                crate::limits::format_reset(retry_after)
+            ),
+            retry_after_secs: crate::limits::retry_after_secs(retry_after),
+            headers: headers.header_pairs(),
+            reason: "rate",
+        },
+        Rejection::TooLarge { tokens, burst } => GatewayError::NeverFits(format!(
+            "this request needs {tokens} tokens (prompt plus max_tokens) but your tier allows at most {burst} tokens per minute: it can never pass; lower max_tokens or shorten the prompt"
+        )),
+        Rejection::Concurrency { limit } => GatewayError::TooManyRequests {
+            message: format!("too many requests in flight: your tier allows {limit} at once"),
+            retry_after_secs: 1,
+            headers: Vec::new(),
+            reason: "rate",
+        },
+    }
+}

@@ -1,0 +1,39 @@
+//! Shadow: a sampled share of a model's requests is mirrored to its shadow model's pool; the
+//! client never waits for it, and the two answers are compared into metrics.
+
+use std::sync::Arc;
+
+use crate::gateway::{Gateway, Live};
+use crate::request::{Endpoint, ValidRequest};
+
+/// Starts the shadow copy of a request when its model has a shadow and the request is sampled;
+/// returns where to report the client's own outcome. Any failure here only skips the shadow.
+pub(super) fn mirror(
+    gw: &Arc<Gateway>,
+    live: &Live,
+    valid: &ValidRequest,
+    endpoint: Endpoint,
+    request_id: &str,
+) -> Option<tokio::sync::oneshot::Sender<crate::shadow::PrimaryOutcome>> {
+    let shadow = live.shadows.get(&valid.model)?;
+    if !shadow.sampled(request_id) {
+        return None;
+    }
+    let route = live.snapshot.model(&shadow.spec.model)?;
+    let pool = live.pools.get(route.pool)?.clone();
+    let mut json: serde_json::Value = serde_json::from_slice(&valid.body).ok()?;
+    let obj = json.as_object_mut()?;
+    obj.insert("model".into(), route.upstream_name().into());
+    // Read whole: the comparison needs the usage, not the stream.
+    obj.insert("stream".into(), false.into());
+    obj.remove("stream_options");
+    let body = serde_json::to_vec(&json).ok()?;
+    shadow.mirror(
+        gw.client.clone(),
+        pool,
+        body.into(),
+        endpoint.path(),
+        gw.metrics.clone(),
+        valid.model.clone(),
+    )
+}

@@ -1,0 +1,226 @@
+//! The request path as one pipeline. [`handle`] accepts a request and sends it to its endpoint;
+//! a generation request then goes through [`run`], which calls the phases in order, each in its
+//! own file and each either passing the request on or answering it:
+//!
+//! 1. **accept** ([`accept`], [`ctx`]): request id, arrival time, header hygiene;
+//! 2. **authenticate** ([`authenticate`]): bearer key → tenant and tier, and the tenant's
+//!    concurrency slot (taken before the body, so unfinished uploads count against it);
+//! 3. **read and validate** ([`validate`]): the bounded body, the OpenAI request against the
+//!    snapshot and tier, the prompt's token count and the context check;
+//! 4. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
+//! 5. **split** ([`split`]): the canary version, sticky per session;
+//! 6. **meter** ([`meter`]): cost budgets and rate limits reserve the request's cost into an
+//!    [`Account`](crate::account::Account). It runs after degrade and split because the
+//!    reservation depends on the capped `max_tokens` and the version's price;
+//! 7. **admit** ([`admit`]): the pool's priority queue;
+//! 8. **route** ([`route`]): the pool's policy picks a worker;
+//! 9. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
+//!    streams back through;
+//! 10. **account** ([`account`]): metrics, tenant outcome and usage row, once. For a relayed
+//!     answer this happens when its body ends (the forward phase's hook), so a stream that fails
+//!     after its 200 counts as the failure it is.
+
+mod accept;
+mod account;
+mod admit;
+mod authenticate;
+mod ctx;
+mod degrade;
+mod forward;
+mod meter;
+mod mirror;
+mod models;
+pub mod route;
+mod split;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use hyper::body::{Body, Bytes};
+use hyper::header::HeaderValue;
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::error::{GatewayError, ResBody, json_response};
+use crate::gateway::Gateway;
+use crate::limits::ConcurrencySlot;
+use crate::request::Endpoint;
+use ctx::RequestCtx;
+
+/// The request bodies the pipeline reads: hyper's from a connection, or any other (tests
+/// drive the phases in-process with `Full<Bytes>`).
+pub trait RequestBody:
+    Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+{
+}
+
+impl<B> RequestBody for B where
+    B: Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+{
+}
+
+/// Serves one request on the public listener.
+pub async fn handle<B: RequestBody>(gw: Arc<Gateway>, req: Request<B>) -> Response<ResBody> {
+    let mut ctx = ctx::accept(&req);
+    let path = req.uri().path().to_string();
+    let res = match accept::hygiene(&req) {
+        Err(e) => Err(e),
+        Ok(()) => dispatch(&gw, req, &path, &mut ctx).await,
+    };
+    ctx.row_owned = true;
+    let (mut res, err) = match res {
+        Ok(r) => (r, None),
+        Err(e) => (e.into_response(), Some(e)),
+    };
+    account::account(&gw, &ctx, &res, err.as_ref());
+    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    res
+}
+
+/// Sends a request that passed [`accept::hygiene`] to its endpoint.
+async fn dispatch<B: RequestBody>(
+    gw: &Arc<Gateway>,
+    req: Request<B>,
+    path: &str,
+    ctx: &mut RequestCtx,
+) -> Result<Response<ResBody>, GatewayError> {
+    match (req.method(), path) {
+        (&Method::POST, "/v1/chat/completions") => {
+            run(gw, req, Endpoint::ChatCompletions, ctx).await
+        }
+        (&Method::POST, "/v1/completions") => run(gw, req, Endpoint::Completions, ctx).await,
+        (&Method::POST, "/v1/embeddings") => run(gw, req, Endpoint::Embeddings, ctx).await,
+        (&Method::POST, "/v1/responses") => run(gw, req, Endpoint::Responses, ctx).await,
+        (&Method::GET, "/v1/models") => Ok(models::models(gw)),
+        (&Method::GET, p) if p.starts_with("/v1/models/") => {
+            models::model(gw, &p["/v1/models/".len()..])
+        }
+        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, "{\"status\":\"ok\"}")),
+        // vLLM's, SGLang's and TGI's name for readiness, which tools such as guidellm check first.
+        (&Method::GET, "/readyz" | "/health") => Ok(if gw.is_ready() {
+            json_response(StatusCode::OK, "{\"ready\":true}")
+        } else {
+            json_response(StatusCode::SERVICE_UNAVAILABLE, "{\"ready\":false}")
+        }),
+        (&Method::GET, "/metrics") if gw.live().snapshot.metrics_public => {
+            let mut r = json_response(StatusCode::OK, gw.render_metrics());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            Ok(r)
+        }
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/models",
+        ) => Err(GatewayError::MethodNotAllowed),
+        (_, p) if p.starts_with("/v1/") => Err(GatewayError::NotFound(format!(
+            "no route for {p}: this gateway serves POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses, GET /v1/models and GET /v1/models/{{model}}"
+        ))),
+        _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
+    }
+}
+
+/// One generation request through every phase, in order. The account created by metering
+/// settles once: when the response body ends, or with a full refund if it never starts.
+async fn run<B: RequestBody>(
+    gw: &Arc<Gateway>,
+    req: Request<B>,
+    endpoint: Endpoint,
+    ctx: &mut RequestCtx,
+) -> Result<Response<ResBody>, GatewayError> {
+    if gw.is_draining() {
+        return Err(GatewayError::Draining);
+    }
+    // The request finishes on the snapshot it started with, whatever reloads happen meanwhile.
+    let live = gw.live();
+    let snapshot = &live.snapshot;
+    let (parts, body) = req.into_parts();
+
+    let (tenant, key_id) = authenticate::authenticate(&live, &parts.headers)?;
+    ctx.tenant = tenant.name.clone();
+    ctx.key_id = key_id;
+    ctx.ledger = gw.ledger.clone();
+    let tier = snapshot
+        .tier(&tenant.tier)
+        .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
+    let slot = ConcurrencySlot::take(gw.limiter.clone(), &tenant.name, &meter::tier_limits(tier))
+        .map_err(|r| meter::rejection_error(r, 0))?;
+
+    let validated =
+        validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
+    let prompt_tokens = validated.prompt_tokens;
+    ctx.model = validated.valid.model.clone();
+    ctx.pool = forward::pool_at(&live, validated.valid.pool)?.name.clone();
+
+    let (valid, degraded) =
+        degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
+    ctx.pool = forward::pool_at(&live, valid.pool)?.name.clone();
+
+    let (valid, version) = split::split(&live, valid, (&tenant.name, &ctx.request_id))?;
+    let pool = forward::pool_at(&live, valid.pool)?;
+    ctx.pool = pool.name.clone();
+    if let Some(v) = &version {
+        ctx.version = v.name.clone();
+    }
+
+    let metered = meter::meter(
+        gw,
+        snapshot,
+        (&tenant, tier),
+        &valid,
+        prompt_tokens,
+        version.as_ref(),
+        (slot, validated.body_hold),
+        ctx,
+    )
+    .await?;
+    let mut account = metered.account;
+
+    account.hold(admit::admit(gw, pool, tier, ctx).await?);
+
+    let by_load = !endpoint.generates();
+    let Some(first) = route::pick(pool, &valid.features, &[], by_load, &gw.metrics) else {
+        // No answer at all counts against the version too.
+        if let Some(v) = &version {
+            v.record(&gw.metrics, false, None, None);
+        }
+        return Err(GatewayError::NoHealthyWorker(pool.name.clone()));
+    };
+
+    let shadow = mirror::mirror(gw, &live, &valid, endpoint, &ctx.request_id);
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .filter(|v| accept::valid_traceparent(v.as_bytes()));
+    let listeners = forward::Listeners {
+        version: version.clone(),
+        shadow,
+    };
+    let mut res = forward::forward(
+        gw,
+        snapshot,
+        (pool, first),
+        &valid,
+        endpoint,
+        traceparent,
+        (account, listeners),
+        ctx,
+    )
+    .await?;
+    forward::decorate(
+        &mut res,
+        version.as_ref(),
+        &degraded,
+        metered.reservation.headers.header_pairs(),
+    );
+    Ok(res)
+}

@@ -1,0 +1,467 @@
+//! The phases in-process: a gateway built from config text (no listener, no process), requests
+//! as `Request<Full<Bytes>>`, and for forwarding a real hyper upstream on a loopback port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{HeaderMap, Request, StatusCode};
+
+use super::*;
+use crate::gateway::{ConfigSource, Gateway};
+use crate::request::Endpoint;
+
+const KEY: &str = "ig-test-key-acme";
+
+/// A worker answering every chat completion at once with 7 completion tokens, counting calls.
+async fn upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let body = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(Bytes::from(body)))
+                                    .unwrap(),
+                            )
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (addr, calls)
+}
+
+/// A gateway over one pool `p` of `workers` serving model `m`; with `tiers`, the tenant `acme`
+/// (key [`KEY`]) of tier `gold`; `routing` is routing.yaml, `degradation` degradation.yaml.
+fn gateway(
+    workers: &[String],
+    tiers: Option<&str>,
+    routing: Option<&str>,
+    degradation: Option<&str>,
+) -> Arc<Gateway> {
+    let mut config = String::from(
+        "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\nmodels:\n  - name: m\n    pool: p\n  - name: m-canary\n    pool: p\npools:\n  - name: p\n    workers:\n",
+    );
+    // A pool needs a worker; port 9 (discard) listens nowhere here, for tests that forward nothing.
+    let none = ["http://127.0.0.1:9".to_string()];
+    for w in if workers.is_empty() {
+        &none[..]
+    } else {
+        workers
+    } {
+        config.push_str(&format!("      - url: {w}\n"));
+    }
+    if tiers.is_some() {
+        let hash = crate::tenants::format_hash(&crate::tenants::hash_key(KEY));
+        config.push_str(&format!(
+            "tenants:\n  - {{name: acme, tier: gold, keys: [\"{hash}\"]}}\n"
+        ));
+    }
+    let path = std::path::Path::new("/test/infergate.yaml");
+    let file = |text: Option<&str>, name: &'static str| {
+        text.map(|t| (t.to_string(), std::path::PathBuf::from(name)))
+    };
+    let (r, t, d) = (
+        file(routing, "/test/routing.yaml"),
+        file(tiers, "/test/tenants.yaml"),
+        file(degradation, "/test/degradation.yaml"),
+    );
+    let snapshot = crate::config::load_str_full(
+        &config,
+        path,
+        r.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
+        t.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
+        d.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    Gateway::new(
+        snapshot,
+        ConfigSource::Embedded,
+        (Default::default(), Vec::new()),
+        None,
+    )
+    .unwrap()
+}
+
+const GOLD: &str = "tiers:\n  gold:\n    priority: 5\n    requests_per_minute: 100\n    tokens_per_minute: 1000\n    max_tokens: 800\n    models: [\"*\"]\n";
+
+fn chat(body: &str) -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("host", "gw")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {KEY}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+const HELLO: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":100}"#;
+
+/// The sum of `name`'s samples whose labels include every `labels` pair.
+fn metric(gw: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+    gw.render_metrics()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn accept_takes_the_clients_request_id_or_makes_one() {
+    let req = |id: Option<&str>| {
+        let mut b = Request::get("/v1/models");
+        if let Some(id) = id {
+            b = b.header("x-request-id", id);
+        }
+        b.body(Full::new(Bytes::new())).unwrap()
+    };
+    let id = |r: Option<&str>| ctx::accept(&req(r)).request_id.clone();
+    assert_eq!(id(Some("abc")), "abc");
+    let made = id(None);
+    assert_eq!(made.len(), 32, "{made}");
+    assert_ne!(made, id(None));
+    // Too long to be an id: replaced.
+    let long = "x".repeat(129);
+    assert_ne!(id(Some(&long)), long);
+}
+
+#[tokio::test]
+async fn accept_refuses_a_request_without_host_or_with_two_keys() {
+    let gw = gateway(&[], None, None, None);
+    let mut no_host = chat(HELLO);
+    no_host.headers_mut().remove("host");
+    let res = handle(gw.clone(), no_host).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let mut two = chat(HELLO);
+    two.headers_mut()
+        .append("authorization", "Bearer other".parse().unwrap());
+    let res = handle(gw.clone(), two).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert!(res.headers().contains_key("x-request-id"));
+}
+
+#[tokio::test]
+async fn authenticate_names_the_tenant_of_a_key_and_refuses_others() {
+    let gw = gateway(&[], Some(GOLD), None, None);
+    let live = gw.live();
+    let mut headers = HeaderMap::new();
+    assert!(matches!(
+        authenticate::authenticate(&live, &headers),
+        Err(GatewayError::Unauthorized(_))
+    ));
+    headers.insert("authorization", "Bearer wrong".parse().unwrap());
+    assert!(matches!(
+        authenticate::authenticate(&live, &headers),
+        Err(GatewayError::Unauthorized(_))
+    ));
+    headers.insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+    let (tenant, key_id) = authenticate::authenticate(&live, &headers).unwrap();
+    assert_eq!(
+        (tenant.name.as_str(), tenant.tier.as_str()),
+        ("acme", "gold")
+    );
+    assert_eq!(key_id.len(), 12);
+    // No tenants at all: everyone is the anonymous tenant of the default tier.
+    let open = gateway(&[], None, None, None);
+    let (tenant, key_id) = authenticate::authenticate(&open.live(), &HeaderMap::new()).unwrap();
+    assert_eq!((tenant.name.as_str(), key_id.as_str()), ("anonymous", ""));
+}
+
+#[tokio::test]
+async fn validate_counts_the_prompt_and_refuses_bad_bodies() {
+    let gw = gateway(&[], Some(GOLD), None, None);
+    let live = gw.live();
+    let tier = live.snapshot.tier("gold").unwrap();
+    let run = |body: &str| {
+        let (parts, body) = chat(body).into_parts();
+        let gw = gw.clone();
+        let snapshot = live.snapshot.clone();
+        async move {
+            let tier = snapshot.tier("gold").unwrap().clone();
+            validate::read_and_validate(
+                &gw,
+                Endpoint::ChatCompletions,
+                &parts.headers,
+                body,
+                &snapshot,
+                &tier,
+            )
+            .await
+        }
+    };
+    let ok = run(HELLO).await.unwrap();
+    assert_eq!(ok.valid.model, "m");
+    assert_eq!(ok.valid.max_tokens, 100);
+    // The tier has a token budget: the real tokenizer counts (a few tokens, not bytes / 4).
+    assert!((2..=12).contains(&ok.prompt_tokens), "{}", ok.prompt_tokens);
+    assert!(matches!(
+        run("{not json").await,
+        Err(GatewayError::BadRequest { .. })
+    ));
+    let unknown = run(r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#).await;
+    assert!(
+        matches!(unknown, Err(GatewayError::NotFound(_))),
+        "{:?}",
+        unknown.err()
+    );
+    let over =
+        run(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":5000}"#).await;
+    assert!(over.is_err(), "max_tokens above the tier's 800 passes");
+    let _ = tier;
+}
+
+/// One validated chat request of `body` for the tenant, as the phases after validation get it.
+async fn validated(gw: &Arc<Gateway>, body: &str) -> validate::Validated {
+    let live = gw.live();
+    let tier = live
+        .snapshot
+        .tier("gold")
+        .or_else(|| live.snapshot.tiers.first())
+        .unwrap()
+        .clone();
+    let (parts, body) = chat(body).into_parts();
+    validate::read_and_validate(
+        gw,
+        Endpoint::ChatCompletions,
+        &parts.headers,
+        body,
+        &live.snapshot,
+        &tier,
+    )
+    .await
+    .unwrap()
+}
+
+const SHED_AT_2: &str = "pools:\n  p:\n    levels:\n      - name: cap\n        enter: {queue_depth: 1000}\n        exit: {queue_depth: 500}\n        actions:\n          - cap_max_tokens: {tiers: [gold], max_tokens: 16}\n      - name: shed\n        enter: {queue_depth: 2000}\n        exit: {queue_depth: 1500}\n        actions:\n          - shed: {tiers: [gold]}\n";
+
+#[tokio::test]
+async fn degrade_caps_at_level_1_and_sheds_at_level_2() {
+    let gw = gateway(&[], Some(GOLD), None, Some(SHED_AT_2));
+    let live = gw.live();
+    let mut ctx = ctx::accept(&chat(HELLO));
+    let v = validated(&gw, HELLO).await;
+    // Level 0: untouched.
+    let (same, labels) = degrade::degrade(&gw, &live, v.valid, "gold", 3, &mut ctx).unwrap();
+    assert!(labels.is_empty());
+    assert_eq!(same.max_tokens, 100);
+    live.pools[0].degrade.force(Some(1)).unwrap();
+    let (capped, labels) = degrade::degrade(&gw, &live, same, "gold", 3, &mut ctx).unwrap();
+    assert_eq!(labels, ["cap_max_tokens"]);
+    assert_eq!(capped.max_tokens, 16);
+    let body: serde_json::Value = serde_json::from_slice(&capped.body).unwrap();
+    assert_eq!(body["max_tokens"], 16, "the upstream body carries the cap");
+    live.pools[0].degrade.force(Some(2)).unwrap();
+    let shed = degrade::degrade(&gw, &live, capped, "gold", 3, &mut ctx);
+    assert!(matches!(
+        shed,
+        Err(GatewayError::TooManyRequests {
+            reason: "degraded",
+            ..
+        })
+    ));
+    assert_eq!(metric(&gw, "infergate_degraded_requests_total", &[]), 2.0);
+}
+
+const CANARY: &str = "models:\n  m:\n    versions:\n      - {name: stable, model: m, weight: 50}\n      - {name: canary, model: m-canary, weight: 50}\n";
+
+#[tokio::test]
+async fn split_keeps_a_session_on_its_version() {
+    let gw = gateway(&[], None, Some(CANARY), None);
+    let live = gw.live();
+    let with_session = |id: &str| {
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"user":"{id}"}}"#
+        );
+        let gw = gw.clone();
+        async move { validated(&gw, &body).await.valid }
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let user = format!("user-{i}");
+        let (a, va) = split::split(&live, with_session(&user).await, ("t", "r1")).unwrap();
+        let (_, vb) = split::split(&live, with_session(&user).await, ("t", "r2")).unwrap();
+        let (va, vb) = (va.unwrap(), vb.unwrap());
+        assert_eq!(va.name, vb.name, "{user} moved between versions");
+        if va.name == "canary" {
+            let body: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+            assert_eq!(body["model"], "m-canary");
+        }
+        seen.insert(va.name.clone());
+    }
+    assert_eq!(seen.len(), 2, "40 sessions at 50/50 all on one version");
+}
+
+#[tokio::test]
+async fn meter_reserves_tokens_and_refuses_past_the_minute() {
+    let gw = gateway(&[], Some(GOLD), None, None);
+    let live = gw.live();
+    let (tenant, _) = {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+        authenticate::authenticate(&live, &h).unwrap()
+    };
+    let tier = live.snapshot.tier("gold").unwrap();
+    let ctx = ctx::accept(&chat(HELLO));
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":600}"#;
+    let reserve = |v: validate::Validated| {
+        let slot = crate::limits::ConcurrencySlot::take(
+            gw.limiter.clone(),
+            "acme",
+            &meter::tier_limits(tier),
+        )
+        .unwrap();
+        let (gw, live, tenant, ctx) = (&gw, &live, &tenant, &ctx);
+        async move {
+            meter::meter(
+                gw,
+                &live.snapshot,
+                (tenant, tier),
+                &v.valid,
+                v.prompt_tokens,
+                None,
+                (slot, v.body_hold),
+                ctx,
+            )
+            .await
+        }
+    };
+    let first = reserve(validated(&gw, body).await).await.unwrap();
+    assert_eq!(
+        first
+            .reservation
+            .headers
+            .header_pairs()
+            .iter()
+            .find(|(k, _)| *k == "x-ratelimit-limit-tokens")
+            .map(|(_, v)| v.as_str()),
+        Some("1000")
+    );
+    // 600 + prompt more does not fit the 1,000-token minute while the first holds its share.
+    let second = reserve(validated(&gw, body).await).await;
+    assert!(
+        matches!(
+            second,
+            Err(GatewayError::TooManyRequests { reason: "rate", .. })
+        ),
+        "{:?}",
+        second.err()
+    );
+    // Dropped without an answer: the whole reservation comes back.
+    drop(first);
+    assert!(reserve(validated(&gw, body).await).await.is_ok());
+}
+
+#[tokio::test]
+async fn admit_gives_a_permit_and_notes_the_wait() {
+    let gw = gateway(&[], Some(GOLD), None, None);
+    let live = gw.live();
+    let tier = live.snapshot.tier("gold").unwrap();
+    let mut ctx = ctx::accept(&chat(HELLO));
+    let permit = admit::admit(&gw, &live.pools[0], tier, &mut ctx)
+        .await
+        .unwrap();
+    assert!(ctx.queue_ms.is_some());
+    assert!(permit.waited() < Duration::from_secs(5));
+    assert_eq!(metric(&gw, "infergate_queue_wait_seconds_count", &[]), 1.0);
+}
+
+#[tokio::test]
+async fn route_picks_a_healthy_worker_and_counts_why() {
+    let gw = gateway(
+        &["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
+        None,
+        None,
+        None,
+    );
+    let live = gw.live();
+    let pool = &live.pools[0];
+    let v = validated(&gw, HELLO).await;
+    let (first, _) = route::pick(pool, &v.valid.features, &[], false, &gw.metrics).unwrap();
+    let (second, _) =
+        route::pick(pool, &v.valid.features, &[first.key], false, &gw.metrics).unwrap();
+    assert_ne!(first.key, second.key, "a retry goes to another worker");
+    assert!(
+        route::pick(
+            pool,
+            &v.valid.features,
+            &[first.key, second.key],
+            false,
+            &gw.metrics
+        )
+        .is_none()
+    );
+    assert_eq!(metric(&gw, "infergate_routing_decisions_total", &[]), 2.0);
+}
+
+#[tokio::test]
+async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
+    let (addr, calls) = upstream().await;
+    let gw = gateway(&[format!("http://{addr}")], Some(GOLD), None, None);
+    let res = handle(gw.clone(), chat(HELLO)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().contains_key("x-request-id"));
+    assert!(res.headers().contains_key("x-ratelimit-remaining-tokens"));
+    // Counted when the body ends, not when the headers are ready.
+    assert_eq!(metric(&gw, "infergate_requests_total", &[]), 0.0);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["usage"]["completion_tokens"], 7);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        metric(
+            &gw,
+            "infergate_requests_total",
+            &[("model", "m"), ("status", "200")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &gw,
+            "infergate_tenant_requests_total",
+            &[("tenant", "acme"), ("outcome", "ok")]
+        ),
+        1.0
+    );
+
+    // A refusal is accounted at once, by its reason, and never reaches the worker.
+    let bad = handle(gw.clone(), chat(r#"{"model":"nope","messages":[]}"#)).await;
+    assert_eq!(bad.status(), StatusCode::NOT_FOUND);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        metric(
+            &gw,
+            "infergate_tenant_requests_total",
+            &[("tenant", "acme"), ("outcome", "rejected")]
+        ),
+        1.0
+    );
+}
