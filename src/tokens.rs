@@ -1,7 +1,27 @@
 //! Prompt token estimates for metering: a real BPE tokenizer (cl100k or o200k, embedded in the
 //! binary, so it works offline), run off the async reactor by the caller for long prompts.
+//!
+//! A prompt is counted in pieces of about [`PIECE_BYTES`], each ending before a whitespace
+//! character (where the tokenizer's pre-split starts a new word anyway), and each piece's count
+//! is kept in a small lock-free table keyed by a hash of its bytes. Prompts repeat (system
+//! prompts, few-shot examples, a conversation's earlier turns), so most pieces are counted
+//! once. The estimate is a pure function of the text: the sum of its pieces' counts, which
+//! differs from a whole-text count only where a piece boundary falls inside a run of
+//! whitespace.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Deserialize;
+
+/// Target size of a counted piece, in bytes.
+pub const PIECE_BYTES: usize = 256;
+/// A piece ends at the last whitespace after this many bytes (else at `PIECE_BYTES`).
+const MIN_PIECE_BYTES: usize = 64;
+/// Entries of each tokenizer's count table (direct-mapped; 128 KiB).
+const SLOTS: usize = 1 << 14;
+/// Low bits of an entry hold the count; the rest are the piece hash's high bits.
+const COUNT_BITS: u32 = 16;
 
 /// Which tokenizer estimates a model's prompt tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -16,18 +36,85 @@ pub enum Estimator {
     Bytes,
 }
 
+/// Counts of pieces already seen, for one tokenizer.
+struct CountTable(Box<[AtomicU64]>);
+
+impl CountTable {
+    fn new() -> Self {
+        Self((0..SLOTS).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The count of the piece hashing to `hash`, computing (and keeping) it on a miss.
+    fn count(&self, hash: u64, compute: impl FnOnce() -> u64) -> u64 {
+        let slot = &self.0[(hash as usize) % SLOTS];
+        let tag = hash & !((1 << COUNT_BITS) - 1);
+        let entry = slot.load(Ordering::Relaxed);
+        // A zero entry is empty (a real tag of zero merely misses).
+        if entry != 0 && entry & !((1 << COUNT_BITS) - 1) == tag {
+            return entry & ((1 << COUNT_BITS) - 1);
+        }
+        let n = compute();
+        if n < (1 << COUNT_BITS) {
+            slot.store(tag | n, Ordering::Relaxed);
+        }
+        n
+    }
+}
+
+fn table(e: Estimator) -> &'static CountTable {
+    static CL100K: OnceLock<CountTable> = OnceLock::new();
+    static O200K: OnceLock<CountTable> = OnceLock::new();
+    match e {
+        Estimator::O200k => O200K.get_or_init(CountTable::new),
+        _ => CL100K.get_or_init(CountTable::new),
+    }
+}
+
+/// `text` cut into pieces of at most [`PIECE_BYTES`] (longer only when a single character is),
+/// each ending before a whitespace character when one lies past [`MIN_PIECE_BYTES`].
+pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() <= PIECE_BYTES {
+            return Some(std::mem::take(&mut rest));
+        }
+        let mut end = PIECE_BYTES;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 {
+            end = rest.char_indices().nth(1).map_or(rest.len(), |(i, _)| i);
+        }
+        let cut = rest[..end]
+            .char_indices()
+            .rev()
+            .take_while(|&(i, _)| i >= MIN_PIECE_BYTES)
+            .find(|(_, c)| c.is_whitespace())
+            .map_or(end, |(i, _)| i);
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 impl Estimator {
     /// Estimated tokens of `text`.
     pub fn count(self, text: &str) -> u64 {
-        match self {
-            Estimator::Cl100k => tiktoken_rs::cl100k_base_singleton()
-                .encode_ordinary(text)
-                .len() as u64,
-            Estimator::O200k => tiktoken_rs::o200k_base_singleton()
-                .encode_ordinary(text)
-                .len() as u64,
-            Estimator::Bytes => (text.len() as u64).div_ceil(4),
-        }
+        let bpe = match self {
+            Estimator::Cl100k => tiktoken_rs::cl100k_base_singleton(),
+            Estimator::O200k => tiktoken_rs::o200k_base_singleton(),
+            Estimator::Bytes => return (text.len() as u64).div_ceil(4),
+        };
+        let table = table(self);
+        pieces(text)
+            .map(|piece| {
+                let hash = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
+                table.count(hash, || bpe.encode_ordinary(piece).len() as u64)
+            })
+            .sum()
     }
 }
 
@@ -46,5 +133,43 @@ mod tests {
         assert!((180..=220).contains(&o2), "{o2}");
         assert_eq!(by, 225);
         assert_eq!(Estimator::Cl100k.count(""), 0);
+    }
+
+    #[test]
+    fn pieces_cover_the_text_and_end_before_whitespace() {
+        let text = "word ".repeat(200) + &"é".repeat(300) + "tail";
+        let parts: Vec<&str> = pieces(&text).collect();
+        assert_eq!(parts.concat(), text);
+        assert!(parts.iter().all(|p| p.len() <= PIECE_BYTES), "{parts:?}");
+        // Word pieces end before a space (the next one starts with it).
+        assert!(parts[1].starts_with(' '), "{:?}", parts[1]);
+        assert!(pieces("").next().is_none());
+        // One piece for short text.
+        assert_eq!(pieces("hello").collect::<Vec<_>>(), ["hello"]);
+    }
+
+    #[test]
+    fn piecewise_counts_match_a_whole_count_of_prose_and_repeat_exactly() {
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+        let whole = tiktoken_rs::cl100k_base_singleton()
+            .encode_ordinary(&text)
+            .len() as u64;
+        let first = Estimator::Cl100k.count(&text);
+        assert_eq!(first, whole, "a cut before a space splits no token");
+        // The second count comes from the table and is the same.
+        assert_eq!(Estimator::Cl100k.count(&text), first);
+        assert_eq!(Estimator::O200k.count(&text), Estimator::O200k.count(&text));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_cuts_into_pieces_that_rebuild_it(text in "\\PC{0,700}") {
+            let parts: Vec<&str> = pieces(&text).collect();
+            proptest::prop_assert_eq!(parts.concat(), text.clone());
+            for p in &parts {
+                proptest::prop_assert!(!p.is_empty());
+                proptest::prop_assert!(p.len() <= PIECE_BYTES || p.chars().count() == 1);
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! (which the gateway asks for upstream and hides from clients that did not ask for it).
 
 use hyper::body::Bytes;
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 /// Token counts reported by the worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,33 +38,60 @@ pub struct UsageTap {
     pub content_events: u64,
 }
 
-/// The usage of a body or SSE payload: `usage` of chat, completions and embeddings
+/// What a body or SSE payload says about usage, read without building the whole JSON tree:
+/// serde skips every other field. `usage` of chat, completions and embeddings
 /// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), or of the
 /// Responses API (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`), at the
 /// top level (a body) or inside `response` (its `response.completed` event).
-fn usage_of(v: &Value) -> Option<TokenUsage> {
-    let u = v
-        .get("usage")
-        .filter(|u| !u.is_null())
-        .or_else(|| v.get("response")?.get("usage").filter(|u| !u.is_null()))?;
-    let count = |key: &str| u.get(key).and_then(Value::as_u64);
-    let cached = |details: &str| {
-        u.get(details)
-            .and_then(|d| d.get("cached_tokens"))
-            .and_then(Value::as_u64)
-    };
-    if let Some(prompt) = count("prompt_tokens") {
-        return Some(TokenUsage {
-            prompt,
-            completion: count("completion_tokens").unwrap_or(0),
-            cached: cached("prompt_tokens_details"),
-        });
+#[derive(Deserialize)]
+struct Payload {
+    usage: Option<WireUsage>,
+    response: Option<Inner>,
+    /// Only whether it is empty matters: the elements are skipped, not kept.
+    choices: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct Inner {
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    input_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+}
+
+impl Payload {
+    /// The token counts it reports, if any.
+    fn usage(&self) -> Option<TokenUsage> {
+        let u = self
+            .usage
+            .as_ref()
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
+        let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
+        if let Some(prompt) = u.prompt_tokens {
+            return Some(TokenUsage {
+                prompt,
+                completion: u.completion_tokens.unwrap_or(0),
+                cached: cached(&u.prompt_tokens_details),
+            });
+        }
+        Some(TokenUsage {
+            prompt: u.input_tokens?,
+            completion: u.output_tokens.unwrap_or(0),
+            cached: cached(&u.input_tokens_details),
+        })
     }
-    Some(TokenUsage {
-        prompt: count("input_tokens")?,
-        completion: count("output_tokens").unwrap_or(0),
-        cached: cached("input_tokens_details"),
-    })
 }
 
 impl UsageTap {
@@ -127,8 +155,8 @@ impl UsageTap {
     /// Bytes held back at the end of the body (an unterminated last event).
     pub fn flush(&mut self) -> Bytes {
         if !self.is_stream {
-            if let Ok(v) = serde_json::from_slice::<Value>(&self.pending) {
-                self.usage = usage_of(&v).or(self.usage);
+            if let Ok(p) = serde_json::from_slice::<Payload>(&self.pending) {
+                self.usage = p.usage().or(self.usage);
             }
             self.pending.clear();
             return Bytes::new();
@@ -188,14 +216,16 @@ impl UsageTap {
         if payload.starts_with(b"[DONE]") {
             return false;
         }
-        let Ok(v) = serde_json::from_slice::<Value>(payload) else {
+        let Ok(p) = serde_json::from_slice::<Payload>(payload) else {
+            // JSON of another shape (not an object, or a usage of odd types) still carries
+            // content; only what is not JSON at all is skipped.
+            if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
+                self.content_events += 1;
+            }
             return false;
         };
-        let usage = usage_of(&v);
-        let empty_choices = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(|c| c.is_empty());
+        let usage = p.usage();
+        let empty_choices = p.choices.as_ref().is_some_and(Vec::is_empty);
         if let Some(u) = usage {
             self.usage = Some(u);
         }
