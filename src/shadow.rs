@@ -48,11 +48,7 @@ struct ShadowsFile {
 /// Reads only the `shadows:` key of routing.yaml; errors are messages (model names unchecked).
 pub fn parse_shadows(text: &str) -> Result<BTreeMap<String, ShadowSpec>, Vec<String>> {
     let (specs, problems) = check_shadows(text, &|_| true);
-    if problems.is_empty() {
-        Ok(specs)
-    } else {
-        Err(problems.into_iter().map(|p| p.message).collect())
-    }
+    crate::config::into_messages(specs, problems)
 }
 
 /// Reads and checks the `shadows:` key of routing.yaml, model names against `known` (the

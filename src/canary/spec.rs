@@ -149,11 +149,7 @@ impl CanarySpec {
 /// message (model names unchecked).
 pub fn parse_models(text: &str) -> Result<BTreeMap<String, CanarySpec>, Vec<String>> {
     let (specs, problems) = check_models(text, &|_| true);
-    if problems.is_empty() {
-        Ok(specs)
-    } else {
-        Err(problems.into_iter().map(|p| p.message).collect())
-    }
+    crate::config::into_messages(specs, problems)
 }
 
 /// Reads and checks the `models:` key of routing.yaml, model names against `known` (the

@@ -26,7 +26,7 @@ mod tests;
 use std::path::Path;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use place::{Problem, Seg, YamlPath};
+pub use place::{Problem, Seg, YamlPath, into_messages};
 pub use snapshot::{
     AdminConfig, AdmissionSpec, ConnectionLimits, Dialect, ForwardConfig, HealthConfig, LogConfig,
     LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,

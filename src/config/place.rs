@@ -60,6 +60,16 @@ impl Problem {
     }
 }
 
+/// `value` when there are no problems, else their messages (for callers that report text only,
+/// such as the simulator and unit tests).
+pub fn into_messages<T>(value: T, problems: Vec<Problem>) -> Result<T, Vec<String>> {
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(problems.into_iter().map(|p| p.message).collect())
+    }
+}
+
 /// The shape of a document with every key's and item's place: just enough to find a path.
 enum Node {
     Map(Vec<(Spanned<String>, Spanned<Node>)>),
