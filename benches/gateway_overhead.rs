@@ -1,7 +1,9 @@
 //! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
 //! through `infergate gateway`, through the gateway with its usage ledger on (prices, one SQLite
 //! row per request), through the gateway with its tenant limits in Redis (fleet mode, when
-//! `redis-server` is installed), and through nginx as a plain reverse proxy, side by side in one
+//! `redis-server` is installed), through the gateway with its features on (a tenant key and a
+//! token budget, `prefix` routing, a 6 KB chat body whose system prompt repeats), and through
+//! nginx as a plain reverse proxy, with the tiny body and with the 6 KB one, side by side in one
 //! run.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
@@ -115,6 +117,49 @@ struct Target {
     url: String,
     /// The proxy's process id, for its CPU time.
     pid: Option<u32>,
+    /// What the client sends.
+    load: Load,
+}
+
+/// The requests of a column.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    /// The tiny chat body, no key.
+    Tiny,
+    /// A ~6 KB chat body (a shared 6 KB system prompt, then a question that differs per
+    /// request) with the tenant's key.
+    Long,
+}
+
+/// The key of the tenant of the features-on gateway.
+const BENCH_KEY: &str = "ig-bench-overhead-key";
+
+/// The shared system prompt of [`Load::Long`]: about 6 KB of prose.
+fn system_prompt() -> String {
+    "You are a careful assistant for a company's internal documentation. Answer from the \
+     documents given, cite the section you used, and say when the documents do not cover the \
+     question. Keep answers short and precise. "
+        .repeat(28)
+}
+
+/// The chat body of request `n` of `load`.
+fn chat_body(load: Load, stream: bool, n: u64) -> Bytes {
+    match (load, stream) {
+        (Load::Tiny, false) => Bytes::from_static(CHAT),
+        (Load::Tiny, true) => Bytes::from_static(CHAT_STREAM),
+        (Load::Long, _) => {
+            let body = serde_json::json!({
+                "model": "bench",
+                "messages": [
+                    {"role": "system", "content": system_prompt()},
+                    {"role": "user", "content": format!("Question {n}: which section covers travel expenses for trip {}?", n * 7919 % 100_003)},
+                ],
+                "max_tokens": 16,
+                "stream": stream,
+            });
+            Bytes::from(body.to_string())
+        }
+    }
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -130,16 +175,19 @@ async fn run() -> Result<(), BoxError> {
             name: "direct",
             url: upstream_url.clone(),
             pid: None,
+            load: Load::Tiny,
         },
         Target {
             name: "infergate gateway",
             url: gateway.url.clone(),
             pid: gateway.pid(),
+            load: Load::Tiny,
         },
         Target {
             name: "infergate + usage ledger",
             url: with_ledger.url.clone(),
             pid: with_ledger.pid(),
+            load: Load::Tiny,
         },
     ];
     let mut notes = Vec::new();
@@ -153,6 +201,7 @@ async fn run() -> Result<(), BoxError> {
                 name: "infergate + Redis limits",
                 url: gw.url.clone(),
                 pid: gw.pid(),
+                load: Load::Tiny,
             });
             Some((redis.0, gw))
         }
@@ -161,13 +210,28 @@ async fn run() -> Result<(), BoxError> {
             None
         }
     };
+    // Features on: a tenant with its key and a token budget, `prefix` routing, a 6 KB body.
+    let features = start_gateway(&bin, &dir, &upstream_url, Variant::Features).await?;
+    targets.push(Target {
+        name: "infergate, features on (6 KB)",
+        url: features.url.clone(),
+        pid: features.pid(),
+        load: Load::Long,
+    });
     let nginx = match find_nginx() {
         Some(nginx_bin) => {
             let (proc, url) = start_nginx(&nginx_bin, &dir, upstream).await?;
             targets.push(Target {
                 name: "nginx (proxy_pass)",
+                url: url.clone(),
+                pid: proc.pid(),
+                load: Load::Tiny,
+            });
+            targets.push(Target {
+                name: "nginx (proxy_pass, 6 KB)",
                 url,
                 pid: proc.pid(),
+                load: Load::Long,
             });
             Some(proc)
         }
@@ -177,7 +241,7 @@ async fn run() -> Result<(), BoxError> {
         }
     };
     for t in &targets {
-        smoke(&t.url)
+        smoke(&t.url, t.load)
             .await
             .map_err(|e| format!("{} at {}: {e}", t.name, t.url))?;
     }
@@ -202,6 +266,7 @@ async fn run() -> Result<(), BoxError> {
     }
     gateway.stop().await;
     with_ledger.stop().await;
+    features.stop().await;
     if let Some((mut redis, gw)) = redis {
         gw.stop().await;
         let _ = redis.kill();
@@ -293,11 +358,11 @@ fn stream_table(targets: &[Target], runs: &[Samples]) -> Table {
 }
 
 /// One request of each kind must succeed before anything is measured.
-async fn smoke(url: &str) -> Result<(), BoxError> {
+async fn smoke(url: &str, load: Load) -> Result<(), BoxError> {
     let mut conn = Conn::open(url).await?;
     let mut gaps = Vec::new();
-    one_request(&mut conn, false, &mut gaps).await?;
-    one_request(&mut conn, true, &mut gaps).await?;
+    one_request(&mut conn, (load, 0), false, &mut gaps).await?;
+    one_request(&mut conn, (load, 1), true, &mut gaps).await?;
     if gaps.len() != CHUNKS as usize {
         return Err(format!("{} gaps in a stream, expected {CHUNKS}", gaps.len()).into());
     }
@@ -320,7 +385,9 @@ async fn closed_loop(target: &Target, stream: bool) -> Samples {
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|_| {
             let url = target.url.clone();
+            let load = target.load;
             tokio::spawn(async move {
+                let mut n = 0u64;
                 let mut s = Samples::default();
                 let mut conn: Option<Conn> = None;
                 let mut gaps = Vec::new();
@@ -339,7 +406,8 @@ async fn closed_loop(target: &Target, stream: bool) -> Samples {
                         },
                     };
                     gaps.clear();
-                    match one_request(c, stream, &mut gaps).await {
+                    n += 1;
+                    match one_request(c, (load, n), stream, &mut gaps).await {
                         Ok(()) if measured => {
                             s.latencies.push(started.elapsed().as_secs_f64());
                             s.gaps.extend_from_slice(&gaps);
@@ -368,10 +436,16 @@ async fn closed_loop(target: &Target, stream: bool) -> Samples {
 
 /// One request on `conn`: the whole answer read; for streams, the gap before each chunk after the
 /// first is pushed on `gaps` (in seconds).
-async fn one_request(conn: &mut Conn, stream: bool, gaps: &mut Vec<f64>) -> Result<(), BoxError> {
-    let body = Bytes::from_static(if stream { CHAT_STREAM } else { CHAT });
+async fn one_request(
+    conn: &mut Conn,
+    (load, n): (Load, u64),
+    stream: bool,
+    gaps: &mut Vec<f64>,
+) -> Result<(), BoxError> {
+    let body = chat_body(load, stream, n);
+    let key = (load == Load::Long).then_some(BENCH_KEY);
     let res = conn
-        .send(Method::POST, "/v1/chat/completions", Some(body))
+        .send_as(Method::POST, "/v1/chat/completions", Some(body), key)
         .await?;
     let status = res.status();
     let mut body = res.into_body();
@@ -518,6 +592,8 @@ enum Variant {
     Ledger,
     /// Tenant limits in the Redis at this URL (fleet mode), no ledger.
     Redis(String),
+    /// A tenant with a key and a token budget, `prefix` routing.
+    Features,
 }
 
 /// `infergate gateway` in front of `upstream`. Every variant's anonymous tenant has a tier with
@@ -538,8 +614,16 @@ async fn start_gateway(
             "gateway-redis",
             format!("state: {{redis: {{url: \"{url}\", key_prefix: bench, timeout: 50ms}}}}\n"),
         ),
+        Variant::Features => (
+            "gateway-features",
+            format!(
+                "tenants:\n  - {{name: acme, tier: bench, keys: [\"{}\"]}}\n",
+                infergate::tenants::format_hash(&infergate::tenants::hash_key(BENCH_KEY))
+            ),
+        ),
     };
     let ledger = matches!(variant, Variant::Ledger);
+    let features = matches!(variant, Variant::Features);
     let ledger_line = extra.as_str();
     let config = dir.write(
         &format!("{sub}/infergate.yaml"),
@@ -555,7 +639,11 @@ async fn start_gateway(
     );
     dir.write(
         &format!("{sub}/policies/routing.yaml"),
-        "pools:\n  bench:\n    policy: round_robin\n",
+        if features {
+            "pools:\n  bench:\n    policy: prefix\n"
+        } else {
+            "pools:\n  bench:\n    policy: round_robin\n"
+        },
     );
     dir.write(
         &format!("{sub}/policies/tenants.yaml"),

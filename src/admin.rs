@@ -44,10 +44,10 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBod
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
-            return json_response(
-                StatusCode::UNAUTHORIZED,
-                json!({"error": {"message": "admin key required", "type": "authentication_error", "param": null, "code": 401}}).to_string(),
-            );
+            return GatewayError::Unauthorized(
+                "admin key required: send `Authorization: Bearer <admin key>`".into(),
+            )
+            .into_response();
         }
     }
     drop(live);

@@ -256,11 +256,25 @@ impl Conn {
         path: &str,
         body: Option<Bytes>,
     ) -> Result<Response<Incoming>, BoxError> {
+        self.send_as(method, path, body, None).await
+    }
+
+    /// [`send`](Self::send) with `Authorization: Bearer KEY` when `key` is given.
+    pub async fn send_as(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+        key: Option<&str>,
+    ) -> Result<Response<Incoming>, BoxError> {
         self.sender.ready().await?;
         let mut req = Request::builder()
             .method(method)
             .uri(path)
             .header(HOST, self.authority.as_str());
+        if let Some(key) = key {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
         if body.is_some() {
             req = req.header(CONTENT_TYPE, "application/json");
         }
