@@ -70,7 +70,7 @@ fn table(e: Estimator) -> &'static CountTable {
     }
 }
 
-/// `text` cut into pieces of at most [`PIECE_BYTES`] (longer only when a single character is),
+/// `text` cut into pieces of at most [`PIECE_BYTES`],
 /// each ending before a whitespace character when one lies past [`MIN_PIECE_BYTES`].
 pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
     let mut rest = text;
@@ -82,11 +82,9 @@ pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
             return Some(std::mem::take(&mut rest));
         }
         let mut end = PIECE_BYTES;
+        // A character is at most 4 bytes, so a boundary lies within the last three.
         while !rest.is_char_boundary(end) {
             end -= 1;
-        }
-        if end == 0 {
-            end = rest.char_indices().nth(1).map_or(rest.len(), |(i, _)| i);
         }
         let cut = rest[..end]
             .char_indices()

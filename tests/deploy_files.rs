@@ -998,39 +998,56 @@ fn embedded_files() -> BTreeSet<String> {
     out
 }
 
+/// The arguments of every `kw` instruction, in order.
+fn all_of<'a>(ins: &'a [(String, String)], kw: &str) -> Vec<&'a String> {
+    ins.iter()
+        .filter(|(k, _)| k == kw)
+        .map(|(_, r)| r)
+        .collect()
+}
+
+/// The last `kw` of the runtime stage (everything after the last FROM).
+fn in_runtime(ins: &[(String, String)], kw: &str) -> Option<String> {
+    let last = ins.iter().rposition(|(k, _)| k == "FROM")?;
+    ins[last..]
+        .iter()
+        .filter(|(k, _)| k == kw)
+        .map(|(_, r)| r.clone())
+        .next_back()
+}
+
+/// Builds `file` as image `tag` where a container builder answers (`docker info`); says so where
+/// none does. Returns whether it built.
+fn build_image(file: &str, tag: &str) -> bool {
+    if !probe("docker", &["info"]) {
+        skip::skipped(&format!(
+            "the image build of {file} (no container builder: `docker info` fails); it is checked structurally instead"
+        ));
+        return false;
+    }
+    let t = run_ok(
+        Command::new("docker")
+            .current_dir(root())
+            .args(["build", "-f", file, "-t", tag, "."]),
+        &format!("docker build -f {file} ."),
+    );
+    println!("container builder found: {file} was built\n{t}");
+    true
+}
+
 #[test]
 fn dockerfile_builds_or_passes_structural_checks() {
-    if probe("docker", &["info"]) {
-        let t = run_ok(
-            Command::new("docker").current_dir(root()).args([
-                "build",
-                "-f",
-                "deploy/Dockerfile",
-                "-t",
-                "infergate:deploy-test",
-                ".",
-            ]),
-            "docker build -f deploy/Dockerfile .",
-        );
-        println!("container builder found: the image was built\n{t}");
+    if build_image("deploy/Dockerfile", "infergate:deploy-test") {
         let t = run_ok(
             Command::new("docker").args(["run", "--rm", "infergate:deploy-test", "--version"]),
             "docker run infergate:deploy-test --version",
         );
         println!("{t}");
-    } else {
-        skip::skipped(
-            "the image build (no container builder: `docker info` fails); deploy/Dockerfile is checked structurally instead",
-        );
     }
 
     let text = read("deploy/Dockerfile");
     let ins = instructions(&text);
-    let stages: Vec<&String> = ins
-        .iter()
-        .filter(|(k, _)| k == "FROM")
-        .map(|(_, r)| r)
-        .collect();
+    let stages = all_of(&ins, "FROM");
     assert!(stages.len() >= 2, "a multi-stage build: {stages:?}");
     let mut stage_names = BTreeSet::new();
     for from in &stages {
@@ -1073,13 +1090,7 @@ fn dockerfile_builds_or_passes_structural_checks() {
     // The runtime stage: everything after the last FROM.
     let last = ins.iter().rposition(|(k, _)| k == "FROM").unwrap();
     let runtime = &ins[last..];
-    let get = |kw: &str| {
-        runtime
-            .iter()
-            .filter(|(k, _)| k == kw)
-            .map(|(_, r)| r.clone())
-            .next_back()
-    };
+    let get = |kw: &str| in_runtime(&ins, kw);
     let user = get("USER").expect("a USER in the runtime stage");
     let uid = user.split(':').next().unwrap();
     assert!(uid != "0" && uid != "root", "runs as root: USER {user}");
@@ -1193,11 +1204,7 @@ fn dockerfile_builds_or_passes_structural_checks() {
 fn cuda_dockerfile_builds_the_cuda_engine_on_a_cuda_runtime() {
     let text = read("deploy/Dockerfile.cuda");
     let ins = instructions(&text);
-    let froms: Vec<&String> = ins
-        .iter()
-        .filter(|(k, _)| k == "FROM")
-        .map(|(_, r)| r)
-        .collect();
+    let froms = all_of(&ins, "FROM");
     assert_eq!(froms.len(), 2, "builder and runtime: {froms:?}");
     // The builder is deploy/Dockerfile's, so the two images build the same code the same way.
     let plain = instructions(&read("deploy/Dockerfile"));
@@ -1227,14 +1234,7 @@ fn cuda_dockerfile_builds_the_cuda_engine_on_a_cuda_runtime() {
         runtime.starts_with("nvidia/cuda:12.") && runtime.contains("-runtime-"),
         "FROM {runtime}"
     );
-    let last = ins.iter().rposition(|(k, _)| k == "FROM").unwrap();
-    let get = |kw: &str| {
-        ins[last..]
-            .iter()
-            .filter(|(k, _)| k == kw)
-            .map(|(_, r)| r.clone())
-            .next_back()
-    };
+    let get = |kw: &str| in_runtime(&ins, kw);
     let user = get("USER").expect("USER");
     assert!(
         !user.starts_with('0') && !user.starts_with("root"),
@@ -1269,22 +1269,5 @@ fn cuda_dockerfile_builds_the_cuda_engine_on_a_cuda_runtime() {
             }
         }
     }
-    if probe("docker", &["info"]) {
-        let t = run_ok(
-            Command::new("docker").current_dir(root()).args([
-                "build",
-                "-f",
-                "deploy/Dockerfile.cuda",
-                "-t",
-                "infergate:deploy-test-cuda",
-                ".",
-            ]),
-            "docker build -f deploy/Dockerfile.cuda .",
-        );
-        println!("container builder found: the cuda image was built\n{t}");
-    } else {
-        skip::skipped(
-            "the cuda image build (no container builder: `docker info` fails); deploy/Dockerfile.cuda is checked structurally instead",
-        );
-    }
+    build_image("deploy/Dockerfile.cuda", "infergate:deploy-test-cuda");
 }

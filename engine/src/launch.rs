@@ -311,8 +311,8 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
 #[cfg(feature = "cuda")]
 fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
     use crate::backend::cuda::{self, CudaBackend, CudaOptions};
-    // Check the libraries and the device before spending time on loading the model.
-    drop(cuda::probe::open_device(0)?);
+    // The libraries and the device first, before time is spent loading the model.
+    let ctx = cuda::probe::open_device(0)?;
     let RealModel {
         loaded,
         max_model_len,
@@ -323,7 +323,6 @@ fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
     let sizes = capture_sizes(args)?;
     let batched = args.max_num_batched_tokens.unwrap_or(8192);
     let opts = CudaOptions {
-        device: 0,
         gpu_memory_utilization: args.gpu_memory_utilization,
         num_gpu_blocks_override: args.num_gpu_blocks_override,
         limits: cuda::limits(
@@ -342,7 +341,7 @@ fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
     };
     let vocab_size = config.vocab_size;
     let hidden = config.hidden_size;
-    let (backend, num_blocks) = CudaBackend::start(config, &loaded.weights, &opts)?;
+    let (backend, num_blocks) = CudaBackend::start(ctx, config, &loaded.weights, &opts)?;
     check_fits(num_blocks, args, max_model_len, "--gpu-memory-utilization")?;
     Ok(BackendParts {
         backend: Box::new(backend),

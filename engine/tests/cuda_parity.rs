@@ -84,14 +84,14 @@ fn prompts(loaded: &LoadedModel) -> Vec<Vec<u32>> {
 
 fn cuda_backend(loaded: &LoadedModel, sizes: CaptureSizes, blocks: usize) -> CudaBackend {
     let opts = CudaOptions {
-        device: 0,
         gpu_memory_utilization: 0.5,
         num_gpu_blocks_override: Some(blocks),
         limits: cuda::limits(2048, 16, MAX_MODEL_LEN, BLOCK_SIZE, &sizes),
         capture_sizes: sizes,
         kernel_cache: std::env::temp_dir().join("infergate-cuda-parity-kernels"),
     };
-    let (backend, n) = CudaBackend::start(loaded.config.clone(), &loaded.weights, &opts)
+    let ctx = probe::open_device(0).unwrap_or_else(|e| panic!("{e}"));
+    let (backend, n) = CudaBackend::start(ctx, loaded.config.clone(), &loaded.weights, &opts)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(n, blocks);
     backend

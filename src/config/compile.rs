@@ -224,7 +224,7 @@ fn canaries(
 ) {
     let known = |m: &str| models.iter().any(|r| r.name == m);
     let (specs, problems) = crate::canary::check_models(text, &known);
-    (specs, placed_all(text, file, problems))
+    (specs, super::place::placed(text, file, problems))
 }
 
 /// The shadows of routing.yaml's `shadows:`, each model checked against the config; every
@@ -240,19 +240,12 @@ fn shadows(
     let known = |m: &str| models.iter().any(|r| r.name == m);
     let (specs, problems) = crate::shadow::check_shadows(text, &known);
     if !problems.is_empty() {
-        return (Default::default(), placed_all(text, file, problems));
+        return (
+            Default::default(),
+            super::place::placed(text, file, problems),
+        );
     }
     (specs, Vec::new())
-}
-
-/// Problems of `text` as errors of `file`, each at its line, in line order.
-fn placed_all(text: &str, file: &Path, problems: Vec<super::Problem>) -> Vec<ConfigError> {
-    let mut errors: Vec<ConfigError> = problems
-        .into_iter()
-        .map(|p| super::degradation_file::placed(text, file, p))
-        .collect();
-    errors.sort_by_key(|e| (e.line, e.column));
-    errors
 }
 
 /// The text of one policy file and the path it stands for, `None` when absent.

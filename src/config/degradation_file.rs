@@ -26,20 +26,7 @@ pub(super) fn compile(
     // Every check runs, whatever the others found, so that one error never hides the next.
     let (policies, mut problems) = crate::degrade::check(&raw);
     problems.extend(cross_check(&policies, pools, tiers, models));
-    let mut errors: Vec<ConfigError> = problems
-        .into_iter()
-        .map(|p| placed(text, file, p))
-        .collect();
-    errors.sort_by_key(|e| (e.line, e.column));
-    (policies, errors)
-}
-
-/// `problem` at its line and column in `text`, else about the whole file.
-pub(super) fn placed(text: &str, file: &Path, problem: Problem) -> ConfigError {
-    match place::locate(text, &problem.path) {
-        Some(location) => ConfigError::at(file, &location, problem.message),
-        None => ConfigError::file(file, problem.message),
-    }
+    (policies, place::placed(text, file, problems))
 }
 
 /// Pool, tier and fallback model names the policies use that the config lacks.

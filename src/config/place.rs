@@ -1,11 +1,15 @@
 //! Where a problem sits in a YAML file: feature modules (degradation, canary, shadow) validate
 //! typed values and name each problem's place as a path of keys and list indices
 //! ([`YamlPath`]); the config loader turns the path into a line and column of the file's text
-//! ([`locate`]), so every error of `config check` points into the file.
+//! ([`placed`]), so every error of `config check` points into the file.
+
+use std::path::Path;
 
 use serde::Deserialize;
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
+
+use super::error::ConfigError;
 
 /// One step of a path: a mapping key or a list index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,12 +139,27 @@ impl<'de> Visitor<'de> for NodeVisitor {
     }
 }
 
-/// The line and column of `path` in `text`: of its last key (or list item), or of the deepest
-/// part of it the document has. `None` when the text does not parse or not even the first step
-/// is there.
-pub fn locate(text: &str, path: &YamlPath) -> Option<Location> {
-    let root: Node = serde_saphyr::from_str(text).ok()?;
-    let mut node = &root;
+/// The problems of `text` as errors of `file`, each at its line and column (the text is parsed
+/// once for all of them), in line order; a problem whose place is not found is about the file.
+pub(super) fn placed(text: &str, file: &Path, problems: Vec<Problem>) -> Vec<ConfigError> {
+    let root: Option<Node> = serde_saphyr::from_str(text).ok();
+    let mut errors: Vec<ConfigError> = problems
+        .into_iter()
+        .map(
+            |p| match root.as_ref().and_then(|r| locate_in(r, &p.path)) {
+                Some(location) => ConfigError::at(file, &location, p.message),
+                None => ConfigError::file(file, p.message),
+            },
+        )
+        .collect();
+    errors.sort_by_key(|e| (e.line, e.column));
+    errors
+}
+
+/// The line and column of `path` in the document `root`: of its last key (or list item), or of
+/// the deepest part of it the document has; `None` when not even the first step is there.
+fn locate_in(root: &Node, path: &YamlPath) -> Option<Location> {
+    let mut node = root;
     let mut found = None;
     for seg in &path.0 {
         let next = match (node, seg) {
@@ -165,6 +184,11 @@ pub fn locate(text: &str, path: &YamlPath) -> Option<Location> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The place of `path` in `text`, `None` when the text does not parse.
+    fn locate(text: &str, path: &YamlPath) -> Option<Location> {
+        locate_in(&serde_saphyr::from_str(text).ok()?, path)
+    }
 
     const DOC: &str = "\
 pools:

@@ -3,8 +3,6 @@
 //! request count and tenant outcome by how it really ended, the shadow comparison, the canary
 //! sample and the settlement of the reservation.
 
-use std::sync::Arc;
-
 use hyper::Response;
 use hyper::header::HeaderValue;
 
@@ -150,14 +148,4 @@ pub(super) fn decorate(
             res.headers_mut().insert(name, v);
         }
     }
-}
-
-/// The shared pool of a live snapshot by index.
-pub(super) fn pool_at(
-    live: &crate::gateway::Live,
-    index: usize,
-) -> Result<&Arc<PoolRuntime>, GatewayError> {
-    live.pools
-        .get(index)
-        .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))
 }

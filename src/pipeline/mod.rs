@@ -159,14 +159,14 @@ async fn run<B: RequestBody>(
         validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
     let prompt_tokens = validated.prompt_tokens;
     ctx.model = validated.valid.model.clone();
-    ctx.pool = forward::pool_at(&live, validated.valid.pool)?.name.clone();
+    ctx.pool = pool_at(&live, validated.valid.pool)?.name.clone();
 
     let (valid, degraded) =
         degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
-    ctx.pool = forward::pool_at(&live, valid.pool)?.name.clone();
+    ctx.pool = pool_at(&live, valid.pool)?.name.clone();
 
     let (valid, version) = split::split(&live, valid, (&tenant.name, &ctx.request_id))?;
-    let pool = forward::pool_at(&live, valid.pool)?;
+    let pool = pool_at(&live, valid.pool)?;
     ctx.pool = pool.name.clone();
     if let Some(v) = &version {
         ctx.version = v.name.clone();
@@ -223,4 +223,14 @@ async fn run<B: RequestBody>(
         metered.reservation.headers.header_pairs(),
     );
     Ok(res)
+}
+
+/// The pool a request now targets (validation, degradation and the split may each change it).
+fn pool_at(
+    live: &crate::gateway::Live,
+    index: usize,
+) -> Result<&Arc<crate::workers::pool::PoolRuntime>, GatewayError> {
+    live.pools
+        .get(index)
+        .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))
 }

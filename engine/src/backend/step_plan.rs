@@ -22,6 +22,8 @@ pub struct StepPlan {
     pub width: usize,
     /// Flattened row of the last token of each chunk that wants logits, in chunk order.
     pub last_rows: Vec<usize>,
+    /// Per chunk: its first position and its rows `first..first + len`.
+    spans: Vec<(usize, usize, usize)>,
 }
 
 impl StepPlan {
@@ -46,6 +48,7 @@ impl StepPlan {
             block_tables: vec![0; chunks.len() * width],
             width,
             last_rows: Vec::new(),
+            spans: Vec::with_capacity(chunks.len()),
         };
         for (i, ch) in chunks.iter().enumerate() {
             let end = ch.start + ch.tokens.len();
@@ -61,6 +64,8 @@ impl StepPlan {
                     ch.block_table.len()
                 ));
             }
+            plan.spans
+                .push((ch.start, plan.tokens.len(), ch.tokens.len()));
             for (j, &b) in ch.block_table.iter().enumerate() {
                 plan.block_tables[i * width + j] = b as i32;
             }
@@ -87,6 +92,12 @@ impl StepPlan {
         plan.slots.resize(len, -1);
         plan.seq_of.resize(len, 0);
         Ok(plan)
+    }
+
+    /// The flattened row of position `pos` of chunk `chunk`, if the step computes it.
+    pub fn row_of(&self, chunk: usize, pos: usize) -> Option<usize> {
+        let &(start, first, len) = self.spans.get(chunk)?;
+        (pos >= start && pos < start + len).then(|| first + pos - start)
     }
 
     /// Rows, padding included.
@@ -129,6 +140,11 @@ mod tests {
         assert_eq!(p.seq_of, vec![0, 0, 0, 1]);
         assert_eq!(p.block_tables, vec![7, 2, 0, 0, 5, 1, 8, 0]);
         assert_eq!(p.last_rows, vec![2, 3]);
+        assert_eq!((p.row_of(0, 4), p.row_of(1, 9)), (Some(1), Some(3)));
+        assert_eq!(
+            (p.row_of(0, 6), p.row_of(1, 8), p.row_of(2, 0)),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -35,8 +35,6 @@ pub struct CudaBackend {
 /// How the engine asked for the GPU to be used.
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
-    /// Device ordinal.
-    pub device: usize,
     /// `--gpu-memory-utilization`: the share of the device's memory this engine may hold.
     pub gpu_memory_utilization: f64,
     /// `--num-gpu-blocks-override`.
@@ -50,15 +48,15 @@ pub struct CudaOptions {
 }
 
 impl CudaBackend {
-    /// Opens the device, uploads the model, sizes the KV cache from the memory left after a
-    /// profiling pass (as vLLM does: `total × utilization − used`), and captures the graphs.
-    /// Returns the backend and its number of KV blocks.
+    /// Uploads the model to the device of `ctx` (from [`probe::open_device`]), sizes the KV
+    /// cache from the memory left after a profiling pass (as vLLM does: `total × utilization −
+    /// used`), and captures the graphs. Returns the backend and its number of KV blocks.
     pub fn start(
+        ctx: std::sync::Arc<cudarc::driver::CudaContext>,
         config: crate::model::config::ModelConfig,
         weights: &crate::model::weights::ModelWeights,
         opts: &CudaOptions,
     ) -> Result<(Self, usize), String> {
-        let ctx = probe::open_device(opts.device)?;
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
         let eos = config.eos_token_ids.clone();
         let mut model = GpuModel::load(ctx, config, weights, opts.limits, &opts.kernel_cache)?;
@@ -137,20 +135,12 @@ impl CudaBackend {
                 .collect()
         } else {
             // Flattened rows: each chunk's last token, then the prompt-logprob rows.
-            let mut first = Vec::with_capacity(chunks.len());
-            let mut total = 0;
-            for ch in &chunks {
-                first.push(total);
-                total += ch.tokens.len();
-            }
             let mut flat = plan.last_rows.clone();
             for &(i, p) in &rows {
-                match chunks.get(i) {
-                    Some(ch) if p >= ch.start && p < ch.start + ch.tokens.len() => {
-                        flat.push(first[i] + p - ch.start)
-                    }
-                    _ => return Err(format!("logits row ({i}, {p}) is outside the step")),
-                }
+                let row = plan
+                    .row_of(i, p)
+                    .ok_or_else(|| format!("logits row ({i}, {p}) is outside the step"))?;
+                flat.push(row);
             }
             let wanted = plan.last_rows.len();
             let mut all = Vec::with_capacity(wanted);

@@ -256,6 +256,43 @@ fn linear(
     Ok(())
 }
 
+/// `out[r] = rms_norm(x[rows[r]]) * weight` for the first `n` rows of `rows`.
+fn rms_norm(
+    s: &CudaStream,
+    f: &CudaFunction,
+    (x, rows, weight): (&CudaSlice<f32>, &CudaSlice<i32>, &CudaSlice<f32>),
+    out: &mut CudaSlice<f16>,
+    (hidden, eps): (i32, f32),
+    n: usize,
+) -> Result<(), String> {
+    let mut b = s.launch_builder(f);
+    b.arg(x)
+        .arg(rows)
+        .arg(weight)
+        .arg(out)
+        .arg(&hidden)
+        .arg(&eps);
+    // SAFETY: `rows` holds at least n indices of rows of x; out has room for n rows.
+    unsafe { b.launch(grid(n, ROW_THREADS)) }.map_err(gpu_err("rms_norm_rows"))?;
+    Ok(())
+}
+
+/// `x += y` over `total` elements (the fp32 residual stream plus an fp16 projection).
+fn add_residual(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: &mut CudaSlice<f32>,
+    y: &CudaSlice<f16>,
+    total: usize,
+) -> Result<(), String> {
+    let count = total as i32;
+    let mut b = s.launch_builder(f);
+    b.arg(x).arg(y).arg(&count);
+    // SAFETY: both hold at least `total` elements.
+    unsafe { b.launch(elementwise(total)) }.map_err(gpu_err("add_residual"))?;
+    Ok(())
+}
+
 fn grid(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((n as u32).max(1), 1, 1),
@@ -614,7 +651,6 @@ impl GpuModel {
         let width = self.limits.max_blocks_per_seq as i32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let inter_total = (n * c.intermediate_size) as i32;
-        let h_total = (n * c.hidden_size) as i32;
         let Self {
             stream: s,
             blas,
@@ -637,15 +673,8 @@ impl GpuModel {
             unsafe { b.launch(grid(n, ROW_THREADS)) }.map_err(gpu_err("embed_rows"))?;
             for (li, layer) in layers.iter().enumerate() {
                 let li = li as i32;
-                let mut b = s.launch_builder(&k.rms_norm_rows);
-                b.arg(&a.x)
-                    .arg(&i.identity)
-                    .arg(&layer.input_norm)
-                    .arg(&mut a.normed)
-                    .arg(&h)
-                    .arg(&eps);
-                // SAFETY: n rows in and out.
-                unsafe { b.launch(grid(n, ROW_THREADS)) }.map_err(gpu_err("rms_norm_rows"))?;
+                let norm_in = (&a.x, &i.identity, &layer.input_norm);
+                rms_norm(s, &k.rms_norm_rows, norm_in, &mut a.normed, (h, eps), n)?;
                 lin(&layer.q_proj, &a.normed, &mut a.q)?;
                 lin(&layer.k_proj, &a.normed, &mut a.k)?;
                 lin(&layer.v_proj, &a.normed, &mut a.v)?;
@@ -693,21 +722,10 @@ impl GpuModel {
                 // SAFETY: positions 0..=pos of each row are in its sequence's blocks.
                 unsafe { b.launch(cfg) }.map_err(gpu_err("paged_attention"))?;
                 lin(&layer.o_proj, &a.attn, &mut a.proj)?;
-                let mut b = s.launch_builder(&k.add_residual);
-                b.arg(&mut a.x).arg(&a.proj).arg(&h_total);
-                // SAFETY: n × hidden elements.
-                unsafe { b.launch(elementwise(n * c.hidden_size)) }
-                    .map_err(gpu_err("add_residual"))?;
+                add_residual(s, &k.add_residual, &mut a.x, &a.proj, n * c.hidden_size)?;
 
-                let mut b = s.launch_builder(&k.rms_norm_rows);
-                b.arg(&a.x)
-                    .arg(&i.identity)
-                    .arg(&layer.post_attention_norm)
-                    .arg(&mut a.normed)
-                    .arg(&h)
-                    .arg(&eps);
-                // SAFETY: n rows in and out.
-                unsafe { b.launch(grid(n, ROW_THREADS)) }.map_err(gpu_err("rms_norm_rows"))?;
+                let norm_in = (&a.x, &i.identity, &layer.post_attention_norm);
+                rms_norm(s, &k.rms_norm_rows, norm_in, &mut a.normed, (h, eps), n)?;
                 lin(&layer.gate_proj, &a.normed, &mut a.gate)?;
                 lin(&layer.up_proj, &a.normed, &mut a.up)?;
                 let mut b = s.launch_builder(&k.silu_mul);
@@ -716,11 +734,7 @@ impl GpuModel {
                 unsafe { b.launch(elementwise(n * c.intermediate_size)) }
                     .map_err(gpu_err("silu_mul"))?;
                 lin(&layer.down_proj, &a.gate, &mut a.proj)?;
-                let mut b = s.launch_builder(&k.add_residual);
-                b.arg(&mut a.x).arg(&a.proj).arg(&h_total);
-                // SAFETY: n × hidden elements.
-                unsafe { b.launch(elementwise(n * c.hidden_size)) }
-                    .map_err(gpu_err("add_residual"))?;
+                add_residual(s, &k.add_residual, &mut a.x, &a.proj, n * c.hidden_size)?;
             }
         }
         Ok(())
@@ -737,15 +751,14 @@ impl GpuModel {
         } else {
             &self.inputs.rows
         };
-        let mut b = self.stream.launch_builder(&self.k.rms_norm_rows);
-        b.arg(&self.act.x)
-            .arg(idx)
-            .arg(&self.norm)
-            .arg(&mut self.act.head_in)
-            .arg(&h)
-            .arg(&eps);
-        // SAFETY: `rows` output rows, each index a row of the step.
-        unsafe { b.launch(grid(rows, ROW_THREADS)) }.map_err(gpu_err("rms_norm_rows"))?;
+        rms_norm(
+            &self.stream,
+            &self.k.rms_norm_rows,
+            (&self.act.x, idx, &self.norm),
+            &mut self.act.head_in,
+            (h, eps),
+            rows,
+        )?;
         let (weight, m) = match &self.lm_head {
             Some(l) => (&l.weight, l.out_features),
             None => (&self.embed, c.vocab_size),
