@@ -50,6 +50,18 @@ const METRICS: &[u8] = b"# TYPE vllm:num_requests_running gauge\nvllm:num_reques
 
 #[tokio::main]
 async fn main() {
+    // `gateway_overhead relay UPSTREAM`: the bare hyper relay column, in a process of its own so
+    // that its CPU time is measured apart from the client's.
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, mode, upstream] = args.as_slice()
+        && mode == "relay"
+    {
+        if let Err(e) = relay(upstream).await {
+            eprintln!("error: relay: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run().await {
         eprintln!("error: {e}");
         std::process::exit(1);
@@ -95,14 +107,20 @@ impl Samples {
         self.latencies.len() as f64 / self.window
     }
 
-    /// Proxy CPU microseconds per successful request, or a dash.
-    fn cpu_per_request(&self) -> String {
+    /// Proxy CPU microseconds per successful request.
+    fn cpu_us(&self) -> Option<f64> {
         match self.proxy_cpu {
             Some(cpu) if !self.latencies.is_empty() => {
-                format!("{:.0}", cpu * 1e6 / self.latencies.len() as f64)
+                Some(cpu * 1e6 / self.latencies.len() as f64)
             }
-            _ => "–".into(),
+            _ => None,
         }
+    }
+
+    /// [`Self::cpu_us`], or a dash.
+    fn cpu_per_request(&self) -> String {
+        self.cpu_us()
+            .map_or_else(|| "–".into(), |us| format!("{us:.0}"))
     }
 
     /// Latency percentile `p`, seconds.
@@ -190,6 +208,20 @@ async fn run() -> Result<(), BoxError> {
             load: Load::Tiny,
         },
     ];
+    // The floor of any hyper-based proxy: the gateway's own server and pooled client with no
+    // phase in between.
+    let relay = Proc::start(
+        &std::env::current_exe()?,
+        &["relay".to_string(), upstream_url.clone()],
+        Some(RELAY_BANNER),
+    )
+    .await?;
+    targets.push(Target {
+        name: "bare hyper relay",
+        url: relay.url.clone(),
+        pid: relay.pid(),
+        load: Load::Tiny,
+    });
     let mut notes = Vec::new();
     // Fleet mode: the same gateway with its tenant limits in a Redis on loopback.
     let redis = match find_program("redis-server") {
@@ -221,16 +253,17 @@ async fn run() -> Result<(), BoxError> {
     let nginx = match find_nginx() {
         Some(nginx_bin) => {
             let (proc, url) = start_nginx(&nginx_bin, &dir, upstream).await?;
+            let proc = (proc, nginx_bin);
             targets.push(Target {
                 name: "nginx (proxy_pass)",
                 url: url.clone(),
-                pid: proc.pid(),
+                pid: proc.0.pid(),
                 load: Load::Tiny,
             });
             targets.push(Target {
                 name: "nginx (proxy_pass, 6 KB)",
                 url,
-                pid: proc.pid(),
+                pid: proc.0.pid(),
                 load: Load::Long,
             });
             Some(proc)
@@ -261,11 +294,12 @@ async fn run() -> Result<(), BoxError> {
         eprintln!("streaming: {} ...", t.name);
         streamed.push(closed_loop(t, true).await);
     }
-    if let Some(p) = nginx {
-        p.stop().await;
+    if let Some((p, bin)) = nginx {
+        stop_nginx(&bin, &dir, p).await;
     }
     gateway.stop().await;
     with_ledger.stop().await;
+    relay.stop().await;
     features.stop().await;
     if let Some((mut redis, gw)) = redis {
         gw.stop().await;
@@ -302,12 +336,28 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
         "p50 × direct",
         "p99 × direct",
         "proxy CPU µs/req",
+        "req/s × nginx",
+        "CPU × nginx",
         "errors",
     ]);
     let base = &runs[0];
     let (b50, b99) = (base.latency(50.0), base.latency(99.0));
+    // Each proxy against nginx carrying the same body (issue 12's targets are these ratios).
+    let nginx_of = |load: Load| {
+        targets
+            .iter()
+            .zip(runs)
+            .find(|(t, _)| t.name.starts_with("nginx") && t.load == load)
+            .map(|(_, s)| s)
+    };
     for (t, s) in targets.iter().zip(runs) {
         let (p50, p99) = (s.latency(50.0), s.latency(99.0));
+        let nginx = nginx_of(t.load).filter(|_| t.pid.is_some() && !t.name.starts_with("nginx"));
+        let rate_ratio =
+            nginx.map_or_else(|| "–".into(), |n| format!("{:.2}", s.rate() / n.rate()));
+        let cpu_ratio = nginx
+            .and_then(|n| Some(s.cpu_us()? / n.cpu_us()?))
+            .map_or_else(|| "–".into(), |r| format!("{r:.2}"));
         table.row(vec![
             t.name.to_string(),
             format!("{:.0}", s.rate()),
@@ -319,6 +369,8 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
             format!("{:.2}", p50 / b50),
             format!("{:.2}", p99 / b99),
             s.cpu_per_request(),
+            rate_ratio,
+            cpu_ratio,
             s.errors.to_string(),
         ]);
     }
@@ -583,6 +635,54 @@ impl Body for UpBody {
     }
 }
 
+/// What the relay prints before its URL.
+const RELAY_BANNER: &str = "relay listening on ";
+
+/// A reverse proxy with nothing but hyper in it: the gateway's HTTP/1.1 server settings and its
+/// pooled upstream client ([`infergate::upstream::client`]), the body read whole as the gateway
+/// reads it, the answer streamed back.
+async fn relay(upstream: &str) -> Result<(), BoxError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    println!("{RELAY_BANNER}http://{}", listener.local_addr()?);
+    let client = infergate::upstream::client(Duration::from_secs(1));
+    let upstream: std::sync::Arc<str> = upstream.into();
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        let (client, upstream) = (client.clone(), upstream.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                relay_one(client.clone(), upstream.clone(), req)
+            });
+            let _ = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        });
+    }
+}
+
+/// One request through the relay.
+async fn relay_one(
+    client: infergate::upstream::UpstreamClient,
+    upstream: std::sync::Arc<str>,
+    req: Request<Incoming>,
+) -> Result<Response<Incoming>, BoxError> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let uri: hyper::Uri = format!("{upstream}{}", parts.uri.path()).parse()?;
+    let mut out = Request::builder().method(parts.method).uri(uri);
+    for (name, value) in &parts.headers {
+        if name != hyper::header::HOST && name != hyper::header::CONNECTION {
+            out = out.header(name, value);
+        }
+    }
+    Ok(client
+        .request(out.body(http_body_util::Full::new(body))?)
+        .await?)
+}
+
 /// Starts `infergate gateway` with one pool whose only worker is the upstream.
 /// Which gateway a column runs.
 enum Variant {
@@ -671,6 +771,25 @@ async fn start_gateway(
         .await
         .map_err(|e| format!("{e}; gateway stderr:\n{}", gw.stderr()))?;
     Ok(gw)
+}
+
+/// Stops nginx through its master (`-s stop`), which takes its workers down with it (a killed
+/// master leaves them running), and waits until its pid file is gone.
+async fn stop_nginx(bin: &Path, dir: &TempDir, proc: Proc) {
+    let root = dir.0.join("nginx");
+    let _ = tokio::process::Command::new(bin)
+        .arg("-p")
+        .arg(&root)
+        .arg("-c")
+        .arg(root.join("nginx.conf"))
+        .args(["-s", "stop"])
+        .output()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while root.join("nginx.pid").exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proc.stop().await;
 }
 
 /// `name` on `PATH` or in `/usr/sbin` / `/usr/bin`.

@@ -44,18 +44,23 @@ impl CountTable {
         Self((0..SLOTS).map(|_| AtomicU64::new(0)).collect())
     }
 
+    /// The kept count of the piece hashing to `hash`.
+    fn get(&self, hash: u64) -> Option<u64> {
+        let entry = self.0[(hash as usize) % SLOTS].load(Ordering::Relaxed);
+        // A zero entry is empty (a real tag of zero merely misses).
+        (entry != 0 && entry & !((1 << COUNT_BITS) - 1) == hash & !((1 << COUNT_BITS) - 1))
+            .then_some(entry & ((1 << COUNT_BITS) - 1))
+    }
+
     /// The count of the piece hashing to `hash`, computing (and keeping) it on a miss.
     fn count(&self, hash: u64, compute: impl FnOnce() -> u64) -> u64 {
-        let slot = &self.0[(hash as usize) % SLOTS];
-        let tag = hash & !((1 << COUNT_BITS) - 1);
-        let entry = slot.load(Ordering::Relaxed);
-        // A zero entry is empty (a real tag of zero merely misses).
-        if entry != 0 && entry & !((1 << COUNT_BITS) - 1) == tag {
-            return entry & ((1 << COUNT_BITS) - 1);
+        if let Some(n) = self.get(hash) {
+            return n;
         }
         let n = compute();
         if n < (1 << COUNT_BITS) {
-            slot.store(tag | n, Ordering::Relaxed);
+            let tag = hash & !((1 << COUNT_BITS) - 1);
+            self.0[(hash as usize) % SLOTS].store(tag | n, Ordering::Relaxed);
         }
         n
     }
@@ -99,6 +104,18 @@ pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Estimator {
+    /// [`Self::count`] of `text` when every piece of it was counted before (a hash lookup per
+    /// piece, cheap enough for the reactor); `None` when some piece needs the tokenizer.
+    pub fn count_cached(self, text: &str) -> Option<u64> {
+        if self == Estimator::Bytes {
+            return Some((text.len() as u64).div_ceil(4));
+        }
+        let table = table(self);
+        pieces(text)
+            .map(|piece| table.get(xxhash_rust::xxh3::xxh3_64(piece.as_bytes())))
+            .sum()
+    }
+
     /// Estimated tokens of `text`.
     pub fn count(self, text: &str) -> u64 {
         let bpe = match self {
@@ -144,6 +161,17 @@ mod tests {
         assert!(pieces("").next().is_none());
         // One piece for short text.
         assert_eq!(pieces("hello").collect::<Vec<_>>(), ["hello"]);
+    }
+
+    #[test]
+    fn cached_counts_answer_only_once_every_piece_was_counted() {
+        let text = "A prompt that no other test counts, long enough for two pieces. ".repeat(6);
+        let e = Estimator::Cl100k;
+        assert_eq!(e.count_cached(&text), None);
+        let n = e.count(&text);
+        assert_eq!(e.count_cached(&text), Some(n));
+        // A new tail is a piece never seen.
+        assert_eq!(e.count_cached(&format!("{text} and a fresh ending")), None);
     }
 
     #[test]

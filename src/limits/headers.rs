@@ -19,54 +19,100 @@ pub struct RateHeaders {
     pub reset_tokens: Option<Duration>,
 }
 
+/// One `x-ratelimit-*` value.
+enum RateValue {
+    Count(u64),
+    Reset(Duration),
+}
+
 impl RateHeaders {
+    /// The headers OpenAI sends, in its order; unlimited dimensions are left out.
+    fn each(&self, mut f: impl FnMut(&'static str, RateValue)) {
+        if let Some(limit) = self.limit_requests {
+            f("x-ratelimit-limit-requests", RateValue::Count(limit));
+            let remaining = self.remaining_requests.unwrap_or(0);
+            f(
+                "x-ratelimit-remaining-requests",
+                RateValue::Count(remaining),
+            );
+            let reset = self.reset_requests.unwrap_or_default();
+            f("x-ratelimit-reset-requests", RateValue::Reset(reset));
+        }
+        if let Some(limit) = self.limit_tokens {
+            f("x-ratelimit-limit-tokens", RateValue::Count(limit));
+            let remaining = self.remaining_tokens.unwrap_or(0);
+            f("x-ratelimit-remaining-tokens", RateValue::Count(remaining));
+            let reset = self.reset_tokens.unwrap_or_default();
+            f("x-ratelimit-reset-tokens", RateValue::Reset(reset));
+        }
+    }
+
     /// Header name/value pairs as OpenAI sends them; unlimited dimensions are left out.
     pub fn header_pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = Vec::with_capacity(6);
-        if let Some(limit) = self.limit_requests {
-            pairs.push(("x-ratelimit-limit-requests", limit.to_string()));
-            let remaining = self.remaining_requests.unwrap_or(0);
-            pairs.push(("x-ratelimit-remaining-requests", remaining.to_string()));
-            let reset = self.reset_requests.unwrap_or_default();
-            pairs.push(("x-ratelimit-reset-requests", format_reset(reset)));
-        }
-        if let Some(limit) = self.limit_tokens {
-            pairs.push(("x-ratelimit-limit-tokens", limit.to_string()));
-            let remaining = self.remaining_tokens.unwrap_or(0);
-            pairs.push(("x-ratelimit-remaining-tokens", remaining.to_string()));
-            let reset = self.reset_tokens.unwrap_or_default();
-            pairs.push(("x-ratelimit-reset-tokens", format_reset(reset)));
-        }
+        self.each(|name, value| {
+            pairs.push((
+                name,
+                match value {
+                    RateValue::Count(n) => n.to_string(),
+                    RateValue::Reset(d) => format_reset(d),
+                },
+            ));
+        });
         pairs
+    }
+
+    /// The same headers set on `headers` (every answer carries them: no string formatting for
+    /// the counts).
+    pub fn insert_into(&self, headers: &mut hyper::HeaderMap) {
+        self.each(|name, value| {
+            let value = match value {
+                RateValue::Count(n) => hyper::header::HeaderValue::from(n),
+                RateValue::Reset(d) => {
+                    match hyper::header::HeaderValue::try_from(format_reset(d)) {
+                        Ok(v) => v,
+                        Err(_) => return,
+                    }
+                }
+            };
+            headers.insert(hyper::header::HeaderName::from_static(name), value);
+        });
     }
 }
 
 /// Formats a duration like OpenAI's reset headers (Go style): "0s", "120ms", "1s", "1.5s",
 /// "6m0s", "1h2m3s". Rounded up to the millisecond, so a client waiting it is never early.
 pub fn format_reset(d: Duration) -> String {
+    use std::fmt::Write;
     let total_ms = d.as_nanos().div_ceil(1_000_000);
+    let mut out = String::with_capacity(12);
     if total_ms == 0 {
-        return "0s".to_owned();
+        out.push_str("0s");
+        return out;
     }
     if total_ms < 1000 {
-        return format!("{total_ms}ms");
+        let _ = write!(out, "{total_ms}ms");
+        return out;
     }
     let hours = total_ms / 3_600_000;
     let minutes = total_ms / 60_000 % 60;
     let seconds = total_ms / 1000 % 60;
     let millis = total_ms % 1000;
-    let mut out = String::new();
     if hours > 0 {
-        out.push_str(&format!("{hours}h"));
+        let _ = write!(out, "{hours}h");
     }
     if hours > 0 || minutes > 0 {
-        out.push_str(&format!("{minutes}m"));
+        let _ = write!(out, "{minutes}m");
     }
-    out.push_str(&seconds.to_string());
+    let _ = write!(out, "{seconds}");
     if millis > 0 {
-        let frac = format!("{millis:03}");
-        out.push('.');
-        out.push_str(frac.trim_end_matches('0'));
+        // Three digits, trailing zeros dropped: 1.5s, 12.34s, 1.005s.
+        let (mut frac, mut digits) = (millis, 3);
+        while frac % 10 == 0 {
+            frac /= 10;
+            digits -= 1;
+        }
+        let _ = write!(out, ".{frac:0digits$}");
     }
     out.push('s');
     out
@@ -92,6 +138,8 @@ mod tests {
             (Duration::from_secs(1), "1s"),
             (Duration::from_millis(1500), "1.5s"),
             (Duration::from_millis(12_340), "12.34s"),
+            (Duration::from_millis(1_005), "1.005s"),
+            (Duration::from_millis(61_050), "1m1.05s"),
             (Duration::from_secs(360), "6m0s"),
             (Duration::from_secs(3723), "1h2m3s"),
             (Duration::from_secs(3600), "1h0m0s"),

@@ -131,7 +131,7 @@ pub(super) fn decorate(
     res: &mut Response<ResBody>,
     version: Option<&VersionChoice>,
     degraded: &[&str],
-    rate_headers: Vec<(&'static str, String)>,
+    rate: &crate::limits::RateHeaders,
 ) {
     if let Some(v) = version
         && let Ok(h) = HeaderValue::from_str(&v.name)
@@ -143,9 +143,5 @@ pub(super) fn decorate(
     {
         res.headers_mut().insert("x-infergate-degraded", v);
     }
-    for (name, value) in rate_headers {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            res.headers_mut().insert(name, v);
-        }
-    }
+    rate.insert_into(res.headers_mut());
 }

@@ -220,7 +220,7 @@ async fn run<B: RequestBody>(
         &mut res,
         version.as_ref(),
         &degraded,
-        metered.reservation.headers.header_pairs(),
+        &metered.reservation.headers,
     );
     Ok(res)
 }

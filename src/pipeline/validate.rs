@@ -63,13 +63,17 @@ where
         PromptSize::Tokens(n) => *n,
         PromptSize::Text(t) if !exact_needed => (t.len() as u64).div_ceil(4),
         PromptSize::Text(t) if t.len() < 4096 => valid.estimator.count(t),
-        // A long prompt is counted off the reactor.
-        PromptSize::Text(t) => {
-            let (est, text) = (valid.estimator, t.clone());
-            tokio::task::spawn_blocking(move || est.count(&text))
-                .await
-                .map_err(|e| GatewayError::Internal(format!("token estimate failed: {e}")))?
-        }
+        // A long prompt is counted off the reactor, unless each of its pieces is counted already
+        // (a repeated system prompt): a thread hand-off costs more than those lookups.
+        PromptSize::Text(t) => match valid.estimator.count_cached(t) {
+            Some(n) => n,
+            None => {
+                let (est, text) = (valid.estimator, t.clone());
+                tokio::task::spawn_blocking(move || est.count(&text))
+                    .await
+                    .map_err(|e| GatewayError::Internal(format!("token estimate failed: {e}")))?
+            }
+        },
     };
     check_context(&valid, prompt_tokens)?;
     Ok(Validated {

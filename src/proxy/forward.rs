@@ -41,7 +41,7 @@ pub struct ForwardSettings {
 /// One request on its way upstream.
 pub struct Outbound<'a> {
     /// Path and query to call on the worker, e.g. `/v1/chat/completions`.
-    pub path: &'a str,
+    pub path: &'static str,
     /// The (possibly rewritten) JSON body.
     pub body: Bytes,
     /// Whether the client asked for a stream.
@@ -104,7 +104,7 @@ pub async fn forward(
         // Until its first token, this request's uncached prompt is queued work on the worker.
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
-        let req = build_request(&worker.url, &out, precise)?;
+        let req = build_request(&worker, &out, precise)?;
         // A worker ejected while we wait (hung, or dead without closing) will not answer: stop
         // waiting at once instead of at the first-byte timeout.
         let ejected = worker.next_ejection();
@@ -290,13 +290,13 @@ fn note_failure(
 
 /// The upstream request; `prefix_keys` adds the routing keys for a worker with KV events.
 fn build_request(
-    base: &str,
+    worker: &crate::workers::state::WorkerState,
     out: &Outbound<'_>,
     prefix_keys: bool,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let uri: hyper::Uri = format!("{base}{}", out.path)
-        .parse()
-        .map_err(|e| GatewayError::Internal(format!("bad worker URL {base}: {e}")))?;
+    let uri = worker
+        .uri(out.path)
+        .map_err(|e| GatewayError::Internal(format!("bad worker URL {}: {e}", worker.url)))?;
     let mut req = Request::builder()
         .method(Method::POST)
         .uri(uri)
