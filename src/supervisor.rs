@@ -1,7 +1,9 @@
 //! Supervisor for local engine workers: spawn, wait for readiness, restart with backoff, stop.
 //!
 //! Each worker is a child process (normally `infergate engine ...` of this same binary) started
-//! with `--port P --exit-with-stdin`. Its stdin is a pipe that we keep open, so a worker never
+//! with `--port P --exit-with-stdin`. With `P` 0 the worker binds a port of its own and the
+//! supervisor learns it from the worker's `listening on http://ADDR` line: no other process can
+//! take a port between our choosing it and the worker binding it. Restarts keep that port. Its stdin is a pipe that we keep open, so a worker never
 //! outlives the gateway even if the gateway dies without cleaning up. Stopping is SIGTERM, a
 //! grace period, then SIGKILL.
 
@@ -28,6 +30,8 @@ const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(30);
 const READY_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Limit for one `GET /health` attempt.
 const HEALTH_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// The header in which a worker's `/health` names its process id.
+pub const PID_HEADER: &str = "x-infergate-pid";
 
 /// One local worker to run: the executable's args after the subcommand, and its fixed port.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +40,8 @@ pub struct WorkerSpec {
     pub pool: String,
     /// Arguments after the executable, e.g. `["engine", "--backend", "sim"]`, without `--port`.
     pub args: Vec<String>,
-    /// Loopback port the worker listens on; kept across restarts.
+    /// Loopback port the worker listens on, kept across restarts; 0 lets the worker pick it
+    /// (learned from its banner before [`Supervisor::start`] returns).
     pub port: u16,
 }
 
@@ -75,6 +80,7 @@ impl SupervisorConfig {
 }
 
 /// Returns a loopback port that was free a moment ago (bind 127.0.0.1:0, read it, release it).
+/// Another process may take it before it is used: workers are better started on port 0.
 pub fn free_loopback_port() -> std::io::Result<u16> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(listener.local_addr()?.port())
@@ -95,10 +101,10 @@ impl Supervisor {
     /// Fails fast, naming the worker, if one cannot be spawned, exits (with its exit status) or is
     /// not ready within `ready_timeout`; the workers already started are then stopped.
     pub async fn start(
-        specs: Vec<WorkerSpec>,
+        mut specs: Vec<WorkerSpec>,
         cfg: SupervisorConfig,
     ) -> Result<Supervisor, String> {
-        for (i, spec) in specs.iter().enumerate() {
+        for (i, spec) in specs.iter().enumerate().filter(|(_, s)| s.port != 0) {
             if specs[..i].iter().any(|s| s.port == spec.port) {
                 return Err(format!(
                     "worker {}: port {} is used twice",
@@ -129,7 +135,7 @@ impl Supervisor {
                 }
             }
         }
-        if let Err(e) = wait_all_ready(&specs, &mut running, cfg.ready_timeout).await {
+        if let Err(e) = wait_all_ready(&mut specs, &mut running, cfg.ready_timeout).await {
             stop_all(running.iter_mut(), cfg.stop_grace).await;
             return Err(e);
         }
@@ -217,6 +223,8 @@ fn next_backoff(current: Duration, max: Duration) -> Duration {
 /// A spawned worker process and the write end of its stdin pipe.
 struct Running {
     child: Child,
+    /// The port from the worker's `listening on` line, once printed.
+    announced: tokio::sync::oneshot::Receiver<u16>,
     /// Held open for the worker's lifetime: `--exit-with-stdin` makes it exit when this closes.
     _stdin: Option<ChildStdin>,
 }
@@ -234,23 +242,30 @@ impl Running {
             .kill_on_drop(true)
             .spawn()?;
         let label = spec.label();
+        let (announce, announced) = tokio::sync::oneshot::channel();
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(forward_lines(out, label.clone()));
+            tokio::spawn(forward_lines(out, label.clone(), Some(announce)));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(forward_lines(err, label.clone()));
+            tokio::spawn(forward_lines(err, label.clone(), None));
         }
         tracing::info!(worker = %label, pid = child.id().unwrap_or(0), "worker spawned");
         let stdin = child.stdin.take();
         Ok(Running {
             child,
+            announced,
             _stdin: stdin,
         })
     }
 }
 
-/// Copies a worker's output to our stderr, each line prefixed with `[pool/port]`.
-async fn forward_lines(stream: impl AsyncRead + Unpin, label: String) {
+/// Copies a worker's output to our stderr, each line prefixed with `[pool/port]`; the port of
+/// the first `listening on http://HOST:PORT` line goes to `announce`.
+async fn forward_lines(
+    stream: impl AsyncRead + Unpin,
+    label: String,
+    mut announce: Option<tokio::sync::oneshot::Sender<u16>>,
+) {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
@@ -259,16 +274,29 @@ async fn forward_lines(stream: impl AsyncRead + Unpin, label: String) {
             Ok(0) | Err(_) => return,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
-                eprintln!("[{label}] {}", text.trim_end_matches(['\n', '\r']));
+                let text = text.trim_end_matches(['\n', '\r']);
+                if let Some(port) = announced_port(text)
+                    && let Some(tx) = announce.take()
+                {
+                    let _ = tx.send(port);
+                }
+                eprintln!("[{label}] {text}");
             }
         }
     }
 }
 
+/// The port of a `... listening on http://HOST:PORT` line.
+fn announced_port(line: &str) -> Option<u16> {
+    let (_, url) = line.split_once("listening on http://")?;
+    let (_, port) = url.trim().rsplit_once(':')?;
+    port.parse().ok()
+}
+
 /// Polls every worker until all answer `GET /health` with 200; fails on the first exit or at the
 /// deadline.
 async fn wait_all_ready(
-    specs: &[WorkerSpec],
+    specs: &mut [WorkerSpec],
     running: &mut [Running],
     timeout: Duration,
 ) -> Result<(), String> {
@@ -276,7 +304,11 @@ async fn wait_all_ready(
     let deadline = Instant::now() + timeout;
     let mut ready = vec![false; specs.len()];
     loop {
-        for ((spec, run), ready) in specs.iter().zip(running.iter_mut()).zip(ready.iter_mut()) {
+        for ((spec, run), ready) in specs
+            .iter_mut()
+            .zip(running.iter_mut())
+            .zip(ready.iter_mut())
+        {
             if *ready {
                 continue;
             }
@@ -290,7 +322,15 @@ async fn wait_all_ready(
                 Ok(None) => {}
                 Err(e) => return Err(format!("worker {}: cannot check status: {e}", spec.label())),
             }
-            if health_ok(&client, spec.port).await {
+            if spec.port == 0 {
+                match run.announced.try_recv() {
+                    Ok(port) => spec.port = port,
+                    // Not printed yet (or its stdout closed: the exit check above reports it).
+                    Err(_) => continue,
+                }
+            }
+            // Only our own child counts: another process on the port would answer in its place.
+            if health_ok(&client, spec.port, run.child.id()).await {
                 tracing::info!(worker = %spec.label(), "worker ready");
                 *ready = true;
             }
@@ -321,14 +361,21 @@ fn health_client() -> HealthClient {
 }
 
 /// True when `GET http://127.0.0.1:PORT/health` answers 200 within [`HEALTH_REQUEST_TIMEOUT`].
-async fn health_ok(client: &HealthClient, port: u16) -> bool {
+/// `GET /health` on `port` answers 200, from the process `pid` when given (the engine names
+/// itself in `x-infergate-pid`).
+async fn health_ok(client: &HealthClient, port: u16, pid: Option<u32>) -> bool {
     let Ok(uri) = format!("http://127.0.0.1:{port}/health").parse::<hyper::Uri>() else {
         return false;
     };
-    matches!(
-        tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await,
-        Ok(Ok(resp)) if resp.status() == hyper::StatusCode::OK
-    )
+    match tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await {
+        Ok(Ok(resp)) if resp.status() == hyper::StatusCode::OK => pid.is_none_or(|pid| {
+            resp.headers()
+                .get(PID_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v == pid.to_string())
+        }),
+        _ => false,
+    }
 }
 
 /// Sends SIGTERM to `pid`. The crate forbids `unsafe`, so there is no `libc::kill`: we run the

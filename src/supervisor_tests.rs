@@ -29,12 +29,14 @@ if "--exit-with-stdin" in args:
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("x-infergate-pid", str(os.getpid()))
         self.send_header("Content-Length", "0")
         self.end_headers()
     def log_message(self, *a):
         pass
-print(f"test worker listening on http://127.0.0.1:{port}", flush=True)
-HTTPServer(("127.0.0.1", port), H).serve_forever()
+server = HTTPServer(("127.0.0.1", port), H)
+print(f"test worker listening on http://127.0.0.1:{server.server_port}", flush=True)
+server.serve_forever()
 "#;
 
 /// The real interpreter behind `python3` (skips the pyenv shim's startup cost).
@@ -67,7 +69,8 @@ fn cfg(exe: PathBuf) -> SupervisorConfig {
     }
 }
 
-/// A Python worker run through `sh` (`exec`, so the pid is the interpreter's).
+/// A Python worker run through `sh` (`exec`, so the pid is the interpreter's), on a port of its
+/// own choosing (as `infergate up` starts engines).
 fn py_spec(pool: &str, extra: &[&str]) -> WorkerSpec {
     let mut script = format!(
         "exec {} -c '{}' \"$@\"",
@@ -77,7 +80,10 @@ fn py_spec(pool: &str, extra: &[&str]) -> WorkerSpec {
     for arg in extra {
         script.push_str(&format!(" '{arg}'"));
     }
-    sh_spec(pool, &script)
+    WorkerSpec {
+        port: 0,
+        ..sh_spec(pool, &script)
+    }
 }
 
 fn sh_spec(pool: &str, script: &str) -> WorkerSpec {
@@ -116,7 +122,7 @@ async fn eventually<F: AsyncFnMut() -> bool>(what: &str, limit: Duration, mut co
 }
 
 async fn healthy(port: u16) -> bool {
-    health_ok(&health_client(), port).await
+    health_ok(&health_client(), port, None).await
 }
 
 fn port_of(url: &str) -> u16 {
@@ -146,6 +152,37 @@ fn free_port_is_bindable() {
 }
 
 #[test]
+fn the_port_comes_from_the_listening_line() {
+    assert_eq!(
+        announced_port("infergate engine listening on http://127.0.0.1:41234"),
+        Some(41234)
+    );
+    assert_eq!(announced_port("listening on http://[::1]:9"), Some(9));
+    assert_eq!(announced_port("loading the model"), None);
+    assert_eq!(announced_port("listening on http://127.0.0.1:x"), None);
+}
+
+/// The race this guards against: a port chosen ahead goes to another process, which answers
+/// `/health` in the worker's place. Its answer names another pid, so it does not count.
+#[tokio::test]
+async fn health_from_another_process_does_not_count() {
+    let mut spec = py_spec("other", &[]);
+    spec.port = free_loopback_port().unwrap();
+    let mut other = Running::spawn(&sh(), &spec).unwrap();
+    let pid = other.child.id().unwrap();
+    eventually(
+        "the other process serves",
+        Duration::from_secs(20),
+        async || healthy(spec.port).await,
+    )
+    .await;
+    let client = health_client();
+    assert!(health_ok(&client, spec.port, Some(pid)).await);
+    assert!(!health_ok(&client, spec.port, Some(pid + 1)).await);
+    let _ = other.child.kill().await;
+}
+
+#[test]
 fn default_config_values() {
     let c = SupervisorConfig::new(PathBuf::from("/bin/true"));
     assert_eq!(c.ready_timeout, Duration::from_secs(60));
@@ -165,19 +202,10 @@ async fn starts_workers_restarts_a_killed_one_and_shuts_down_with_sigterm() {
     ];
     let sup = Supervisor::start(specs.clone(), cfg(sh())).await.unwrap();
     let urls = sup.urls();
-    assert_eq!(
-        urls,
-        vec![
-            (
-                "a".to_string(),
-                format!("http://127.0.0.1:{}", specs[0].port)
-            ),
-            (
-                "b".to_string(),
-                format!("http://127.0.0.1:{}", specs[1].port)
-            ),
-        ]
-    );
+    // Each worker picked its own port, learned from its `listening on` line.
+    let pools: Vec<&str> = urls.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(pools, ["a", "b"]);
+    assert!(urls.iter().all(|(_, u)| port_of(u) != 0), "{urls:?}");
     for (_, url) in &urls {
         assert!(healthy(port_of(url)).await, "{url} not healthy after start");
     }
@@ -189,7 +217,8 @@ async fn starts_workers_restarts_a_killed_one_and_shuts_down_with_sigterm() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let port = specs[1].port;
+    // The restart keeps the port the gateway knows.
+    let port = port_of(&urls[1].1);
     eventually(
         "worker b restarted and healthy",
         Duration::from_secs(20),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::{self, Snapshot, TenantSpec, WorkerSource};
 use crate::gateway::{ConfigSource, Gateway};
-use crate::supervisor::{Supervisor, SupervisorConfig, WorkerSpec, free_loopback_port};
+use crate::supervisor::{Supervisor, SupervisorConfig, WorkerSpec};
 
 /// Flags of `infergate up` / `infergate gateway`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -108,7 +108,8 @@ pub async fn run(
         for w in &pool.workers {
             if let WorkerSource::Spawn { count, args } = w {
                 for _ in 0..*count {
-                    let port = free_loopback_port().map_err(|e| format!("no free port: {e}"))?;
+                    // The worker binds a port of its own; the supervisor learns it.
+                    let port = 0;
                     let mut full = vec!["engine".to_string()];
                     full.extend(args.iter().cloned());
                     specs.push(WorkerSpec {

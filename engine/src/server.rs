@@ -179,7 +179,15 @@ async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResB
                 openai::models_list(&e.served_names, e.max_model_len, created),
             )
         }
-        (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", String::new()),
+        (&Method::GET, "/health") => {
+            let mut res = full(StatusCode::OK, "text/plain", String::new());
+            // A supervisor checks that the process on the port it polls is the one it started.
+            res.headers_mut().insert(
+                "x-infergate-pid",
+                hyper::header::HeaderValue::from(std::process::id()),
+            );
+            res
+        }
         (&Method::GET, "/kv/events") => match &state.engine.kv_events {
             Some(hub) => kv_events_stream(hub),
             None => error_response(&ApiError::not_found(
