@@ -7,8 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::gateway::{
-    Gateway, MODEL, POOL, PortEngine, TempDir, chat, config_yaml, port_of, routing_yaml, send,
-    worker_of,
+    Gateway, MODEL, POOL, TempDir, chat, config_yaml, port_of, routing_yaml, send, worker_of,
 };
 use common::{Engine, SseEvent, open_stream, post_json};
 use hyper::{Method, StatusCode};
@@ -141,7 +140,7 @@ async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
     }
 
     // A new engine on A's port is re-admitted and takes its turn again.
-    let _a2 = PortEngine::start(port_of(&a_url), &["--gpu", "l4"]).await;
+    let _a2 = Engine::start_on(port_of(&a_url), &["--gpu", "l4"]).await;
     gw.wait_health(&a_url, true, Duration::from_secs(10)).await;
     let mut on_a = 0;
     for i in 0..4 {

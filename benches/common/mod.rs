@@ -1,31 +1,23 @@
-//! Shared harness of the end-to-end benchmarks: find the `infergate` binary, run it (or nginx) as
-//! a child process on ephemeral loopback ports, talk HTTP/1.1 over kept-alive connections, read SSE
-//! events as they arrive, scrape Prometheus text, and summarize samples into markdown tables.
-#![allow(dead_code)]
+//! Harness of the end-to-end benchmarks: the tests' kit (`tests/common`: child processes,
+//! kept-alive HTTP/1.1 connections, readiness polling, scratch directories, seeded generators)
+//! plus what only the benchmarks need: the release binary, other programs (nginx) as children,
+//! CPU time from `/proc`, SSE event counting, Prometheus sums, and markdown tables of samples.
+#![allow(dead_code, unused_imports)]
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{CONTENT_TYPE, HOST};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-use tokio::task::JoinHandle;
+use hyper::{Method, StatusCode};
 
-/// Any error, boxed.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../../tests/common/mod.rs"]
+mod kit;
 
-/// How long a child process may take to print its address and become ready.
+use kit::process::{self, Kept};
+pub use kit::{BoxError, Conn, Rng, wait_ok};
+
+/// How long a child process may take to print its address.
 const START_DEADLINE: Duration = Duration::from_secs(30);
-/// Stderr kept per child for failure messages.
-const STDERR_KEEP: usize = 16 * 1024;
 
 /// The `infergate` binary: the one Cargo built for this bench, else `target/release/infergate`.
 pub fn infergate_bin() -> PathBuf {
@@ -43,37 +35,21 @@ pub fn infergate_bin() -> PathBuf {
     path
 }
 
-/// A scratch directory removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A scratch directory (the kit's, removed on drop); `.0` is its path.
+pub struct TempDir(pub PathBuf, kit::TempDir);
 
 impl TempDir {
-    /// Creates `$TMPDIR/infergate-bench-<tag>-<pid>-<nanos>`.
+    /// Creates `$TMPDIR/infergate-bench-<tag>-...`.
     pub fn new(tag: &str) -> TempDir {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "infergate-bench-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("create the scratch directory");
-        TempDir(dir)
-    }
-
-    /// Writes `text` to `name` inside the directory and returns its path.
-    pub fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).expect("create a scratch subdirectory");
-        }
-        std::fs::write(&path, text).expect("write a scratch file");
-        path
+        let dir = kit::TempDir::new(&format!("bench-{tag}"));
+        TempDir(dir.path.clone(), dir)
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Deref for TempDir {
+    type Target = kit::TempDir;
+    fn deref(&self) -> &kit::TempDir {
+        &self.1
     }
 }
 
@@ -81,8 +57,9 @@ impl Drop for TempDir {
 pub struct Proc {
     /// `http://IP:PORT` as the process printed it (empty for processes that print none).
     pub url: String,
-    child: Child,
-    stderr: Arc<Mutex<String>>,
+    child: tokio::process::Child,
+    stderr: Kept,
+    _stdout: Kept,
 }
 
 impl Proc {
@@ -93,44 +70,35 @@ impl Proc {
         args: &[String],
         banner: Option<&str>,
     ) -> Result<Proc, String> {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
+        let mut cmd = process::command(program);
+        cmd.args(args);
+        let (mut child, stderr, mut stdout) = process::try_spawn(&mut cmd)
             .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-        let stderr = drain(child.stderr.take().expect("piped stderr"));
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut url = String::new();
         if let Some(banner) = banner {
             let deadline = Instant::now() + START_DEADLINE;
-            loop {
-                let mut line = String::new();
-                let read =
-                    tokio::time::timeout_at(deadline.into(), stdout.read_line(&mut line)).await;
-                match read {
-                    Ok(Ok(n)) if n > 0 => {
-                        if let Some(rest) = line.trim().strip_prefix(banner) {
-                            url = rest.to_owned();
-                            break;
-                        }
-                    }
-                    other => {
-                        let _ = child.start_kill();
-                        return Err(format!(
-                            "{} {args:?} printed no `{banner}` line ({other:?}); stderr:\n{}",
-                            program.display(),
-                            stderr.lock().unwrap()
-                        ));
-                    }
+            let read = process::read_until(&mut stdout, deadline, |line| {
+                line.strip_prefix(banner).map(str::to_owned)
+            });
+            match read.await {
+                Ok(rest) => url = rest,
+                Err(e) => {
+                    let _ = child.start_kill();
+                    return Err(format!(
+                        "{} {args:?} printed no `{banner}` line ({e}); stderr:\n{}",
+                        program.display(),
+                        stderr.lock().unwrap()
+                    ));
                 }
             }
         }
-        drain(stdout.into_inner());
-        Ok(Proc { url, child, stderr })
+        let _stdout = process::drain(stdout.into_inner());
+        Ok(Proc {
+            url,
+            child,
+            stderr,
+            _stdout,
+        })
     }
 
     /// What the process wrote to stderr so far (the last few KiB).
@@ -147,30 +115,6 @@ impl Proc {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
-}
-
-/// Reads `pipe` to its end into a bounded buffer, so the child never blocks on a full pipe.
-fn drain(mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
-    let kept = Arc::new(Mutex::new(String::new()));
-    let sink = kept.clone();
-    tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let mut s = sink.lock().unwrap();
-            s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            if s.len() > STDERR_KEEP {
-                let mut cut = s.len() - STDERR_KEEP;
-                while !s.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                s.drain(..cut);
-            }
-        }
-    });
-    kept
 }
 
 /// CPU time (user + system, seconds) used so far by process `pid` and its direct children (nginx
@@ -210,111 +154,10 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-/// One kept-alive HTTP/1.1 client connection; its driver task ends when this is dropped.
-pub struct Conn {
-    sender: SendRequest<Full<Bytes>>,
-    authority: String,
-    driver: JoinHandle<()>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
-impl Conn {
-    /// Connects to `base` (`http://IP:PORT`), with `TCP_NODELAY`.
-    pub async fn open(base: &str) -> Result<Conn, BoxError> {
-        let authority = base
-            .strip_prefix("http://")
-            .ok_or("only http:// URLs")?
-            .trim_end_matches('/')
-            .to_owned();
-        let tcp = TcpStream::connect(authority.as_str()).await?;
-        tcp.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-        let driver = tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(Conn {
-            sender,
-            authority,
-            driver,
-        })
-    }
-
-    /// True when the server closed the connection (or it failed).
-    pub fn is_closed(&self) -> bool {
-        self.sender.is_closed()
-    }
-
-    /// Sends one request (a JSON body when given) and returns once the response head arrived.
-    pub async fn send(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<Bytes>,
-    ) -> Result<Response<Incoming>, BoxError> {
-        self.send_as(method, path, body, None).await
-    }
-
-    /// [`send`](Self::send) with `Authorization: Bearer KEY` when `key` is given.
-    pub async fn send_as(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<Bytes>,
-        key: Option<&str>,
-    ) -> Result<Response<Incoming>, BoxError> {
-        self.sender.ready().await?;
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, self.authority.as_str());
-        if let Some(key) = key {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
-        }
-        if body.is_some() {
-            req = req.header(CONTENT_TYPE, "application/json");
-        }
-        let req = req.body(Full::new(body.unwrap_or_default()))?;
-        Ok(self.sender.send_request(req).await?)
-    }
-}
-
 /// `GET url` on a fresh connection → status and body text.
 pub async fn get(url: &str) -> Result<(StatusCode, String), BoxError> {
-    let (base, path) = split_url(url)?;
-    let mut conn = Conn::open(base).await?;
-    let res =
-        tokio::time::timeout(Duration::from_secs(10), conn.send(Method::GET, path, None)).await??;
-    let status = res.status();
-    let body = res.into_body().collect().await?.to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// Splits `http://host:port/path` into the base URL and the path.
-fn split_url(url: &str) -> Result<(&str, &str), BoxError> {
-    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
-    let cut = rest.find('/').map_or(url.len(), |i| i + "http://".len());
-    Ok((&url[..cut], if cut < url.len() { &url[cut..] } else { "/" }))
-}
-
-/// Polls `GET url` until it answers 200, failing after `within`.
-pub async fn wait_ok(url: &str, within: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + within;
-    loop {
-        match get(url).await {
-            Ok((StatusCode::OK, _)) => return Ok(()),
-            other if Instant::now() >= deadline => {
-                return Err(format!(
-                    "{url} never answered 200 within {within:?}: {other:?}"
-                ));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
+    let (status, _, body) = kit::send(Method::GET, url, &[], None).await?;
+    Ok((status, body))
 }
 
 /// Splits an SSE byte stream into events; call [`SseSplitter::push`] with each body frame.
@@ -467,33 +310,4 @@ pub fn machine_note() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cpus} CPU core(s), {model}")
-}
-
-/// A deterministic pseudo-random generator (splitmix64) for seeded workloads.
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
 }

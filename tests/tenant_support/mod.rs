@@ -134,9 +134,9 @@ impl Setup<'_> {
     }
 }
 
-/// Drains a child's output into `kept` (see [`crate::common::drain_into`]).
+/// Drains a child's output into `kept` (see [`crate::common::process::drain_into`]).
 fn drain(out: impl AsyncRead + Unpin + Send + 'static, kept: Arc<Mutex<String>>) {
-    crate::common::drain_into(out, kept, KEEP);
+    crate::common::process::drain_into(out, kept, KEEP);
 }
 
 /// A running gateway; the process is killed on drop, after the workers `up` spawned (their
