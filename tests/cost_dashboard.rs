@@ -71,12 +71,10 @@ async fn dashboard_shows_each_tenants_spend_budgets_and_refusals() {
     let dir = TempDir::new("dashboard");
     let setup = Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: "ledger: {path: usage.sqlite}\n",
         tenants: &[("acme", "paid"), ("globex", "paid")],
         tiers: TIERS,
+        ..Setup::default()
     };
     let config = setup.write(&dir);
     std::fs::write(dir.path.join("policies").join("prices.yaml"), prices())

@@ -56,12 +56,10 @@ fn setup<'a>(
 ) -> Setup<'a> {
     Setup {
         workers,
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: "ledger: {path: usage.sqlite}\n",
         tenants,
         tiers,
+        ..Setup::default()
     }
 }
 

@@ -303,12 +303,10 @@ fn write_config(dir: &TempDir, engine: &Engine, pg: &Postgres) -> String {
     );
     let setup = Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: &extra,
         tenants: &TENANTS,
         tiers: TIERS,
+        ..Setup::default()
     };
     let config = setup.write(dir);
     std::fs::write(dir.path.join("policies/prices.yaml"), PRICES).expect("write prices.yaml");

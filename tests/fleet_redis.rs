@@ -110,12 +110,10 @@ async fn replicas(dir: &TempDir, engine: &Engine, redis: &Redis, tiers: &str) ->
     );
     let setup = Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: &extra,
         tenants: &[("acme", "fleet")],
         tiers,
+        ..Setup::default()
     };
     let config = setup.write(dir).to_string_lossy().into_owned();
     let a = Gw::launch(&["gateway", "--config", &config]).await;
@@ -318,12 +316,11 @@ async fn two_replicas_choose_the_same_worker_and_version_for_the_same_request() 
     );
     let setup = Setup {
         workers: &urls,
-        admission: None,
-        max_context: None,
         aliases: &["llama-3-8b-canary"],
         extra: &extra,
         tenants: &[("acme", "fleet")],
         tiers: "tiers:\n  fleet: {priority: 1}\n",
+        ..Setup::default()
     };
     let config = setup.write(&dir);
     // Prefix routing, and a 50/50 split sticky per user whose analysis never moves in the test.
@@ -455,12 +452,10 @@ async fn fail_closed_fails_readiness_while_redis_is_down() {
     );
     let setup = Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: &extra,
         tenants: &[("acme", "fleet")],
         tiers: "tiers:\n  fleet: {priority: 1, requests_per_minute: 30}\n",
+        ..Setup::default()
     };
     let config = setup.write(&dir).to_string_lossy().into_owned();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))

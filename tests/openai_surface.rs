@@ -20,12 +20,10 @@ async fn models_can_be_retrieved_and_health_is_readiness() {
     let engine = Engine::start(&[]).await;
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
         aliases: &["second-name"],
-        extra: "",
         tenants: &[("acme", "t")],
         tiers: "tiers:\n  t: {priority: 1}\n",
+        ..Setup::default()
     })
     .await;
     let json = |text: &str| -> Value { serde_json::from_str(text).expect("JSON") };
@@ -92,12 +90,9 @@ async fn embeddings_and_responses_are_proxied_and_metered_from_their_usage() {
     let engine = Engine::start(&[]).await;
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("acme", "t")],
         tiers: "tiers:\n  t: {priority: 1}\n",
+        ..Setup::default()
     })
     .await;
     let key = key_of("acme");

@@ -23,11 +23,9 @@ async fn high_priority_queued_requests_overtake_earlier_low_priority_ones() {
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
         admission: Some("{max_in_flight_per_worker: 1, max_queue: 50, max_wait: 60s}"),
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("lo", "low"), ("hi", "high")],
         tiers,
+        ..Setup::default()
     })
     .await;
     let url = gw.at("/v1/completions");

@@ -72,11 +72,9 @@ async fn flood_of_ten_thousand_is_refused_fast_with_bounded_memory() {
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
         admission: Some("{max_in_flight_per_worker: 1, max_queue: 100, max_wait: 60s}"),
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("bulk", "bulk")],
         tiers: "tiers:\n  bulk: {priority: 1}\n",
+        ..Setup::default()
     })
     .await;
     let (url, key) = (gw.at("/v1/completions"), key_of("bulk"));

@@ -32,12 +32,9 @@ async fn rpm_burst_passes_and_retry_after_is_enough_but_not_a_second_more() {
     let tiers = "tiers:\n  rpm30: {priority: 1, requests_per_minute: 30, max_tokens: 16}\n";
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("rpm", "rpm30")],
         tiers,
+        ..Setup::default()
     })
     .await;
     let (url, key) = (gw.at("/v1/completions"), key_of("rpm"));
@@ -128,12 +125,9 @@ async fn tpm_throttles_long_prompts_and_leaves_short_prompts_alone() {
     let tiers = "tiers:\n  tpm6k: {priority: 1, requests_per_minute: 600, tokens_per_minute: 6000, max_tokens: 64}\n";
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("tpm-a", "tpm6k"), ("tpm-b", "tpm6k")],
         tiers,
+        ..Setup::default()
     })
     .await;
     let url = gw.at("/v1/completions");
@@ -219,12 +213,9 @@ async fn reconciliation_refunds_unused_max_tokens() {
     let tiers = "tiers:\n  recon: {priority: 1, tokens_per_minute: 3000, max_tokens: 2000}\n";
     let gw = Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
-        extra: "",
         tenants: &[("recon", "recon")],
         tiers,
+        ..Setup::default()
     })
     .await;
     let (url, key) = (gw.at("/v1/completions"), key_of("recon"));
@@ -293,12 +284,10 @@ async fn a_stream_its_worker_breaks_off_counts_as_an_error_and_refunds_what_it_d
     let tiers = "tiers:\n  recon: {priority: 1, tokens_per_minute: 3000, max_tokens: 2000}\n";
     let gw = Gw::start(&Setup {
         workers: &[&engines[0].url, &engines[1].url],
-        admission: None,
-        max_context: None,
-        aliases: &[],
         extra: "debug_headers: true\nforward: {retries: 2, connect_timeout: 1s}\n",
         tenants: &[("broken", "recon")],
         tiers,
+        ..Setup::default()
     })
     .await;
     let (url, key) = (gw.at("/v1/completions"), key_of("broken"));

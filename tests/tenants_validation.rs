@@ -36,12 +36,12 @@ fn expect_error(what: &str, reply: &Reply, status: StatusCode, needles: &[&str])
 async fn start(engine: &Engine) -> Gw {
     Gw::start(&Setup {
         workers: &[&engine.url],
-        admission: None,
         max_context: Some(2048),
         aliases: &["mistral-7b"],
         extra: "limits: {max_body_bytes: 32768}",
         tenants: &[("val", "basic"), ("solo", "solo")],
         tiers: TIERS,
+        ..Setup::default()
     })
     .await
 }

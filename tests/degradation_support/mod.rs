@@ -89,11 +89,10 @@ impl Degraded {
         let setup = Setup {
             workers: &workers,
             admission: Some("{max_in_flight_per_worker: 1}"),
-            max_context: None,
             aliases,
-            extra: "",
             tenants: &[(FREE, "free"), (PAID, "paid")],
             tiers: TIERS,
+            ..Setup::default()
         };
         let config = setup.write(&dir);
         std::fs::write(degradation_path(&dir), degradation).expect("write degradation.yaml");

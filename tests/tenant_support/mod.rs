@@ -65,7 +65,9 @@ impl Drop for TempDir {
     }
 }
 
-/// What a test gateway is configured with.
+/// What a test gateway is configured with; `..Setup::default()` leaves out what a test does not
+/// set (no admission, context limit, aliases, extra sections, tenants or tiers).
+#[derive(Default)]
 pub struct Setup<'a> {
     /// Worker URLs of the one pool.
     pub workers: &'a [&'a str],
