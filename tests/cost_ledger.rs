@@ -15,11 +15,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use serde_json::{Value, json};
-use tenant_support::{Gw, MODEL, Reply, Setup, TempDir, completion, key_of, post};
+use serde_json::json;
+use tenant_support::{
+    Gw, MODEL, Reply, Setup, TempDir, completion, key_of, post, usage_by_tenant, wait_rows,
+};
 use tokio::task::JoinSet;
 
 use common::{Engine, words};
+
+/// How long the ledger may take to hold a test's rows (it flushes every second).
+const FLUSHED: Duration = Duration::from_secs(30);
 
 /// Nano-USD per 1M tokens of the test prices (input $2, cached $0.50, output $8 per 1M).
 const P_IN: u128 = 2_000_000_000;
@@ -67,13 +72,6 @@ async fn launch(config: &std::path::Path) -> Gw {
     Gw::launch(&["gateway", "--config", &config.to_string_lossy()]).await
 }
 
-/// `GET` on the admin listener, as JSON.
-async fn admin_json(gw: &Gw, path: &str) -> Value {
-    let (status, text) = common::get(&format!("{}{path}", gw.admin)).await;
-    assert_eq!(status, StatusCode::OK, "GET {path}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"))
-}
-
 /// The ledger's raw rows (CSV export), by request id.
 async fn rows(gw: &Gw) -> HashMap<String, HashMap<String, String>> {
     let (status, text) = common::get(&format!("{}/admin/usage.csv", gw.admin)).await;
@@ -99,31 +97,13 @@ fn nano(usd: &str) -> u64 {
     whole.parse::<u64>().expect("whole") * 1_000_000_000 + frac[..9].parse::<u64>().expect("frac")
 }
 
-/// Polls until the ledger holds `n` rows (it flushes every second).
-async fn wait_rows(gw: &Gw, n: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let page = admin_json(gw, "/admin/usage?group_by=tenant").await;
-        let have = page["totals"]["requests"].as_u64().unwrap_or(0);
-        if have >= n {
-            assert_eq!(have, n, "more rows than requests: {page}");
-            return page;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ledger holds {have} of {n} rows: {page}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// SIGTERM, and waits for the gateway to drain and exit (the ledger writes what it queued).
 async fn stop(gw: Gw) {
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &gw.pid.to_string()])
         .status();
     let deadline = Instant::now() + Duration::from_secs(40);
-    while tenant_support::is_running(gw.pid) {
+    while common::process::is_running(gw.pid) {
         assert!(
             Instant::now() < deadline,
             "the gateway did not exit on SIGTERM"
@@ -187,7 +167,7 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
     let stranger = post(&url, Some("ig-nobody"), &completion("x", 1)).await;
     assert_eq!(stranger.status, StatusCode::UNAUTHORIZED);
 
-    wait_rows(&gw, 6).await;
+    wait_rows(&gw, 6, FLUSHED).await;
     let rows = rows(&gw).await;
     assert_eq!(rows.len(), 6, "{rows:?}");
     let mut cached_seen = 0;
@@ -236,7 +216,7 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
     );
 
     // Per-tenant totals, the daily rollup and the Prometheus counter all agree with the rows.
-    let by_tenant = admin_json(&gw, "/admin/usage?group_by=tenant").await;
+    let by_tenant = gw.admin_json("/admin/usage?group_by=tenant").await;
     for g in by_tenant["groups"].as_array().expect("groups") {
         let tenant = g["group"]["tenant"].as_str().expect("tenant");
         assert_eq!(
@@ -252,8 +232,8 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
         assert_eq!(metric as u64, per_tenant[tenant]);
     }
     let dims = "group_by=day,tenant,model,key";
-    let from_rows = admin_json(&gw, &format!("/admin/usage?{dims}")).await;
-    let from_rollup = admin_json(&gw, &format!("/admin/usage/daily?{dims}")).await;
+    let from_rows = gw.admin_json(&format!("/admin/usage?{dims}")).await;
+    let from_rollup = gw.admin_json(&format!("/admin/usage/daily?{dims}")).await;
     assert_eq!(from_rows["groups"], from_rollup["groups"]);
     assert_eq!(from_rows["totals"]["requests"], 6);
     assert!(from_rows["totals"]["saved_nanousd"].as_u64() > Some(0));
@@ -266,22 +246,7 @@ async fn ledger_rows_cost_what_the_arithmetic_says_and_the_rollup_equals_them() 
     assert!(cached > 0.0);
 
     // `infergate usage` prints the same spend from the ledger file the config names.
-    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args([
-            "usage",
-            "--config",
-            &config.to_string_lossy(),
-            "--by",
-            "tenant",
-        ])
-        .output()
-        .expect("run infergate usage");
-    let table = String::from_utf8_lossy(&cli.stdout);
-    assert!(
-        cli.status.success(),
-        "{table}{}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
+    let table = usage_by_tenant(&config.to_string_lossy()).await;
     for (tenant, cost) in &per_tenant {
         let line = table
             .lines()
@@ -360,7 +325,7 @@ async fn a_hard_budget_refuses_until_the_reset_survives_a_restart_and_a_soft_one
         soft, 2.0,
         "the first request was under the budget, the next two over"
     );
-    let budgets = admin_json(&gw, "/admin/budgets").await;
+    let budgets = gw.admin_json("/admin/budgets").await;
     let list = budgets["budgets"].as_array().expect("budgets");
     let of = |t: &str| {
         list.iter()
@@ -383,8 +348,10 @@ async fn a_hard_budget_refuses_until_the_reset_survives_a_restart_and_a_soft_one
         ),
         (Some("soft"), Some("month"), Some(true))
     );
-    wait_rows(&gw, 5).await;
-    let by_reason = admin_json(&gw, "/admin/usage?outcome=refused&group_by=tenant,reason").await;
+    wait_rows(&gw, 5, FLUSHED).await;
+    let by_reason = gw
+        .admin_json("/admin/usage?outcome=refused&group_by=tenant,reason")
+        .await;
     assert_eq!(
         by_reason["groups"][0]["group"]["reason"], "budget",
         "{by_reason}"
@@ -394,7 +361,7 @@ async fn a_hard_budget_refuses_until_the_reset_survives_a_restart_and_a_soft_one
     let spent = of("capped")["spent_nanousd"].as_u64();
     stop(gw).await;
     let gw = launch(&config).await;
-    let page = admin_json(&gw, "/admin/usage?group_by=tenant").await;
+    let page = gw.admin_json("/admin/usage?group_by=tenant").await;
     assert_eq!(page["totals"]["requests"], 5, "{page}");
     let again = post(&gw.at("/v1/completions"), Some(&key_of("capped")), &body).await;
     assert_eq!(
@@ -403,7 +370,7 @@ async fn a_hard_budget_refuses_until_the_reset_survives_a_restart_and_a_soft_one
         "{}",
         again.text
     );
-    let budgets = admin_json(&gw, "/admin/budgets?tenant=capped").await;
+    let budgets = gw.admin_json("/admin/budgets?tenant=capped").await;
     assert_eq!(budgets["budgets"][0]["spent_nanousd"].as_u64(), spent);
 }
 
@@ -435,7 +402,7 @@ async fn a_price_reload_changes_only_later_costs_and_needs_a_new_version() {
     let after = post(&url, Some(&key), &completion("priced at version two", 8)).await;
     assert_eq!(after.status, StatusCode::OK);
 
-    wait_rows(&gw, 3).await;
+    wait_rows(&gw, 3, FLUSHED).await;
     let rows = rows(&gw).await;
     for (reply, scale, version) in [(&before, 1, "1"), (&same, 1, "1"), (&after, 2, "2")] {
         let (p, c, comp) = usage_of(reply);
@@ -475,7 +442,7 @@ async fn five_thousand_requests_at_full_speed_lose_no_row() {
                 let key = key_of(if i % 2 == 0 { "acme" } else { "globex" });
                 let body = completion("flood", 1).to_string();
                 let reply = conn
-                    .send(
+                    .exchange(
                         hyper::Method::POST,
                         "/v1/completions",
                         Some(&key),
@@ -489,7 +456,7 @@ async fn five_thousand_requests_at_full_speed_lose_no_row() {
     }
     let ok: usize = set.join_all().await.into_iter().sum();
     assert_eq!(ok, N, "every request was answered");
-    let page = wait_rows(&gw, N as u64).await;
+    let page = wait_rows(&gw, N as u64, FLUSHED).await;
     let dropped = gw
         .metric("infergate_ledger_rows_total{result=\"dropped\"}")
         .await;
@@ -593,7 +560,7 @@ async fn a_worker_that_omits_cached_tokens_is_priced_uncached_and_counted() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
-    wait_rows(&gw, 1).await;
+    wait_rows(&gw, 1, FLUSHED).await;
     let rows = rows(&gw).await;
     let row = &rows[&request_id(&reply)];
     assert_eq!(
@@ -631,7 +598,7 @@ async fn a_client_that_leaves_before_the_answer_gets_a_row_and_prices_keep_their
         gave_up.is_err(),
         "the answer came too fast to test a client leaving"
     );
-    wait_rows(&gw, 1).await;
+    wait_rows(&gw, 1, FLUSHED).await;
     let rows = rows(&gw).await;
     let row = rows.values().next().expect("one row");
     assert_eq!(

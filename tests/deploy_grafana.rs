@@ -357,7 +357,7 @@ async fn every_dashboard_metric_is_in_a_live_scrape_of_up() {
     let dir = TempDir::new("deploy-grafana");
     let config = write_config(&dir);
     let gw = Gw::launch(&["up", "--config", &config]).await;
-    let key = gw.demo_key.clone().expect("`up` printed a demo key");
+    let key = gw.api_key.clone().expect("`up` printed a demo key");
     let api = gw.at("/v1/chat/completions");
     let admin = |path: &str| format!("{}{path}", gw.admin);
 

@@ -17,8 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use serde_json::Value;
-use tenant_support::{Gw, Setup, TempDir, completion, key_of, post};
+use tenant_support::{Gw, Setup, TempDir, completion, key_of, post, usage_by_tenant, wait_rows};
 use tokio::task::JoinSet;
 
 use common::Engine;
@@ -82,22 +81,6 @@ fn postgres_user() -> (u32, u32) {
                  postgresql (`apt-get install -y postgresql`)"
             )
         })
-}
-
-/// Direct children of `pid` (from `/proc/PID/task/*/children`).
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect()
 }
 
 /// A throwaway PostgreSQL cluster on a free loopback port: its data directory survives
@@ -252,7 +235,7 @@ impl Postgres {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let backends = children_of(child.id());
+        let backends = common::process::child_pids(child.id());
         let _ = child.kill();
         let _ = child.wait();
         for pid in &backends {
@@ -262,7 +245,7 @@ impl Postgres {
                 .status();
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while backends.iter().any(|&p| tenant_support::is_running(p)) {
+        while backends.iter().any(|&p| common::process::is_running(p)) {
             assert!(
                 Instant::now() < deadline,
                 "postgres backends outlived SIGKILL"
@@ -282,7 +265,7 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         // Before the temp dir (a field) is removed.
         if let Some(mut child) = self.child.take() {
-            let backends = children_of(child.id());
+            let backends = common::process::child_pids(child.id());
             let _ = child.kill();
             let _ = child.wait();
             for pid in backends {
@@ -317,37 +300,11 @@ async fn launch(config: &str) -> Gw {
     Gw::launch(&["gateway", "--config", config]).await
 }
 
-/// `GET` on the admin listener, as JSON.
-async fn admin_json(gw: &Gw, path: &str) -> Value {
-    let (status, text) = common::get(&format!("{}{path}", gw.admin)).await;
-    assert_eq!(status, StatusCode::OK, "GET {path}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"))
-}
-
 /// Rows in the ledger, as `/admin/usage` counts them.
 async fn ledger_total(gw: &Gw) -> u64 {
-    admin_json(gw, "/admin/usage?group_by=tenant").await["totals"]["requests"]
+    gw.admin_json("/admin/usage?group_by=tenant").await["totals"]["requests"]
         .as_u64()
         .unwrap_or(0)
-}
-
-/// Polls until `gw` reads `n` rows from the ledger (never more).
-async fn wait_rows(gw: &Gw, n: u64, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let page = admin_json(gw, "/admin/usage?group_by=tenant").await;
-        let have = page["totals"]["requests"].as_u64().unwrap_or(0);
-        if have >= n {
-            assert_eq!(have, n, "more rows than requests: {page}");
-            return page;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ledger holds {have} of {n} rows: {page}\n{}",
-            gw.output()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `infergate_ledger_rows_total` of `gw`: (written, dropped, failed).
@@ -448,8 +405,8 @@ async fn two_replicas_write_one_postgres_ledger() {
     let dims = "group_by=day,tenant,model,key";
     let mut seen = Vec::new();
     for gw in [&a, &b] {
-        let from_rows = admin_json(gw, &format!("/admin/usage?{dims}")).await;
-        let from_rollup = admin_json(gw, &format!("/admin/usage/daily?{dims}")).await;
+        let from_rows = gw.admin_json(&format!("/admin/usage?{dims}")).await;
+        let from_rollup = gw.admin_json(&format!("/admin/usage/daily?{dims}")).await;
         assert_eq!(
             from_rows["groups"], from_rollup["groups"],
             "the rollup both replicas upserted equals the rows"
@@ -504,16 +461,7 @@ async fn two_replicas_write_one_postgres_ledger() {
         }
     }
     // `infergate usage` reads the same PostgreSQL ledger the config names.
-    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["usage", "--config", &config, "--by", "tenant"])
-        .output()
-        .expect("run infergate usage");
-    let table = String::from_utf8_lossy(&cli.stdout);
-    assert!(
-        cli.status.success(),
-        "{table}{}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
+    let table = usage_by_tenant(&config).await;
     let total = table
         .lines()
         .find(|l| l.starts_with("total"))

@@ -438,7 +438,6 @@ async fn admin(gw: &Gw, path: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_fails_readiness_while_redis_is_down() {
-    use tokio::io::AsyncBufReadExt;
     let engine = Engine::start(&[]).await;
     let dir = TempDir::new("fleet-closed");
     // A port with nothing behind it yet; Redis starts there later.
@@ -458,24 +457,14 @@ async fn fail_closed_fails_readiness_while_redis_is_down() {
         ..Setup::default()
     };
     let config = setup.write(&dir).to_string_lossy().into_owned();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["gateway", "--config", &config, "--listen", "127.0.0.1:0"])
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the gateway");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let admin = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(a) = line.strip_prefix("admin listening on ") {
-                return a.to_string();
-            }
-        }
-        String::new()
+    let mut cmd = common::process::infergate();
+    cmd.args(["gateway", "--config", &config, "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"]);
+    // Not `Gw::launch`: that waits for a `/readyz` this gateway must not give yet.
+    let (mut child, _stderr, mut stdout) = common::process::spawn(&mut cmd);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let admin = common::process::read_until(&mut stdout, deadline, |line| {
+        line.strip_prefix("admin listening on ").map(str::to_owned)
     })
     .await
     .expect("the gateway printed its admin address");

@@ -16,7 +16,7 @@ async fn up_prints_a_fresh_demo_key_at_every_start() {
         Gw::launch(&["up", "--workers", "1"]),
     );
     let key_of = |gw: &Gw| {
-        gw.demo_key
+        gw.api_key
             .clone()
             .unwrap_or_else(|| panic!("no demo key printed; output:\n{}", gw.output()))
     };
@@ -63,7 +63,7 @@ struct KillOnDrop(Vec<u32>);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        for pid in self.0.iter().filter(|p| tenant_support::is_running(**p)) {
+        for pid in self.0.iter().filter(|p| common::process::is_running(**p)) {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status();
@@ -81,7 +81,7 @@ async fn up_workers_exit_when_the_gateway_is_killed() {
     // A crash: the gateway cannot stop its workers, whose stdin (and stderr) pipes close.
     gw.crash().await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while workers.iter().any(|p| tenant_support::is_running(*p)) {
+    while workers.iter().any(|p| common::process::is_running(*p)) {
         assert!(
             std::time::Instant::now() < deadline,
             "worker {workers:?} still running 5 s after its gateway was killed \

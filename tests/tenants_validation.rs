@@ -213,16 +213,17 @@ async fn max_concurrent_is_a_429_until_the_request_in_flight_ends() {
     let mut body = completion("tell me everything", 1000);
     body["stream"] = json!(true);
     let mut held = Conn::open(&url).await.expect("connect");
-    let (status, _, mut stream) = held
-        .start(
+    let res = held
+        .send_as(
             Method::POST,
             "/v1/completions",
+            Some(Bytes::from(body.to_string())),
             Some(&key),
-            Bytes::from(body.to_string()),
         )
         .await
         .expect("stream");
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut stream = res.into_body();
     let first = tokio::time::timeout(
         tenant_support::HTTP_DEADLINE,
         http_body_util::BodyExt::frame(&mut stream),

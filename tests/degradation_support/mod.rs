@@ -126,7 +126,7 @@ impl Degraded {
     pub async fn admin_post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         let mut conn = Conn::open(&self.gw.admin).await.expect("admin connection");
         let reply = conn
-            .send(Method::POST, path, None, Bytes::from(body.to_string()))
+            .exchange(Method::POST, path, None, Bytes::from(body.to_string()))
             .await
             .unwrap_or_else(|e| panic!("POST {path}: {e}"));
         (reply.status, reply.json())
@@ -136,7 +136,7 @@ impl Degraded {
     pub async fn reload(&self) -> (StatusCode, Value) {
         let mut conn = Conn::open(&self.gw.admin).await.expect("admin connection");
         let reply = conn
-            .send(Method::POST, "/admin/reload", None, Bytes::new())
+            .exchange(Method::POST, "/admin/reload", None, Bytes::new())
             .await
             .unwrap_or_else(|e| panic!("POST /admin/reload: {e}"));
         (reply.status, reply.json())
@@ -144,15 +144,9 @@ impl Degraded {
 
     /// `infergate config check --config DIR/infergate.yaml`: exit code and stdout + stderr.
     pub async fn config_check(&self) -> (Option<i32>, String) {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .args(["config", "check", "--config"])
-            .arg(self.config())
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(Duration::from_secs(30), out)
-            .await
-            .expect("config check within 30s")
-            .expect("run config check");
+        let mut cmd = crate::common::process::infergate();
+        cmd.args(["config", "check", "--config"]).arg(self.config());
+        let out = crate::common::process::run(cmd, Duration::from_secs(30)).await;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -290,7 +284,7 @@ async fn client(url: String, log: Arc<FloodLog>) {
     };
     loop {
         let reply = conn
-            .send(Method::POST, "/v1/completions", Some(&key), body.clone())
+            .exchange(Method::POST, "/v1/completions", Some(&key), body.clone())
             .await;
         match reply {
             Ok(r) if r.status == StatusCode::OK => {
