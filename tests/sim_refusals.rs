@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::gateway::{Gateway, TempDir};
 use infergate::workload::{self, Overrides};
-use tools_support::{ShortWorkload, infergate, read_report, shared_machine};
+use tools_support::{ShortWorkload, report_of, shared_machine};
 
 /// ~25 requests over 10 s; prompts uniform in 2,000..12,000 tokens with 1,024-token answers:
 /// prompts over ~8,190 tokens exceed the gateway's `max_context` (about 38%), and those over
@@ -44,24 +44,11 @@ async fn sim_and_live_refuse_the_same_over_context_requests() {
         planned.len()
     );
 
-    let sim_out = dir.path.join("sim.json");
-    let sim_s = sim_out.to_string_lossy().into_owned();
-    let sim = [
-        "sim",
-        "--workload",
-        &path_s,
-        "--workers",
-        "2",
-        "--out",
-        &sim_s,
-    ];
-    infergate(&sim, Duration::from_secs(60)).await.ok("sim");
-    let sim = read_report(&sim_out);
+    let sim = ["sim", "--workload", &path_s, "--workers", "2"];
+    let sim = report_of(&dir.path, "sim", &sim, Duration::from_secs(60)).await;
 
     let gw = Gateway::up(None).await;
     let key = gw.api_key.clone().expect("up prints a demo key");
-    let live_out = dir.path.join("live.json");
-    let live_s = live_out.to_string_lossy().into_owned();
     let bench = [
         "bench",
         "--url",
@@ -70,14 +57,11 @@ async fn sim_and_live_refuse_the_same_over_context_requests() {
         &key,
         "--workload",
         &path_s,
-        "--out",
-        &live_s,
         "--quiet",
     ];
     let limit = Duration::from_secs(u64::from(STRADDLING.seconds) + 90);
-    infergate(&bench, limit).await.ok("bench");
+    let live = report_of(&dir.path, "live", &bench, limit).await;
     drop(gw);
-    let live = read_report(&live_out);
 
     let numbers = format!(
         "planned {} (over the context: {expected})\n\

@@ -14,8 +14,8 @@ use common::gateway::{Gateway, TempDir, config_yaml, line_of, routing_yaml};
 use infergate::report::Report;
 use infergate::workload::{self, Overrides};
 use tools_support::{
-    ShortWorkload, assert_close, float, infergate, infergate_json, read_report, shared_machine,
-    uint, whole_machine,
+    ShortWorkload, assert_close, float, infergate, infergate_json, read_report, report_of,
+    shared_machine, uint, whole_machine,
 };
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -303,8 +303,6 @@ async fn bench_measures_a_live_engine() {
     let engine = Engine::start(&["--gpu", "h100"]).await;
     let mut reports: Vec<(std::path::PathBuf, Report)> = Vec::new();
     for (name, seed) in [("a", "17"), ("b", "18")] {
-        let out = dir.path.join(format!("{name}.json"));
-        let out_s = out.to_string_lossy().into_owned();
         let path_s = path.to_string_lossy().into_owned();
         let args = [
             "bench",
@@ -314,12 +312,10 @@ async fn bench_measures_a_live_engine() {
             &path_s,
             "--seed",
             seed,
-            "--out",
-            &out_s,
             "--quiet",
         ];
-        infergate(&args, Duration::from_secs(30)).await.ok("bench");
-        reports.push((out.clone(), read_report(&out)));
+        let report = report_of(&dir.path, name, &args, Duration::from_secs(30)).await;
+        reports.push((dir.path.join(format!("{name}.json")), report));
     }
     let a = &reports[0].1;
     assert_eq!(a.requests, planned.len() as u64, "{a:?}");
@@ -395,8 +391,6 @@ async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (R
     dir.write_config(&config_yaml(&[&e1.url, &e2.url], ""));
     let gateway = Gateway::start(&dir.config(), &[("RUST_LOG", "warn")]).await;
 
-    let live_out = dir.path.join(format!("live-{endpoint}.json"));
-    let live_s = live_out.to_string_lossy().into_owned();
     let bench = [
         "bench",
         "--url",
@@ -405,17 +399,13 @@ async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (R
         &path_s,
         "--endpoint",
         endpoint,
-        "--out",
-        &live_s,
         "--quiet",
     ];
     let limit = Duration::from_secs(u64::from(shape.seconds) + 30);
-    infergate(&bench, limit).await.ok("bench");
+    let live = report_of(&dir.path, &format!("live-{endpoint}"), &bench, limit).await;
     drop(gateway);
     drop((e1, e2));
 
-    let sim_out = dir.path.join("sim.json");
-    let sim_s = sim_out.to_string_lossy().into_owned();
     let sim = [
         "sim",
         "--workload",
@@ -430,11 +420,9 @@ async fn live_and_sim(dir: &TempDir, shape: ShortWorkload, endpoint: &str) -> (R
         SLOWDOWN,
         "--endpoint",
         endpoint,
-        "--out",
-        &sim_s,
     ];
-    infergate(&sim, Duration::from_secs(30)).await.ok("sim");
-    (read_report(&live_out), read_report(&sim_out))
+    let sim = report_of(&dir.path, "sim", &sim, Duration::from_secs(30)).await;
+    (live, sim)
 }
 
 /// ~60 requests of ~500 prompt tokens and 16 output tokens over 15 s on two L4s slowed 4x (both
@@ -502,32 +490,17 @@ async fn sim_prefills_the_prompt_tokens_bench_sends() {
     let path = shape.write(&dir.path, "chat-tokens");
     let path_s = path.to_string_lossy().into_owned();
     let engine = Engine::start(&["--gpu", "h100"]).await;
-    let live_out = dir.path.join("live.json");
-    let live_s = live_out.to_string_lossy().into_owned();
     let bench = [
         "bench",
         "--url",
         &engine.url,
         "--workload",
         &path_s,
-        "--out",
-        &live_s,
         "--quiet",
     ];
-    infergate(&bench, Duration::from_secs(30)).await.ok("bench");
-    let sim_out = dir.path.join("sim.json");
-    let sim_s = sim_out.to_string_lossy().into_owned();
-    let sim = [
-        "sim",
-        "--workload",
-        &path_s,
-        "--workers",
-        "1",
-        "--out",
-        &sim_s,
-    ];
-    infergate(&sim, Duration::from_secs(30)).await.ok("sim");
-    let (live, sim) = (read_report(&live_out), read_report(&sim_out));
+    let live = report_of(&dir.path, "live", &bench, Duration::from_secs(30)).await;
+    let sim = ["sim", "--workload", &path_s, "--workers", "1"];
+    let sim = report_of(&dir.path, "sim", &sim, Duration::from_secs(30)).await;
     assert_eq!((live.ok, sim.ok), (live.requests, sim.requests));
     assert_eq!(live.requests, sim.requests);
     let live_in = (live.tokens_in_per_s * live.duration_s).round();

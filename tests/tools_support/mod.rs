@@ -4,12 +4,10 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use infergate::report::Report;
 use serde_json::Value;
-use tokio::process::Command;
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// What a finished `infergate` run left behind.
@@ -39,19 +37,9 @@ impl Run {
 
 /// Runs `infergate ARGS` to completion; the child is killed if `within` passes first.
 pub async fn infergate(args: &[&str], within: Duration) -> Run {
-    let child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn infergate");
-    let out = tokio::time::timeout(within, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("infergate {args:?} still running after {within:?}"))
-        .expect("collect infergate output");
+    let mut cmd = crate::common::process::infergate();
+    cmd.args(args);
+    let out = crate::common::process::run(cmd, within).await;
     Run {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -64,6 +52,17 @@ pub async fn infergate_json(args: &[&str]) -> Value {
     let run = infergate(args, Duration::from_secs(30)).await;
     let out = run.ok(&format!("infergate {args:?}"));
     serde_json::from_str(out).unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}):\n{out}"))
+}
+
+/// Runs `infergate ARGS --out DIR/NAME.json`, expects exit 0 within `within`, and reads the
+/// report it wrote.
+pub async fn report_of(dir: &Path, name: &str, args: &[&str], within: Duration) -> Report {
+    let out = dir.join(format!("{name}.json"));
+    let out_s = out.to_string_lossy().into_owned();
+    let mut args = args.to_vec();
+    args.extend(["--out", &out_s]);
+    infergate(&args, within).await.ok(args[0]);
+    read_report(&out)
 }
 
 /// Reads a report written by `bench --out` or `sim --out`.
