@@ -4,38 +4,22 @@
 
 mod common;
 
-use common::gateway::{Gateway, TempDir, send, stream_with};
-use hyper::{Method, StatusCode};
+use common::gateway::{Gateway, TempDir, stream_with};
+use common::post_as;
+use hyper::StatusCode;
 use serde_json::{Value, json};
 
+/// `POST url` with `key` (if any): status and the JSON answer.
 async fn post(url: &str, key: Option<&str>, body: &Value) -> (StatusCode, Value) {
-    let auth = key.map(|k| format!("Bearer {k}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(a) = &auth {
-        headers.push(("authorization", a.as_str()));
-    }
-    let (status, _, text) = send(Method::POST, url, &headers, Some(body.to_string()))
-        .await
-        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    (status, json)
+    let reply = post_as(url, key, body).await;
+    (reply.status, reply.json())
 }
 
 #[tokio::test]
 async fn up_serves_the_default_cpu_model_through_the_gateway() {
     let cache = std::env::temp_dir().join(format!("infergate-gw-cpu-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
-    let gw = Gateway::launch(
-        &[
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        &[("INFERGATE_CACHE_DIR", cache.to_str().unwrap())],
-    )
-    .await;
+    let gw = Gateway::up_with(None, &[("INFERGATE_CACHE_DIR", cache.to_str().unwrap())]).await;
     let key = gw.api_key.clone();
     let body = json!({
         "model": "infergate-tiny",
@@ -128,17 +112,7 @@ async fn a_spawn_model_path_resolves_against_the_config_file() {
          models:\n  - name: tiny\n    pool: cpu\n    max_context: 2048\n\
          pools:\n  - name: cpu\n    workers:\n      - spawn: {count: 1, args: [\"--backend\", \"cpu\", \"--model\", \"./tiny\", \"--served-model-name\", \"tiny\"]}\n",
     );
-    let config = dir.config().to_string_lossy().into_owned();
-    let args = [
-        "gateway",
-        "--config",
-        config.as_str(),
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ];
-    let gw = Gateway::launch_in(Some(&elsewhere.path), &args, &[]).await;
+    let gw = Gateway::start_in(Some(&elsewhere.path), &dir.config(), &[]).await;
     let body = json!({
         "model": "tiny",
         "messages": [{"role": "user", "content": "Hi"}],

@@ -92,17 +92,7 @@ async fn the_official_openai_sdks_work_unchanged_through_up() {
     }
     let cache = std::env::temp_dir().join(format!("infergate-sdk-{}", std::process::id()));
     let cache_env = cache.to_string_lossy().into_owned();
-    let gw = Gateway::launch(
-        &[
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        &[("INFERGATE_CACHE_DIR", cache_env.as_str())],
-    )
-    .await;
+    let gw = Gateway::up_with(None, &[("INFERGATE_CACHE_DIR", cache_env.as_str())]).await;
     if python {
         run_script(&gw, "python3", "openai_python.py").await;
     }
