@@ -230,14 +230,8 @@ pub async fn open_with(
     })
 }
 
-/// One whole request/response on a fresh connection, with extra request headers.
-pub async fn request_with(
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: Option<Bytes>,
-) -> Result<(StatusCode, HeaderMap, Bytes), BoxError> {
-    let mut ex = open_with(method, url, headers, body).await?;
+/// Reads the rest of `ex`: status, headers and the whole body.
+async fn collect(mut ex: Exchange) -> Result<(StatusCode, HeaderMap, Bytes), BoxError> {
     let bytes = (&mut ex.body).collect().await?.to_bytes();
     Ok((ex.status, ex.headers, bytes))
 }
@@ -248,44 +242,36 @@ pub async fn request(
     url: &str,
     body: Option<Bytes>,
 ) -> Result<(StatusCode, HeaderMap, Bytes), BoxError> {
-    request_with(method, url, &[], body).await
+    collect(open(method, url, body).await?).await
 }
 
-/// [`request_with`] under [`HTTP_DEADLINE`], the body as text.
-async fn fetch(
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: Option<Bytes>,
-) -> Result<(StatusCode, HeaderMap, String), BoxError> {
-    let (status, headers, body) =
-        tokio::time::timeout(HTTP_DEADLINE, request_with(method, url, headers, body))
-            .await
-            .map_err(|_| format!("{url}: no answer within {HTTP_DEADLINE:?}"))??;
-    Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// One request on a fresh connection with extra `headers`: status, headers and body text.
+/// One request on a fresh connection with extra `headers`, under [`HTTP_DEADLINE`]: status,
+/// headers and body text.
 pub async fn send(
     method: Method,
     url: &str,
     headers: &[(&str, &str)],
     body: Option<String>,
 ) -> Result<(StatusCode, HeaderMap, String), BoxError> {
-    fetch(method, url, headers, body.map(Bytes::from)).await
+    let exchange =
+        async { collect(open_with(method, url, headers, body.map(Bytes::from)).await?).await };
+    let (status, headers, body) = tokio::time::timeout(HTTP_DEADLINE, exchange)
+        .await
+        .map_err(|_| format!("{url}: no answer within {HTTP_DEADLINE:?}"))??;
+    Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// `GET url` → status and body text.
 pub async fn get(url: &str) -> (StatusCode, String) {
-    let (status, _, body) = fetch(Method::GET, url, &[], None)
+    let (status, _, body) = send(Method::GET, url, &[], None)
         .await
         .unwrap_or_else(|e| panic!("GET {url}: {e}"));
     (status, body)
 }
 
 /// `POST url` with a raw body → status, headers and body text.
-pub async fn post_raw(url: &str, body: impl Into<Bytes>) -> (StatusCode, HeaderMap, String) {
-    fetch(Method::POST, url, &[], Some(body.into()))
+pub async fn post_raw(url: &str, body: impl Into<String>) -> (StatusCode, HeaderMap, String) {
+    send(Method::POST, url, &[], Some(body.into()))
         .await
         .unwrap_or_else(|e| panic!("POST {url}: {e}"))
 }
