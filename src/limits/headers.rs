@@ -2,6 +2,28 @@
 
 use std::time::Duration;
 
+use hyper::header::{HeaderName, HeaderValue};
+
+/// The `x-ratelimit-*` names, in OpenAI's order.
+const NAMES: [&str; 6] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+
+/// [`NAMES`] as header names, built at compile time.
+const HEADER_NAMES: [HeaderName; 6] = [
+    HeaderName::from_static(NAMES[0]),
+    HeaderName::from_static(NAMES[1]),
+    HeaderName::from_static(NAMES[2]),
+    HeaderName::from_static(NAMES[3]),
+    HeaderName::from_static(NAMES[4]),
+    HeaderName::from_static(NAMES[5]),
+];
+
 /// What a tenant's limits look like at the moment of a decision; `None` where unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RateHeaders {
@@ -26,33 +48,27 @@ enum RateValue {
 }
 
 impl RateHeaders {
-    /// The headers OpenAI sends, in its order; unlimited dimensions are left out.
-    fn each(&self, mut f: impl FnMut(&'static str, RateValue)) {
+    /// The headers OpenAI sends, in its order, as indexes into [`NAMES`]; unlimited dimensions
+    /// are left out.
+    fn each(&self, mut f: impl FnMut(usize, RateValue)) {
         if let Some(limit) = self.limit_requests {
-            f("x-ratelimit-limit-requests", RateValue::Count(limit));
-            let remaining = self.remaining_requests.unwrap_or(0);
-            f(
-                "x-ratelimit-remaining-requests",
-                RateValue::Count(remaining),
-            );
-            let reset = self.reset_requests.unwrap_or_default();
-            f("x-ratelimit-reset-requests", RateValue::Reset(reset));
+            f(0, RateValue::Count(limit));
+            f(1, RateValue::Count(self.remaining_requests.unwrap_or(0)));
+            f(2, RateValue::Reset(self.reset_requests.unwrap_or_default()));
         }
         if let Some(limit) = self.limit_tokens {
-            f("x-ratelimit-limit-tokens", RateValue::Count(limit));
-            let remaining = self.remaining_tokens.unwrap_or(0);
-            f("x-ratelimit-remaining-tokens", RateValue::Count(remaining));
-            let reset = self.reset_tokens.unwrap_or_default();
-            f("x-ratelimit-reset-tokens", RateValue::Reset(reset));
+            f(3, RateValue::Count(limit));
+            f(4, RateValue::Count(self.remaining_tokens.unwrap_or(0)));
+            f(5, RateValue::Reset(self.reset_tokens.unwrap_or_default()));
         }
     }
 
     /// Header name/value pairs as OpenAI sends them; unlimited dimensions are left out.
     pub fn header_pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = Vec::with_capacity(6);
-        self.each(|name, value| {
+        self.each(|i, value| {
             pairs.push((
-                name,
+                NAMES[i],
                 match value {
                     RateValue::Count(n) => n.to_string(),
                     RateValue::Reset(d) => format_reset(d),
@@ -62,20 +78,19 @@ impl RateHeaders {
         pairs
     }
 
-    /// The same headers set on `headers` (every answer carries them: no string formatting for
-    /// the counts).
+    /// The same headers set on `headers` (every answer carries them: prebuilt names, room made
+    /// once, no string formatting for the counts).
     pub fn insert_into(&self, headers: &mut hyper::HeaderMap) {
-        self.each(|name, value| {
+        headers.reserve(NAMES.len());
+        self.each(|i, value| {
             let value = match value {
-                RateValue::Count(n) => hyper::header::HeaderValue::from(n),
-                RateValue::Reset(d) => {
-                    match hyper::header::HeaderValue::try_from(format_reset(d)) {
-                        Ok(v) => v,
-                        Err(_) => return,
-                    }
-                }
+                RateValue::Count(n) => HeaderValue::from(n),
+                RateValue::Reset(d) => match HeaderValue::try_from(format_reset(d)) {
+                    Ok(v) => v,
+                    Err(_) => return,
+                },
             };
-            headers.insert(hyper::header::HeaderName::from_static(name), value);
+            headers.insert(HEADER_NAMES[i].clone(), value);
         });
     }
 }

@@ -91,11 +91,10 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0);
-            format!(
-                "{:016x}{:016x}",
-                t,
-                xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes())
-            )
+            let mut id = String::with_capacity(32);
+            push_hex(&mut id, t);
+            push_hex(&mut id, xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()));
+            id
         });
     RequestCtx {
         request_id,
@@ -110,5 +109,14 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
         ledger: None,
         row_owned: false,
         counted_at_end: false,
+    }
+}
+
+/// Appends `v` as 16 lowercase hex digits (a request id is made for every request: no
+/// formatting machinery).
+fn push_hex(out: &mut String, v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(char::from(DIGITS[((v >> (shift * 4)) & 0xf) as usize]));
     }
 }

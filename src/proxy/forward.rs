@@ -64,6 +64,13 @@ pub struct Outbound<'a> {
     pub grace_over: tokio::sync::watch::Receiver<bool>,
 }
 
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// Headers the gateway may add to an answer (rate limits, version, degradation, request id,
+/// debug), reserved once.
+const GATEWAY_HEADERS: usize = 12;
+
 /// Headers that belong to one connection and are never forwarded.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -209,9 +216,13 @@ pub async fn forward(
         } else {
             body.boxed()
         };
+        // The worker's header map, reused: hop-by-hop headers out, room for the gateway's own.
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        headers.reserve(GATEWAY_HEADERS);
         let mut response = Response::new(body);
         *response.status_mut() = parts.status;
-        copy_headers(&parts.headers, response.headers_mut());
+        *response.headers_mut() = headers;
         if settings.debug_headers {
             let h = response.headers_mut();
             if let Ok(v) = HeaderValue::from_str(&pool.name) {
@@ -297,34 +308,45 @@ fn build_request(
     let uri = worker
         .uri(out.path)
         .map_err(|e| GatewayError::Internal(format!("bad worker URL {}: {e}", worker.url)))?;
-    let mut req = Request::builder()
-        .method(Method::POST)
-        .uri(uri)
-        .header(CONTENT_TYPE, "application/json")
-        .header(CONTENT_LENGTH, out.body.len())
-        .header("x-request-id", out.request_id);
+    let mut headers = HeaderMap::with_capacity(6);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    if let Ok(id) = HeaderValue::from_str(out.request_id) {
+        headers.insert(REQUEST_ID, id);
+    }
     if let Some(tp) = out.traceparent {
-        req = req.header("traceparent", tp);
+        headers.insert(TRACEPARENT, tp.clone());
     }
     if prefix_keys && !out.features.prefix_hashes.is_empty() {
-        req = req.header(
-            PREFIX_KEYS_HEADER,
-            PrefixKeys::header_value(
-                DEFAULT_BLOCK_BYTES,
-                out.features.prompt_bytes,
-                &out.features.prefix_hashes,
-            ),
+        let keys = PrefixKeys::header_value(
+            DEFAULT_BLOCK_BYTES,
+            out.features.prompt_bytes,
+            &out.features.prefix_hashes,
         );
+        if let Ok(v) = HeaderValue::from_str(&keys) {
+            headers.insert(PREFIX_KEYS_HEADER, v);
+        }
     }
-    req.body(Full::new(out.body.clone()))
-        .map_err(|e| GatewayError::Internal(format!("cannot build the upstream request: {e}")))
+    // Built in place: `Request::builder` re-checks every header it is given.
+    let mut req = Request::new(Full::new(out.body.clone()));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    Ok(req)
 }
 
-fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
-    for (name, value) in from {
-        if HOP_BY_HOP.contains(&name.as_str()) {
-            continue;
-        }
-        to.append(HeaderName::clone(name), value.clone());
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().copied() {
+        headers.remove(name);
+    }
+    for name in named {
+        headers.remove(name);
     }
 }
