@@ -2,9 +2,13 @@
 //! (target pool, stream flag, routing features). Only a `ValidRequest` can be routed. Cheap checks
 //! only; engines validate sampling parameters themselves and their 400s pass through.
 
+use std::borrow::Cow;
+
 use hyper::HeaderMap;
 use hyper::body::Bytes;
+use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::config::{Snapshot, TierSpec};
 use crate::error::GatewayError;
@@ -100,12 +104,96 @@ pub enum PromptSize {
     Tokens(u64),
 }
 
-fn number(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<f64>, GatewayError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-            GatewayError::bad_request(format!("`{key}` must be a number"), Some(key))
-        }),
+/// The request's top-level fields the gateway reads, as borrowed slices of the body: every
+/// other field is skipped unread (and forwarded as sent), and nothing is copied until a phase
+/// needs it. A field sent as `null` is present (`Some("null")`), as in the JSON.
+#[derive(Deserialize)]
+struct Fields<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    model: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    stream: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    temperature: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    top_p: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    stream_options: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    messages: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    prompt: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    input: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    instructions: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    user: Option<&'a RawValue>,
+}
+
+/// One chat message's fields the gateway reads.
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    role: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    content: Option<&'a RawValue>,
+}
+
+/// A field that is there, `null` included (serde would read a `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
+impl<'a> Fields<'a> {
+    /// The field named `key` among those that bound the completion.
+    fn limit(&self, key: &str) -> Option<&'a RawValue> {
+        match key {
+            "max_tokens" => self.max_tokens,
+            "max_completion_tokens" => self.max_completion_tokens,
+            "max_output_tokens" => self.max_output_tokens,
+            _ => None,
+        }
+    }
+}
+
+fn is_null(raw: &RawValue) -> bool {
+    raw.get() == "null"
+}
+
+/// A JSON string's text, borrowed from the body unless it has escapes.
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    if !raw.get().starts_with('"') {
+        return None;
+    }
+    serde_json::from_str::<&str>(raw.get())
+        .map(Cow::Borrowed)
+        .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+        .ok()
+}
+
+/// A field as a tree, for the rarer shapes (arrays of parts, token ids, Responses input).
+fn tree(raw: Option<&RawValue>) -> Option<Value> {
+    raw.and_then(|r| serde_json::from_str(r.get()).ok())
+}
+
+fn number(raw: Option<&RawValue>, key: &str) -> Result<Option<f64>, GatewayError> {
+    match raw {
+        None => Ok(None),
+        Some(r) if is_null(r) => Ok(None),
+        Some(r) => serde_json::from_str::<f64>(r.get())
+            .ok()
+            .filter(|_| !r.get().starts_with('"'))
+            .map(Some)
+            .ok_or_else(|| {
+                GatewayError::bad_request(format!("`{key}` must be a number"), Some(key))
+            }),
     }
 }
 
@@ -117,14 +205,49 @@ pub fn validate(
     snapshot: &Snapshot,
     tier: &TierSpec,
 ) -> Result<ValidRequest, GatewayError> {
-    let mut json: Value = serde_json::from_slice(&body)
-        .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
-    let obj = json
-        .as_object_mut()
-        .ok_or_else(|| GatewayError::bad_request("the body must be a JSON object", None))?;
-    let model = match obj.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => {
+    // serde would read a struct from an array too: only an object takes the fast path.
+    let object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let fields = if object {
+        serde_json::from_slice::<Fields>(&body).ok()
+    } else {
+        None
+    };
+    match fields {
+        Some(fields) => validate_fields(endpoint, headers, &fields, body.clone(), snapshot, tier),
+        None => {
+            // Not an object, not JSON, or a key given twice: the tree says which. A repeated key
+            // keeps its last value (as the tree reads it), and the deduplicated body is what
+            // goes upstream, so the worker cannot read the request differently.
+            let json: Value = serde_json::from_slice(&body)
+                .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
+            if !json.is_object() {
+                return Err(GatewayError::bad_request(
+                    "the body must be a JSON object",
+                    None,
+                ));
+            }
+            let deduped = Bytes::from(
+                serde_json::to_vec(&json).map_err(|e| GatewayError::Internal(e.to_string()))?,
+            );
+            let fields = serde_json::from_slice::<Fields>(&deduped)
+                .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
+            validate_fields(endpoint, headers, &fields, deduped.clone(), snapshot, tier)
+        }
+    }
+}
+
+/// [`validate`] on the fields read from `body`.
+fn validate_fields(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    fields: &Fields<'_>,
+    body: Bytes,
+    snapshot: &Snapshot,
+    tier: &TierSpec,
+) -> Result<ValidRequest, GatewayError> {
+    let model = match fields.model.map(text) {
+        Some(Some(m)) => m.into_owned(),
+        Some(None) => {
             return Err(GatewayError::bad_request(
                 "`model` must be a string",
                 Some("model"),
@@ -147,8 +270,8 @@ pub fn validate(
             tier.name
         )));
     }
-    let stream = endpoint.generates() && matches!(obj.get("stream"), Some(Value::Bool(true)));
-    if let Some(t) = number(obj, "temperature")?
+    let stream = endpoint.generates() && fields.stream.is_some_and(|r| r.get() == "true");
+    if let Some(t) = number(fields.temperature, "temperature")?
         && !(0.0..=2.0).contains(&t)
     {
         return Err(GatewayError::bad_request(
@@ -156,7 +279,7 @@ pub fn validate(
             Some("temperature"),
         ));
     }
-    if let Some(p) = number(obj, "top_p")?
+    if let Some(p) = number(fields.top_p, "top_p")?
         && !(p > 0.0 && p <= 1.0)
     {
         return Err(GatewayError::bad_request(
@@ -169,7 +292,7 @@ pub fn validate(
     // `max_completion_tokens` must not carry a large `max_tokens` past the ceiling.
     let mut asked: Option<u64> = None;
     for &max_key in endpoint.limit_keys() {
-        let m = match number(obj, max_key)? {
+        let m = match number(fields.limit(max_key), max_key)? {
             None => continue,
             Some(m) if m < 1.0 || m.fract() != 0.0 => {
                 return Err(GatewayError::bad_request(
@@ -194,41 +317,18 @@ pub fn validate(
         true => asked.unwrap_or(u64::from(tier.default_max_tokens)),
         false => 0,
     };
-    let client_wants_usage = obj
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
+    let client_wants_usage = tree(fields.stream_options)
+        .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
     let (canonical, prompt) = match endpoint {
-        Endpoint::ChatCompletions => {
-            let messages = obj
-                .get("messages")
-                .and_then(Value::as_array)
-                .filter(|m| !m.is_empty())
-                .ok_or_else(|| {
-                    GatewayError::bad_request(
-                        "`messages` must be a non-empty array",
-                        Some("messages"),
-                    )
-                })?;
-            let flat: Vec<(String, String)> = messages
-                .iter()
-                .map(|m| {
-                    let role = m
-                        .get("role")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
-                    (role, content_text(m.get("content")))
-                })
-                .collect();
-            chat_prompt(&flat)
+        Endpoint::ChatCompletions => chat_messages(fields.messages)?,
+        Endpoint::Embeddings => embeddings_input(tree(fields.input).as_ref())?,
+        Endpoint::Responses => {
+            responses_input(tree(fields.instructions), tree(fields.input).as_ref())?
         }
-        Endpoint::Embeddings => embeddings_input(obj.get("input"))?,
-        Endpoint::Responses => responses_input(obj)?,
-        Endpoint::Completions => match obj.get("prompt") {
+        Endpoint::Completions => match tree(fields.prompt) {
             Some(Value::String(p)) if !p.is_empty() => {
-                (canonical_completion(p), PromptSize::Text(p.clone()))
+                (canonical_completion(&p), PromptSize::Text(p))
             }
             Some(Value::Array(items)) if !items.is_empty() => {
                 // Token ids (or one string in an array): hash their text so equal prompts match.
@@ -259,7 +359,7 @@ pub fn validate(
         .get("x-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let user = obj.get("user").and_then(Value::as_str).map(str::to_owned);
+    let user = fields.user.and_then(text).map(Cow::into_owned);
     let session = session_id.clone().or_else(|| user.clone());
     let features = RequestFeatures {
         prefix_hashes: prefix_hashes(&canonical, DEFAULT_BLOCK_BYTES, MAX_PREFIX_BLOCKS),
@@ -268,43 +368,38 @@ pub fn validate(
         max_output_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
     };
     let pool = route.pool;
-    let mut rewrite = false;
+    // The fields the gateway sets upstream; the body is rewritten only when there are any.
+    let mut edits: Vec<(&str, Value)> = Vec::new();
     if let Some(up) = route.upstream_model.as_deref()
         && up != model
     {
-        obj.insert("model".into(), Value::String(up.to_string()));
-        rewrite = true;
+        edits.push(("model", Value::String(up.to_string())));
     }
     // Reserve and enforce the tier's default instead of the engine's (possibly whole-context)
     // one; on completions engines read only `max_tokens`, so it is set from
     // `max_completion_tokens` when that is all the client sent.
     let unlimited_upstream = match endpoint {
         Endpoint::ChatCompletions => asked.is_none().then_some("max_tokens"),
-        Endpoint::Completions => obj
-            .get("max_tokens")
-            .is_none_or(Value::is_null)
+        Endpoint::Completions => fields
+            .max_tokens
+            .is_none_or(is_null)
             .then_some("max_tokens"),
         Endpoint::Responses => asked.is_none().then_some("max_output_tokens"),
         Endpoint::Embeddings => None,
     };
     if let Some(key) = unlimited_upstream {
-        obj.insert(key.into(), Value::from(max_tokens));
-        rewrite = true;
+        edits.push((key, Value::from(max_tokens)));
     }
     // The Responses API reports usage in its `response.completed` event whatever is asked.
     let usage_chunk = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
     if stream && usage_chunk && !client_wants_usage {
         // Ask for the usage chunk to reconcile the reservation; it is hidden from the client.
-        obj.insert(
-            "stream_options".into(),
-            serde_json::json!({"include_usage": true}),
-        );
-        rewrite = true;
+        edits.push(("stream_options", serde_json::json!({"include_usage": true})));
     }
-    let body = if rewrite {
-        Bytes::from(serde_json::to_vec(&json).map_err(|e| GatewayError::Internal(e.to_string()))?)
-    } else {
+    let body = if edits.is_empty() {
         body
+    } else {
+        rewrite(&body, edits)?
     };
     Ok(ValidRequest {
         endpoint,
@@ -321,6 +416,61 @@ pub fn validate(
         session_id,
         user,
     })
+}
+
+/// `body` with each of `edits` set (the only time the gateway builds the request's tree).
+fn rewrite(body: &[u8], edits: Vec<(&str, Value)>) -> Result<Bytes, GatewayError> {
+    // Skipped fields were only checked for shape: one with a broken escape fails here.
+    let mut json: Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    let obj = json
+        .as_object_mut()
+        .ok_or_else(|| GatewayError::Internal("the body is not an object".into()))?;
+    for (key, value) in edits {
+        obj.insert(key.into(), value);
+    }
+    serde_json::to_vec(&json)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
+/// A chat request's `messages`: a non-empty array whose items' `role` and `content` make the
+/// prompt (an item that is not a message adds an empty turn; the engine judges it).
+fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
+    let bad =
+        || GatewayError::bad_request("`messages` must be a non-empty array", Some("messages"));
+    let items: Vec<&RawValue> = raw
+        .filter(|r| r.get().starts_with('['))
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .filter(|m: &Vec<&RawValue>| !m.is_empty())
+        .ok_or_else(bad)?;
+    let turns: Vec<(Cow<'_, str>, Cow<'_, str>)> = items
+        .iter()
+        .map(|item| match serde_json::from_str::<Message>(item.get()) {
+            Ok(m) => (
+                m.role.and_then(text).unwrap_or_default(),
+                match m.content {
+                    Some(c) if c.get().starts_with('"') => text(c).unwrap_or_default(),
+                    other => Cow::Owned(content_text(tree(other).as_ref())),
+                },
+            ),
+            // Not an object, or a key given twice: read as a tree.
+            Err(_) => {
+                let m = tree(Some(item));
+                let m = m.as_ref();
+                let role = m
+                    .and_then(|m| m.get("role"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                (
+                    Cow::Owned(role),
+                    Cow::Owned(content_text(m.and_then(|m| m.get("content")))),
+                )
+            }
+        })
+        .collect();
+    Ok(chat_prompt(&turns))
 }
 
 /// The meter phase's context check: a prompt estimated at `prompt_tokens` that is longer than
@@ -378,12 +528,13 @@ fn embeddings_input(input: Option<&Value>) -> Result<(Vec<u8>, PromptSize), Gate
 /// `instructions` and `input` of a Responses API request (a string, or an array of message
 /// items whose `content` is a string or `input_text` parts), as the chat they amount to.
 fn responses_input(
-    obj: &serde_json::Map<String, Value>,
+    instructions: Option<Value>,
+    input: Option<&Value>,
 ) -> Result<(Vec<u8>, PromptSize), GatewayError> {
     let mut flat: Vec<(String, String)> = Vec::new();
-    match obj.get("instructions") {
+    match instructions {
         None | Some(Value::Null) => {}
-        Some(Value::String(s)) => flat.push(("system".into(), s.clone())),
+        Some(Value::String(s)) => flat.push(("system".into(), s)),
         Some(_) => {
             return Err(GatewayError::bad_request(
                 "`instructions` must be a string",
@@ -391,7 +542,7 @@ fn responses_input(
             ));
         }
     }
-    match obj.get("input") {
+    match input {
         Some(Value::String(s)) if !s.is_empty() => flat.push(("user".into(), s.clone())),
         Some(Value::Array(items)) if !items.is_empty() => {
             for item in items {
@@ -416,15 +567,18 @@ fn responses_input(
 
 /// A conversation as (role, text) turns: its canonical bytes (prefix hashing) and the text to
 /// meter. Chat and the Responses API share it, so the same turns hash and meter the same.
-fn chat_prompt(turns: &[(String, String)]) -> (Vec<u8>, PromptSize) {
+fn chat_prompt<S: AsRef<str>>(turns: &[(S, S)]) -> (Vec<u8>, PromptSize) {
     let pairs: Vec<(&str, &str)> = turns
         .iter()
-        .map(|(r, c)| (r.as_str(), c.as_str()))
+        .map(|(r, c)| (r.as_ref(), c.as_ref()))
         .collect();
-    let text = turns
-        .iter()
-        .map(|(r, c)| format!("{r}\n{c}\n"))
-        .collect::<String>();
+    let mut text = String::with_capacity(pairs.iter().map(|(r, c)| r.len() + c.len() + 2).sum());
+    for (r, c) in &pairs {
+        text.push_str(r);
+        text.push('\n');
+        text.push_str(c);
+        text.push('\n');
+    }
     (canonical_chat(&pairs), PromptSize::Text(text))
 }
 

@@ -632,3 +632,77 @@ fn responses_reserve_max_output_tokens_and_read_instructions_and_items() {
         assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{bad}");
     }
 }
+
+#[test]
+fn a_body_without_edits_goes_upstream_byte_for_byte() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    // Key order, spacing, escapes and fields the gateway does not know all survive.
+    let raw = "{ \"messages\":[{\"role\":\"user\",\"content\":\"say \\\"hi\\\"\\n\"}], \"model\":\"m\",\"max_tokens\":5, \"logit_bias\":{\"50256\":-100}, \"seed\":1e3}";
+    let v = validate(
+        Endpoint::ChatCompletions,
+        &h,
+        Bytes::from(raw),
+        &snap,
+        &tier,
+    )
+    .unwrap();
+    assert_eq!(v.body, Bytes::from(raw));
+    // The escaped content is read unescaped.
+    assert_eq!(v.prompt, PromptSize::Text("user\nsay \"hi\"\n\n".into()));
+}
+
+#[test]
+fn a_repeated_key_keeps_its_last_value_and_goes_upstream_once() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    let raw = r#"{"model":"forbidden","model":"m","max_tokens":5,"messages":[{"role":"user","content":"a","content":"b"}]}"#;
+    let v = validate(
+        Endpoint::ChatCompletions,
+        &h,
+        Bytes::from(raw),
+        &snap,
+        &tier,
+    )
+    .unwrap();
+    assert_eq!(v.model, "m");
+    assert_eq!(v.prompt, PromptSize::Text("user\nb\n".into()));
+    // The worker sees one `model`, the one the gateway checked.
+    let sent = std::str::from_utf8(&v.body).unwrap();
+    assert_eq!(sent.matches("\"model\"").count(), 1, "{sent}");
+    let sent: Value = serde_json::from_str(sent).unwrap();
+    assert_eq!(sent["model"], "m");
+}
+
+#[test]
+fn field_type_errors_name_the_field() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    let refuse = |raw: &'static str| {
+        validate(
+            Endpoint::ChatCompletions,
+            &h,
+            Bytes::from(raw),
+            &snap,
+            &tier,
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(
+        refuse(r#"{"model":null,"messages":[{"role":"user","content":"a"}]}"#)
+            .contains("`model` must be a string")
+    );
+    assert!(
+        refuse(r#"{"messages":[{"role":"user","content":"a"}]}"#).contains("`model` is required")
+    );
+    assert!(
+        refuse(r#"{"model":"m","temperature":"hot","messages":[{"role":"user","content":"a"}]}"#)
+            .contains("`temperature` must be a number")
+    );
+    assert!(
+        refuse(r#"{"model":"m","messages":{}}"#).contains("`messages` must be a non-empty array")
+    );
+    assert!(refuse(r#"[1,2]"#).contains("must be a JSON object"));
+    assert!(refuse(r#"{"model":"m","#).contains("invalid JSON body"));
+}
