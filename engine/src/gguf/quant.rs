@@ -8,7 +8,6 @@ pub const QK: usize = 32;
 
 /// The storage type of a tensor, as the ggml type id in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
 pub enum GgmlType {
     /// 32-bit float (id 0).
     F32,

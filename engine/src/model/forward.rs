@@ -275,7 +275,10 @@ impl Model {
 
     /// Attention for every token of the step, spread over threads by token when there is enough
     /// work. Each token's result depends only on its own query and history.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the step's buffers are borrowed separately so threads can share them"
+    )]
     fn attention(
         &self,
         out: &mut [f32],

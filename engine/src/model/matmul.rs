@@ -12,7 +12,10 @@
 //!
 //! A token keeps its kernel for life (a preempted sequence recomputes its generated tokens with
 //! the decode kernel), so recomputation reproduces the same K/V bit for bit.
-#![allow(unsafe_code)]
+#![expect(
+    unsafe_code,
+    reason = "the SIMD kernels call `std::arch` intrinsics behind runtime CPU-feature checks"
+)]
 
 use rayon::prelude::*;
 
