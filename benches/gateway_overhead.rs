@@ -4,7 +4,8 @@
 //! `redis-server` is installed), through the gateway with its features on (a tenant key and a
 //! token budget, `prefix` routing, a 6 KB chat body whose system prompt repeats), and through
 //! nginx as a plain reverse proxy, with the tiny body and with the 6 KB one, side by side in one
-//! run.
+//! run. With `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate` another build of the binary runs the
+//! plain gateway too, in the same run, for before/after ratios.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
 #![forbid(unsafe_code)]
@@ -208,6 +209,22 @@ async fn run() -> Result<(), BoxError> {
             load: Load::Tiny,
         },
     ];
+    // Another build of the binary (a commit before a change) as the plain gateway, measured in
+    // the same run: `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate`.
+    let baseline = match std::env::var_os("GATEWAY_OVERHEAD_BASELINE") {
+        Some(other) => {
+            let gw =
+                start_gateway(Path::new(&other), &dir, &upstream_url, Variant::Baseline).await?;
+            targets.push(Target {
+                name: "infergate gateway (baseline build)",
+                url: gw.url.clone(),
+                pid: gw.pid(),
+                load: Load::Tiny,
+            });
+            Some(gw)
+        }
+        None => None,
+    };
     // The floor of any hyper-based proxy: the gateway's own server and pooled client with no
     // phase in between.
     let relay = Proc::start(
@@ -301,6 +318,9 @@ async fn run() -> Result<(), BoxError> {
     with_ledger.stop().await;
     relay.stop().await;
     features.stop().await;
+    if let Some(gw) = baseline {
+        gw.stop().await;
+    }
     if let Some((mut redis, gw)) = redis {
         gw.stop().await;
         let _ = redis.kill();
@@ -688,6 +708,8 @@ async fn relay_one(
 enum Variant {
     /// Limits in process, no ledger.
     Plain,
+    /// [`Variant::Plain`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
+    Baseline,
     /// Plus the usage ledger (SQLite in the temp dir) and prices.
     Ledger,
     /// Tenant limits in the Redis at this URL (fleet mode), no ledger.
@@ -706,6 +728,7 @@ async fn start_gateway(
 ) -> Result<Proc, BoxError> {
     let (sub, extra) = match &variant {
         Variant::Plain => ("gateway", String::new()),
+        Variant::Baseline => ("gateway-baseline", String::new()),
         Variant::Ledger => (
             "gateway-ledger",
             "ledger: {path: usage.sqlite}\n".to_string(),

@@ -478,6 +478,7 @@ impl Gateway {
                 policy,
                 admission,
                 degrade,
+                self.metrics.pool_series(&spec.name),
             ));
             if !dns.is_empty() {
                 let task = tokio::spawn(discover_dns(

@@ -2,8 +2,8 @@
 //! config, worker labels from discovered URLs, never request ids, keys or prompts.
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
 };
 
 use crate::workers::state::WorkerState;
@@ -144,7 +144,44 @@ fn ratio_hist(
     Ok(h)
 }
 
+/// One pool's per-request series, resolved once when the pool is built: a label lookup hashes
+/// the labels and takes a lock, and these run on every request.
+#[derive(Clone)]
+pub struct PoolSeries {
+    /// `infergate_ttft_seconds{pool}`.
+    pub ttft: Histogram,
+    /// `infergate_itl_seconds{pool}`.
+    pub itl: Histogram,
+    /// `infergate_e2e_seconds{pool}`.
+    pub e2e: Histogram,
+    /// `infergate_queue_depth{pool}`.
+    pub queue_depth: Gauge,
+    /// `infergate_queue_wait_seconds{pool}`.
+    pub queue_wait: Histogram,
+    /// Predicted cached prompt tokens, `{pool}`.
+    pub predicted_cached: IntCounter,
+    /// Cached prompt tokens the workers reported, `{pool}`.
+    pub actual_cached: IntCounter,
+    /// Answers without a cached-token count, `{pool}`.
+    pub cached_unreported: IntCounter,
+}
+
 impl GatewayMetrics {
+    /// The per-request series of `pool`.
+    pub fn pool_series(&self, pool: &str) -> PoolSeries {
+        let l = [pool];
+        PoolSeries {
+            ttft: self.ttft.with_label_values(&l),
+            itl: self.itl.with_label_values(&l),
+            e2e: self.e2e.with_label_values(&l),
+            queue_depth: self.queue_depth.with_label_values(&l),
+            queue_wait: self.queue_wait.with_label_values(&l),
+            predicted_cached: self.predicted_cached.with_label_values(&l),
+            actual_cached: self.actual_cached.with_label_values(&l),
+            cached_unreported: self.cached_unreported.with_label_values(&l),
+        }
+    }
+
     /// Registers every metric in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();

@@ -8,18 +8,16 @@ use super::ctx::RequestCtx;
 use crate::admission::{Permit, Refusal};
 use crate::config::TierSpec;
 use crate::error::GatewayError;
-use crate::gateway::Gateway;
 use crate::workers::pool::PoolRuntime;
 
 /// Waits for `pool`'s permit at `tier`'s priority.
 pub(super) async fn admit(
-    gw: &Gateway,
     pool: &PoolRuntime,
     tier: &TierSpec,
     ctx: &mut RequestCtx,
 ) -> Result<Permit, GatewayError> {
     let (_, queue) = &pool.admission;
-    let depth = gw.metrics.queue_depth.with_label_values(&[&pool.name]);
+    let depth = &pool.series.queue_depth;
     depth.set(queue.depth() as f64 + 1.0);
     let permit = queue.admit(tier.priority, Instant::now()).await;
     depth.set(queue.depth() as f64);
@@ -35,9 +33,8 @@ pub(super) async fn admit(
             },
         }
     })?;
-    gw.metrics
+    pool.series
         .queue_wait
-        .with_label_values(&[&pool.name])
         .observe(permit.waited().as_secs_f64());
     pool.degrade.record_queue_wait(permit.waited());
     ctx.queue_ms = Some(permit.waited().as_millis() as u64);

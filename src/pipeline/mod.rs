@@ -185,7 +185,7 @@ async fn run<B: RequestBody>(
     .await?;
     let mut account = metered.account;
 
-    account.hold(admit::admit(gw, pool, tier, ctx).await?);
+    account.hold(admit::admit(pool, tier, ctx).await?);
 
     let by_load = !endpoint.generates();
     let Some(first) = route::pick(pool, &valid.features, &[], by_load, &gw.metrics) else {

@@ -56,6 +56,8 @@ pub struct BodyReport {
     pub metrics: Arc<GatewayMetrics>,
     /// Pool label.
     pub pool: String,
+    /// The pool's per-request series.
+    pub series: crate::metrics::PoolSeries,
     /// When the gateway received the request.
     pub started: Instant,
     /// True when the first byte was already observed (headers count for non-streams).
@@ -141,10 +143,7 @@ impl ProxyBody {
                 });
             }
             let r = &self.report;
-            r.metrics
-                .e2e
-                .with_label_values(&[&r.pool])
-                .observe(r.started.elapsed().as_secs_f64());
+            r.series.e2e.observe(r.started.elapsed().as_secs_f64());
             self.guard = None;
             self.prefill = None;
         }
@@ -157,19 +156,13 @@ impl ProxyBody {
         match self.last_chunk {
             None if r.is_stream => {
                 let ttft = now.duration_since(r.started);
-                r.metrics
-                    .ttft
-                    .with_label_values(&[&r.pool])
-                    .observe(ttft.as_secs_f64());
+                r.series.ttft.observe(ttft.as_secs_f64());
                 r.degrade.record_ttft(ttft);
             }
             None => {}
             Some(prev) => {
                 let gap = now.duration_since(prev);
-                r.metrics
-                    .itl
-                    .with_label_values(&[&r.pool])
-                    .observe(gap.as_secs_f64());
+                r.series.itl.observe(gap.as_secs_f64());
                 self.max_gap = Some(self.max_gap.map_or(gap, |m| m.max(gap)));
             }
         }

@@ -180,6 +180,7 @@ pub async fn forward(
             BodyReport {
                 metrics: metrics.clone(),
                 pool: pool.name.clone(),
+                series: pool.series.clone(),
                 started: out.started,
                 is_stream,
                 degrade: pool.degrade.clone(),
@@ -192,14 +193,12 @@ pub async fn forward(
                 out.features,
                 out.on_end.take(),
                 (worker.key, decision),
-                metrics,
             )),
         )
         .with_prefill(prefill);
         if !is_stream {
-            metrics
+            pool.series
                 .ttft
-                .with_label_values(&[&pool.name])
                 .observe(out.started.elapsed().as_secs_f64());
             pool.degrade.record_ttft(out.started.elapsed());
         }
@@ -244,27 +243,18 @@ fn with_feedback(
     features: &RequestFeatures,
     inner: Option<OnEnd>,
     (worker_key, decision): (u64, Decision),
-    metrics: &Arc<GatewayMetrics>,
 ) -> OnEnd {
     let policy = pool.policy().clone();
     let features = features.clone();
-    let metrics = metrics.clone();
-    let pool_name = pool.name.clone();
+    let series = pool.series.clone();
     Box::new(move |end| {
         if let Some(usage) = end.usage {
             match usage.cached {
                 Some(actual) => {
-                    let l = [pool_name.as_str()];
-                    metrics
-                        .predicted_cached
-                        .with_label_values(&l)
-                        .inc_by(decision.predicted_cached);
-                    metrics.actual_cached.with_label_values(&l).inc_by(actual);
+                    series.predicted_cached.inc_by(decision.predicted_cached);
+                    series.actual_cached.inc_by(actual);
                 }
-                None => metrics
-                    .cached_unreported
-                    .with_label_values(&[pool_name.as_str()])
-                    .inc(),
+                None => series.cached_unreported.inc(),
             }
             policy.policy.feedback(
                 &features,

@@ -35,6 +35,8 @@ pub struct PoolRuntime {
     pub degrade: Arc<PoolDegradation>,
     /// Routes the requests that leave no KV behind (embeddings) in a cache-aware pool.
     by_load: LeastLoad,
+    /// Its per-request metric series.
+    pub series: crate::metrics::PoolSeries,
 }
 
 impl PoolRuntime {
@@ -46,8 +48,10 @@ impl PoolRuntime {
         policy: Arc<PolicyHolder>,
         admission: (AdmissionSpec, AdmissionQueue),
         degrade: Arc<PoolDegradation>,
+        series: crate::metrics::PoolSeries,
     ) -> Self {
         let pool = Self {
+            series,
             name: name.to_string(),
             dialect,
             workers: ArcSwap::from_pointee(workers),
