@@ -138,7 +138,10 @@ impl AdmissionQueue {
             rx,
             settled: false,
         };
-        let deadline = tokio::time::Instant::from_std(now + self.shared.max_wait);
+        // On tokio's clock, which the timer runs on (and a test can pause): what is left of
+        // `max_wait` since the arrival.
+        let left = self.shared.max_wait.saturating_sub(now.elapsed());
+        let deadline = tokio::time::Instant::now() + left;
         let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
             Ok(received) => {
                 waiting.settled = true;

@@ -1,4 +1,5 @@
-//! Admission queue tests on real (short) time; conditions are polled with a deadline.
+//! Admission queue tests on real (short) time, conditions polled with a deadline; the waits that
+//! last `max_wait` run on tokio's paused clock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -258,4 +259,44 @@ async fn hold(q: &AdmissionQueue, n: usize) -> Vec<Permit> {
         permits.push(admitted(q, 0).await);
     }
     permits
+}
+
+/// On a paused clock: a waiter for a full pool is refused when its `max_wait` (30 s) runs out,
+/// and one whose slot frees 10 s in is admitted then. Virtual seconds: no real waiting.
+#[tokio::test(start_paused = true)]
+async fn waits_end_at_the_deadline_or_the_freed_slot_on_a_paused_clock() {
+    let real = Instant::now();
+    let q = queue(1, 10, LONG);
+    let held = admitted(&q, 0).await;
+    let start = tokio::time::Instant::now();
+    let refusal = q.admit(0, Instant::now()).await.err();
+    assert!(
+        matches!(refusal, Some(Refusal::Timeout { .. })),
+        "{refusal:?}"
+    );
+    // `max_wait` counts from the arrival, on the real clock: the virtual wait is short by the
+    // real time the call took (microseconds; timers round to the millisecond).
+    let waited = start.elapsed();
+    assert!(
+        LONG.abs_diff(waited) < Duration::from_millis(500),
+        "{waited:?}"
+    );
+    assert_eq!(q.depth(), 0);
+
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        drop(held);
+    });
+    let start = tokio::time::Instant::now();
+    let permit = admitted(&q, 0).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "{waited:?}"
+    );
+    release.await.unwrap();
+    drop(permit);
+    assert_eq!(q.in_flight(), 0);
+    // Forty virtual seconds passed; far less real time did.
+    assert!(real.elapsed() < LONG, "{:?}", real.elapsed());
 }
