@@ -167,15 +167,11 @@ fn is_null(raw: &RawValue) -> bool {
     raw.get() == "null"
 }
 
-/// A JSON string's text, borrowed from the body unless it has escapes.
+/// A JSON string's text, borrowed from the body unless it has escapes (one parse either way).
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    if !raw.get().starts_with('"') {
-        return None;
-    }
-    serde_json::from_str::<&str>(raw.get())
-        .map(Cow::Borrowed)
-        .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
-        .ok()
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    serde_json::from_str::<Text>(raw.get()).ok().map(|t| t.0)
 }
 
 /// A field as a tree, for the rarer shapes (arrays of parts, token ids, Responses input).
@@ -189,7 +185,6 @@ fn number(raw: Option<&RawValue>, key: &str) -> Result<Option<f64>, GatewayError
         Some(r) if is_null(r) => Ok(None),
         Some(r) => serde_json::from_str::<f64>(r.get())
             .ok()
-            .filter(|_| !r.get().starts_with('"'))
             .map(Some)
             .ok_or_else(|| {
                 GatewayError::bad_request(format!("`{key}` must be a number"), Some(key))
@@ -446,27 +441,34 @@ fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), Gatewa
         .ok_or_else(bad)?;
     let turns: Vec<(Cow<'_, str>, Cow<'_, str>)> = items
         .iter()
-        .map(|item| match serde_json::from_str::<Message>(item.get()) {
-            Ok(m) => (
-                m.role.and_then(text).unwrap_or_default(),
-                match m.content {
-                    Some(c) if c.get().starts_with('"') => text(c).unwrap_or_default(),
-                    other => Cow::Owned(content_text(tree(other).as_ref())),
-                },
-            ),
-            // Not an object, or a key given twice: read as a tree.
-            Err(_) => {
-                let m = tree(Some(item));
-                let m = m.as_ref();
-                let role = m
-                    .and_then(|m| m.get("role"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                (
-                    Cow::Owned(role),
-                    Cow::Owned(content_text(m.and_then(|m| m.get("content")))),
-                )
+        .map(|item| {
+            // serde would read a struct from an array too: only an object is a message.
+            let typed = item
+                .get()
+                .starts_with('{')
+                .then(|| serde_json::from_str::<Message>(item.get()).ok());
+            match typed.flatten() {
+                Some(m) => (
+                    m.role.and_then(text).unwrap_or_default(),
+                    match m.content.and_then(text) {
+                        Some(t) => t,
+                        None => Cow::Owned(content_text(tree(m.content).as_ref())),
+                    },
+                ),
+                // Not an object, or a key given twice: read as a tree.
+                None => {
+                    let m = tree(Some(item));
+                    let m = m.as_ref();
+                    let role = m
+                        .and_then(|m| m.get("role"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    (
+                        Cow::Owned(role),
+                        Cow::Owned(content_text(m.and_then(|m| m.get("content")))),
+                    )
+                }
             }
         })
         .collect();

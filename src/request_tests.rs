@@ -674,3 +674,26 @@ fn field_type_errors_name_the_field() {
     assert!(refuse(r#"[1,2]"#).contains("must be a JSON object"));
     assert!(refuse(r#"{"model":"m","#).contains("invalid JSON body"));
 }
+
+#[test]
+fn strings_are_read_borrowed_or_unescaped_and_numbers_only_from_numbers() {
+    let raw = |s: &'static str| serde_json::from_str::<&RawValue>(s).unwrap();
+    assert!(matches!(
+        super::text(raw(r#""plain""#)),
+        Some(Cow::Borrowed("plain"))
+    ));
+    assert_eq!(super::text(raw(r#""a\"b""#)).as_deref(), Some("a\"b"));
+    assert_eq!(super::text(raw("5")), None);
+    assert_eq!(super::number(Some(raw("0.5")), "top_p").unwrap(), Some(0.5));
+    assert_eq!(super::number(Some(raw("null")), "top_p").unwrap(), None);
+    assert!(super::number(Some(raw(r#""0.5""#)), "top_p").is_err());
+}
+
+#[test]
+fn a_message_that_is_not_an_object_adds_an_empty_turn() {
+    let v = chat(
+        r#"{"model":"m","max_tokens":5,"messages":[["user","hi"],{"role":"user","content":"b"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(v.prompt, PromptSize::Text("\n\nuser\nb\n".into()));
+}
