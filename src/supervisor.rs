@@ -3,9 +3,9 @@
 //! Each worker is a child process (normally `infergate engine ...` of this same binary) started
 //! with `--port P --exit-with-stdin`. With `P` 0 the worker binds a port of its own and the
 //! supervisor learns it from the worker's `listening on http://ADDR` line: no other process can
-//! take a port between our choosing it and the worker binding it. Restarts keep that port. Its stdin is a pipe that we keep open, so a worker never
-//! outlives the gateway even if the gateway dies without cleaning up. Stopping is SIGTERM, a
-//! grace period, then SIGKILL.
+//! take a port between our choosing it and the worker binding it. Restarts keep that port.
+//! The worker's stdin is a pipe that we keep open, so a worker never outlives the gateway even
+//! if the gateway dies without cleaning up. Stopping is SIGTERM, a grace period, then SIGKILL.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,8 +30,6 @@ const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(30);
 const READY_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Limit for one `GET /health` attempt.
 const HEALTH_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// The header in which a worker's `/health` names its process id.
-pub const PID_HEADER: &str = "x-infergate-pid";
 
 /// One local worker to run: the executable's args after the subcommand, and its fixed port.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,7 +102,9 @@ impl Supervisor {
         mut specs: Vec<WorkerSpec>,
         cfg: SupervisorConfig,
     ) -> Result<Supervisor, String> {
-        for (i, spec) in specs.iter().enumerate().filter(|(_, s)| s.port != 0) {
+        let fixed = || specs.iter().enumerate().filter(|(_, s)| s.port != 0);
+        // The spec's own mistake first, whatever else holds the port at the moment.
+        for (i, spec) in fixed() {
             if specs[..i].iter().any(|s| s.port == spec.port) {
                 return Err(format!(
                     "worker {}: port {} is used twice",
@@ -112,6 +112,8 @@ impl Supervisor {
                     spec.port
                 ));
             }
+        }
+        for (_, spec) in fixed() {
             // Another process on the port would answer our health checks in the worker's place.
             if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", spec.port)) {
                 return Err(format!(
@@ -360,9 +362,8 @@ fn health_client() -> HealthClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-/// True when `GET http://127.0.0.1:PORT/health` answers 200 within [`HEALTH_REQUEST_TIMEOUT`].
-/// `GET /health` on `port` answers 200, from the process `pid` when given (the engine names
-/// itself in `x-infergate-pid`).
+/// True when `GET http://127.0.0.1:PORT/health` answers 200 within [`HEALTH_REQUEST_TIMEOUT`],
+/// from the process `pid` when given (the engine names itself in its `PID_HEADER`).
 async fn health_ok(client: &HealthClient, port: u16, pid: Option<u32>) -> bool {
     let Ok(uri) = format!("http://127.0.0.1:{port}/health").parse::<hyper::Uri>() else {
         return false;
@@ -370,7 +371,7 @@ async fn health_ok(client: &HealthClient, port: u16, pid: Option<u32>) -> bool {
     match tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await {
         Ok(Ok(resp)) if resp.status() == hyper::StatusCode::OK => pid.is_none_or(|pid| {
             resp.headers()
-                .get(PID_HEADER)
+                .get(infergate_engine::server::PID_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v == pid.to_string())
         }),

@@ -150,6 +150,10 @@ fn error_response(e: &ApiError) -> Response<ResBody> {
 }
 
 /// The API routes, for the 404 message.
+/// The header in which `/health` names the engine's process id: a supervisor checks that the
+/// process on the port it polls is the one it started.
+pub const PID_HEADER: &str = "x-infergate-pid";
+
 const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, GET /kv/events";
 
 async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResBody> {
@@ -181,9 +185,8 @@ async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResB
         }
         (&Method::GET, "/health") => {
             let mut res = full(StatusCode::OK, "text/plain", String::new());
-            // A supervisor checks that the process on the port it polls is the one it started.
             res.headers_mut().insert(
-                "x-infergate-pid",
+                PID_HEADER,
                 hyper::header::HeaderValue::from(std::process::id()),
             );
             res
