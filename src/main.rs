@@ -12,6 +12,11 @@ use infergate::config::LogFormat;
 use infergate::up::{RunArgs, load_snapshot};
 use infergate_engine::args::EngineArgs;
 
+/// Small, short-lived allocations dominate a proxied request; mimalloc serves them from
+/// per-thread pages without the arena locks glibc's malloc takes when another thread frees.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Inference gateway and smart load balancer for LLM serving.
 #[derive(Parser)]
 #[command(name = "infergate", version, about)]
