@@ -106,6 +106,7 @@ impl GatewayError {
             param: None,
             retry_after_secs: None,
             headers: Vec::new(),
+            retryable: false,
         };
         const INVALID: &str = "invalid_request_error";
         const UNAVAILABLE: &str = "service_unavailable";
@@ -198,6 +199,7 @@ impl GatewayError {
             // The worker's URL stays in the logs: clients are not told internal addresses.
             Self::WorkerEjected(_) => Row {
                 retry_after_secs: Some(1),
+                retryable: true,
                 ..row(
                     S::SERVICE_UNAVAILABLE,
                     UNAVAILABLE,
@@ -206,7 +208,11 @@ impl GatewayError {
                         .into(),
                 )
             },
-            Self::UpstreamUnavailable(m) => row(S::BAD_GATEWAY, SERVER, "upstream", m.clone()),
+            Self::UpstreamUnavailable(m) => Row {
+                retryable: true,
+                ..row(S::BAD_GATEWAY, SERVER, "upstream", m.clone())
+            },
+            // The worker may still be running it: a retry would run it twice.
             Self::UpstreamTimeout(m) => row(S::GATEWAY_TIMEOUT, SERVER, "upstream", m.clone()),
             Self::Internal(m) => row(S::INTERNAL_SERVER_ERROR, SERVER, "internal", m.clone()),
         }
@@ -238,6 +244,12 @@ impl GatewayError {
             }
         }
         res
+    }
+
+    /// Whether forwarding may try another worker after this failure (only before anything
+    /// reached the client, and within the retry budget).
+    pub fn retryable(&self) -> bool {
+        self.row().retryable
     }
 
     /// The rejection reason label for per-tenant metrics (`upstream`/`internal` are not
@@ -274,6 +286,8 @@ struct Row {
     retry_after_secs: Option<u64>,
     /// Extra response headers.
     headers: Vec<(&'static str, String)>,
+    /// Another worker may take the request (the failure happened before it reached the client).
+    retryable: bool,
 }
 
 impl Row {
@@ -306,6 +320,24 @@ pub fn json_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_failures_before_any_answer_may_go_to_another_worker() {
+        let retryable = [
+            GatewayError::UpstreamUnavailable("refused".into()),
+            GatewayError::WorkerEjected("w".into()),
+        ];
+        assert!(retryable.iter().all(GatewayError::retryable));
+        let not = [
+            // The worker may still be running it.
+            GatewayError::UpstreamTimeout("slow".into()),
+            GatewayError::Draining,
+            GatewayError::NoHealthyWorker("p".into()),
+            GatewayError::Internal("bug".into()),
+            GatewayError::bad_request("bad", None),
+        ];
+        assert!(!not.iter().any(GatewayError::retryable));
+    }
 
     #[test]
     fn maps_to_status_and_openai_body() {

@@ -78,10 +78,9 @@ impl RateHeaders {
         pairs
     }
 
-    /// The same headers set on `headers` (every answer carries them: prebuilt names, room made
-    /// once, no string formatting for the counts).
+    /// The same headers set on `headers` (every answer carries them: prebuilt names, no string
+    /// formatting for the counts; the caller makes room).
     pub fn insert_into(&self, headers: &mut hyper::HeaderMap) {
-        headers.reserve(NAMES.len());
         self.each(|i, value| {
             let value = match value {
                 RateValue::Count(n) => HeaderValue::from(n),

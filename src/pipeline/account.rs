@@ -2,7 +2,7 @@
 //! usage row, once per request. A relayed answer is accounted when its body ends (see
 //! [`super::forward`]): its status is known only then.
 
-use hyper::Response;
+use hyper::{Response, StatusCode};
 
 use super::ctx::RequestCtx;
 use crate::error::{GatewayError, ResBody};
@@ -64,15 +64,23 @@ pub(super) fn account(
 /// The `status` label and tenant outcome of a relayed answer, from how its body ended: a stream
 /// the worker broke off is a 502 whatever status its headers had, and a client that left is
 /// nginx's 499.
-pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (String, &'static str) {
+pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (StatusCode, &'static str) {
     if end.client_gone {
-        ("499".into(), "cancelled")
+        (CLIENT_CLOSED, "cancelled")
     } else if !end.completed {
-        ("502".into(), "upstream_error")
+        (StatusCode::BAD_GATEWAY, "upstream_error")
     } else {
-        (end.status.to_string(), outcome_of(end.status))
+        // A status hyper accepted from the worker is a valid code.
+        let status = StatusCode::from_u16(end.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, outcome_of(end.status))
     }
 }
+
+/// nginx's 499: the client closed the connection before the answer ended.
+const CLIENT_CLOSED: StatusCode = match StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => StatusCode::BAD_REQUEST,
+};
 
 /// The tenant outcome of an answer with HTTP `status`.
 pub(super) fn outcome_of(status: u16) -> &'static str {

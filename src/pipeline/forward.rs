@@ -78,7 +78,7 @@ pub(super) async fn forward(
                 let (status, outcome) = end_outcome(&end);
                 metrics
                     .requests
-                    .with_label_values(&[&model, &pool_name, &status])
+                    .with_label_values(&[&model, &pool_name, status.as_str()])
                     .inc();
                 if !tenant.is_empty() {
                     metrics

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Bytes, Frame, Incoming};
-use tokio::time::{Sleep, sleep, sleep_until};
+use tokio::time::{Sleep, sleep_until};
 
 use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
@@ -70,6 +70,12 @@ pub struct BodyReport {
     pub worker: String,
 }
 
+/// The idle and total timers of a body that had to wait for its worker.
+struct Timers {
+    idle: Pin<Box<Sleep>>,
+    deadline: Pin<Box<Sleep>>,
+}
+
 /// Streams an upstream body to the client.
 pub struct ProxyBody {
     inner: Incoming,
@@ -77,8 +83,13 @@ pub struct ProxyBody {
     /// The worker's pending-prefill count for this request, released at the first data frame.
     prefill: Option<PrefillGuard>,
     idle: Duration,
-    idle_timer: Pin<Box<Sleep>>,
-    deadline: Pin<Box<Sleep>>,
+    /// When the worker's silence becomes an idle timeout (pushed back by each data frame).
+    idle_until: tokio::time::Instant,
+    /// The whole request's deadline.
+    deadline: tokio::time::Instant,
+    /// Armed only when the worker keeps the body waiting: most whole answers arrive with their
+    /// headers and never touch the timer wheel.
+    timers: Option<Timers>,
     report: BodyReport,
     last_chunk: Option<Instant>,
     first_chunk: Option<Instant>,
@@ -105,8 +116,9 @@ impl ProxyBody {
             guard: Some(guard),
             prefill: None,
             idle: limits.idle,
-            idle_timer: Box::pin(sleep(limits.idle)),
-            deadline: Box::pin(sleep_until(limits.deadline)),
+            idle_until: tokio::time::Instant::now() + limits.idle,
+            deadline: limits.deadline,
+            timers: None,
             report,
             last_chunk: None,
             first_chunk: None,
@@ -171,10 +183,36 @@ impl ProxyBody {
             self.prefill = None;
         }
         self.last_chunk = Some(now);
-        let idle = self.idle;
-        self.idle_timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + idle);
+        self.idle_until = tokio::time::Instant::now() + self.idle;
+    }
+
+    /// Whether the total or the idle limit has passed while the worker keeps the body waiting;
+    /// `cx` is woken when one of them does.
+    fn poll_timers(&mut self, cx: &mut Context<'_>) -> Option<(GatewayError, &'static str)> {
+        let (idle_until, deadline) = (self.idle_until, self.deadline);
+        let timers = self.timers.get_or_insert_with(|| Timers {
+            idle: Box::pin(sleep_until(idle_until)),
+            deadline: Box::pin(sleep_until(deadline)),
+        });
+        if timers.idle.deadline() != idle_until {
+            timers.idle.as_mut().reset(idle_until);
+        }
+        if timers.deadline.as_mut().poll(cx).is_ready() {
+            return Some((
+                GatewayError::UpstreamTimeout("the request exceeded its total timeout".into()),
+                "total_timeout",
+            ));
+        }
+        if timers.idle.as_mut().poll(cx).is_ready() {
+            return Some((
+                GatewayError::UpstreamTimeout(format!(
+                    "the worker sent nothing for {:?}",
+                    self.idle
+                )),
+                "idle_timeout",
+            ));
+        }
+        None
     }
 
     /// Ends the body because of `err`: an SSE stream gets an error event, anything else an error.
@@ -263,22 +301,8 @@ impl Body for ProxyBody {
                     return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
                 Poll::Pending => {
-                    if this.deadline.as_mut().poll(cx).is_ready() {
-                        return this.fail(
-                            GatewayError::UpstreamTimeout(
-                                "the request exceeded its total timeout".into(),
-                            ),
-                            "total_timeout",
-                        );
-                    }
-                    if this.idle_timer.as_mut().poll(cx).is_ready() {
-                        return this.fail(
-                            GatewayError::UpstreamTimeout(format!(
-                                "the worker sent nothing for {:?}",
-                                this.idle
-                            )),
-                            "idle_timeout",
-                        );
+                    if let Some((err, kind)) = this.poll_timers(cx) {
+                        return this.fail(err, kind);
                     }
                     return Poll::Pending;
                 }

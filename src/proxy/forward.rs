@@ -1,5 +1,6 @@
 //! Forwards a routed request to its worker: send, and before the first byte retry another worker
-//! (routed again, without those tried) on a connect failure or a 503, within the retry budget.
+//! (routed again, without those tried) on a failure the error table marks retryable (a connect
+//! failure, a 503, an ejection), within the retry budget.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,19 +68,19 @@ pub struct Outbound<'a> {
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
-/// Headers the gateway may add to an answer (rate limits, version, degradation, request id,
-/// debug), reserved once.
-const GATEWAY_HEADERS: usize = 12;
+/// Headers the gateway adds to most answers (six rate-limit headers, the request id, the
+/// version), reserved once.
+const GATEWAY_HEADERS: usize = 8;
 
 /// Headers that belong to one connection and are never forwarded.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 7] = [
+    hyper::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    hyper::header::TRANSFER_ENCODING,
+    hyper::header::TE,
+    hyper::header::TRAILER,
+    hyper::header::UPGRADE,
 ];
 
 /// Sends `out` to `first` (the route phase's pick among `pool`'s workers) and returns its
@@ -119,50 +120,60 @@ pub async fn forward(
         ejected.as_mut().enable();
         let mut grace_over = out.grace_over.clone();
         let sent = tokio::select! {
-            () = grace_ended(&mut grace_over) => return Err(GatewayError::Draining),
-            sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)) => sent,
+            () = grace_ended(&mut grace_over) => Err(GatewayError::Draining),
+            sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)) => {
+                match sent {
+                    Err(_) => {
+                        note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
+                        Err(GatewayError::UpstreamTimeout(format!(
+                            "worker {} sent no response within {:?}",
+                            worker.url, settings.first_byte_timeout
+                        )))
+                    }
+                    // A refused connection, or a pooled keep-alive connection to a worker that
+                    // just died (reset before any response).
+                    Ok(Err(e)) => {
+                        let kind = if e.is_connect() { "connect" } else { "send" };
+                        note_failure(pool, &worker, settings, metrics, kind);
+                        Err(GatewayError::UpstreamUnavailable(format!(
+                            "worker {} unreachable: {e}",
+                            worker.url
+                        )))
+                    }
+                    // The last attempt's 503 goes to the client as the worker sent it.
+                    Ok(Ok(res))
+                        if res.status() == StatusCode::SERVICE_UNAVAILABLE
+                            && attempt < settings.retries =>
+                    {
+                        note_failure(pool, &worker, settings, metrics, "status_503");
+                        Err(GatewayError::UpstreamUnavailable(format!(
+                            "worker {} is overloaded",
+                            worker.url
+                        )))
+                    }
+                    Ok(Ok(res)) => Ok(res),
+                }
+            }
             () = &mut ejected => {
                 metrics
                     .upstream_errors
                     .with_label_values(&[&pool.name, "ejected"])
                     .inc();
-                tried.push(worker.key);
-                last_err = GatewayError::WorkerEjected(worker.url.clone());
-                continue;
+                Err(GatewayError::WorkerEjected(worker.url.clone()))
             }
         };
+        // Nothing reached the client yet: the error table says which failures another worker
+        // may take.
         let res = match sent {
-            Err(_) => {
-                // The worker may still be running it: retrying would run it twice.
-                note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
-                return Err(GatewayError::UpstreamTimeout(format!(
-                    "worker {} sent no response within {:?}",
-                    worker.url, settings.first_byte_timeout
-                )));
-            }
-            Ok(Err(e)) => {
-                let kind = if e.is_connect() { "connect" } else { "send" };
-                note_failure(pool, &worker, settings, metrics, kind);
+            Ok(res) => res,
+            Err(e) if e.retryable() => {
                 tried.push(worker.key);
-                last_err = GatewayError::UpstreamUnavailable(format!(
-                    "worker {} unreachable: {e}",
-                    worker.url
-                ));
-                // Nothing reached the client yet: a refused connection, or a pooled keep-alive
-                // connection to a worker that just died (reset before any response), is safe to
-                // try on another worker.
+                last_err = e;
                 continue;
             }
-            Ok(Ok(res)) => res,
+            Err(e) => return Err(e),
         };
         let status = res.status();
-        if status == StatusCode::SERVICE_UNAVAILABLE && attempt < settings.retries {
-            note_failure(pool, &worker, settings, metrics, "status_503");
-            tried.push(worker.key);
-            last_err =
-                GatewayError::UpstreamUnavailable(format!("worker {} is overloaded", worker.url));
-            continue;
-        }
         if status.is_server_error() {
             note_failure(pool, &worker, settings, metrics, "status_5xx");
         } else {
@@ -326,6 +337,10 @@ fn build_request(
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most answers carry none: one pass over their few names, no lookups.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(hyper::header::CONNECTION)
         .iter()
@@ -333,7 +348,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for name in HOP_BY_HOP.iter().copied() {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     for name in named {

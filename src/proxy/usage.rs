@@ -28,7 +28,11 @@ const MAX_EVENT_BYTES: usize = 1024 * 1024;
 pub struct UsageTap {
     is_stream: bool,
     hide_usage_chunk: bool,
+    /// A JSON body's first frame, kept by reference (most bodies are one frame: no copy).
+    first: Option<Bytes>,
     pending: Vec<u8>,
+    /// The JSON body outgrew [`MAX_SCAN_BYTES`]: it passes through unscanned.
+    too_big: bool,
     /// The last stream byte seen was a `\r` (already turned into `\n`): a `\n` right after it
     /// is the same line end.
     after_cr: bool,
@@ -74,10 +78,40 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        let u = self
-            .usage
+        self.usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?
+            .counts()
+    }
+}
+
+/// The usage of a JSON body whose last top-level member is `usage` (OpenAI's and vLLM's layout),
+/// read from the body's tail without parsing the answer before it; `None` means "parse it all".
+fn tail_usage(body: &[u8]) -> Option<TokenUsage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
+    // An odd run of backslashes before it escapes its quote: the key is inside a string.
+    let backslashes = body[..at].iter().rev().take_while(|&&b| b == b'\\').count();
+    if backslashes % 2 == 1 {
+        return None;
+    }
+    let rest = body[at + KEY.len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?;
+    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<WireUsage>();
+    let usage = values.next()?.ok()?;
+    // Only the object's closing brace may follow, and the body ends with it: the object that
+    // holds this `usage` is the body itself, not one nested inside it.
+    if rest[values.byte_offset()..].trim_ascii() != b"}" {
+        return None;
+    }
+    usage.counts()
+}
+
+impl WireUsage {
+    /// Chat/completions/embeddings counts, else the Responses API's.
+    fn counts(&self) -> Option<TokenUsage> {
+        let u = self;
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
         if let Some(prompt) = u.prompt_tokens {
             return Some(TokenUsage {
@@ -109,8 +143,23 @@ impl UsageTap {
     /// event by event (a partial event waits for its end); JSON bodies pass through unchanged.
     pub fn feed(&mut self, data: Bytes) -> Bytes {
         if !self.is_stream {
-            if self.pending.len() + data.len() <= MAX_SCAN_BYTES {
-                self.pending.extend_from_slice(&data);
+            if self.too_big {
+                return data;
+            }
+            match self.first.take() {
+                None if self.pending.is_empty() => self.first = Some(data.clone()),
+                first => {
+                    let held = first.as_ref().map_or(self.pending.len(), Bytes::len);
+                    if held + data.len() > MAX_SCAN_BYTES {
+                        self.too_big = true;
+                        self.pending = Vec::new();
+                    } else {
+                        if let Some(first) = first {
+                            self.pending.extend_from_slice(&first);
+                        }
+                        self.pending.extend_from_slice(&data);
+                    }
+                }
             }
             return data;
         }
@@ -155,10 +204,18 @@ impl UsageTap {
     /// Bytes held back at the end of the body (an unterminated last event).
     pub fn flush(&mut self) -> Bytes {
         if !self.is_stream {
-            if let Ok(p) = serde_json::from_slice::<Payload>(&self.pending) {
-                self.usage = p.usage().or(self.usage);
-            }
-            self.pending.clear();
+            let body = match self.first.take() {
+                _ if self.too_big => Bytes::new(),
+                Some(first) if first.len() <= MAX_SCAN_BYTES => first,
+                Some(_) => Bytes::new(),
+                None => Bytes::from(std::mem::take(&mut self.pending)),
+            };
+            let usage = tail_usage(&body).or_else(|| {
+                serde_json::from_slice::<Payload>(&body)
+                    .ok()
+                    .and_then(|p| p.usage())
+            });
+            self.usage = usage.or(self.usage);
             return Bytes::new();
         }
         Bytes::from(std::mem::take(&mut self.pending))
@@ -299,6 +356,60 @@ mod tests {
 
     fn chunk(t: &str) -> String {
         format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}}}}]}}\n\n")
+    }
+
+    #[test]
+    fn the_tail_read_takes_only_the_top_level_usage() {
+        let usage = |prompt| TokenUsage {
+            prompt,
+            completion: 2,
+            cached: None,
+        };
+        let read = |body: &str| {
+            let mut tap = UsageTap::new(false, false);
+            tap.feed(Bytes::from(body.to_string()));
+            tap.flush();
+            (tap.usage, tail_usage(body.as_bytes()))
+        };
+        let u = |p| format!("{{\"prompt_tokens\":{p},\"completion_tokens\":2}}");
+        // The usual layout: read from the tail.
+        let body = format!("{{\"choices\":[],\"usage\": {} }}\n", u(5));
+        assert_eq!(read(&body), (Some(usage(5)), Some(usage(5))));
+        // A nested `usage` last: the tail read declines, the whole parse finds the real one.
+        let body = format!("{{\"usage\":{},\"x\":{{\"usage\":{}}}}}", u(5), u(9));
+        assert_eq!(read(&body), (Some(usage(5)), None));
+        // The key inside a string, with its quotes escaped.
+        let body = format!(
+            "{{\"usage\":{},\"content\":\"\\\"usage\\\":{{\\\"prompt_tokens\\\":9}}\"}}",
+            u(5)
+        );
+        assert_eq!(read(&body), (Some(usage(5)), None));
+        // A string that ends in an escaped backslash: the quotes after it are real.
+        let body = format!("{{\"a\\\\\":1,\"usage\":{}}}", u(5));
+        assert_eq!(read(&body), (Some(usage(5)), Some(usage(5))));
+        // The Responses API's names.
+        let body = "{\"output\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}";
+        assert_eq!(read(body), (Some(usage(5)), Some(usage(5))));
+    }
+
+    #[test]
+    fn a_json_body_over_the_scan_limit_passes_unscanned() {
+        let head = "{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2},\"pad\":\"";
+        let pad = "a".repeat(MAX_SCAN_BYTES);
+        let whole = format!("{head}{pad}\"}}");
+        // In one frame, and cut in three (the limit passed at the second).
+        for cuts in [vec![], vec![head.len(), MAX_SCAN_BYTES]] {
+            let mut tap = UsageTap::new(false, false);
+            let mut out = Vec::new();
+            let mut at = 0;
+            for end in cuts.into_iter().chain([whole.len()]) {
+                out.extend_from_slice(&tap.feed(Bytes::from(whole[at..end].to_string())));
+                at = end;
+            }
+            assert!(tap.flush().is_empty());
+            assert_eq!(out, whole.as_bytes());
+            assert_eq!(tap.usage, None);
+        }
     }
 
     #[test]
