@@ -1,6 +1,7 @@
 //! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
-//! through `infergate gateway`, through the gateway with its usage ledger on (prices, one SQLite
-//! row per request), through the gateway with its tenant limits in Redis (fleet mode, when
+//! through `infergate gateway` (no tenants, no limits), through the gateway with tenant limits in
+//! process, through the gateway with its usage ledger on as well (prices, one SQLite row per
+//! request), through the gateway with its tenant limits in Redis (fleet mode, when
 //! `redis-server` is installed), through the gateway with its features on (a tenant key and a
 //! token budget, `prefix` routing, a 6 KB chat body whose system prompt repeats), and through
 //! nginx as a plain reverse proxy, with the tiny body and with the 6 KB one, side by side in one
@@ -8,6 +9,9 @@
 //! plain gateway too, in the same run, for before/after ratios.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
+//! `GATEWAY_OVERHEAD_COLUMNS="name;name"` measures only the columns named (their names as printed;
+//! `direct` is always kept), and `GATEWAY_OVERHEAD_STREAMS=0` skips the streaming table: for quick
+//! before/after checks while profiling.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -34,8 +38,11 @@ use tokio::time::Sleep;
 const CONNECTIONS: usize = 32;
 /// Discarded at the start of each column (connection pools fill, caches warm).
 const WARMUP: Duration = Duration::from_secs(1);
-/// Measured per column and mode.
+/// Measured per column and mode, in all.
 const MEASURE: Duration = Duration::from_secs(10);
+/// The measured time is split into this many rounds, each running every column once in turn, so
+/// that a slow spell of the shared machine falls on all columns rather than on one.
+const ROUNDS: u32 = 3;
 /// SSE chunks per streamed answer, before `data: [DONE]`.
 const CHUNKS: u32 = 20;
 /// The upstream's spacing between streamed chunks.
@@ -92,6 +99,17 @@ impl Samples {
             self.errors += 1;
         }
         self.first_error.get_or_insert(e);
+    }
+
+    /// Adds another round of the same column: its samples, window and CPU time.
+    fn add_round(&mut self, other: Samples) {
+        self.window += other.window;
+        self.proxy_cpu = match (self.proxy_cpu, other.proxy_cpu) {
+            (Some(a), Some(b)) => Some(a + b),
+            (None, b) if self.latencies.is_empty() => b,
+            _ => None,
+        };
+        self.merge(other);
     }
 
     fn merge(&mut self, other: Samples) {
@@ -188,6 +206,7 @@ async fn run() -> Result<(), BoxError> {
     let dir = TempDir::new("overhead");
 
     let gateway = start_gateway(&bin, &dir, &upstream_url, Variant::Plain).await?;
+    let with_limits = start_gateway(&bin, &dir, &upstream_url, Variant::Limits).await?;
     let with_ledger = start_gateway(&bin, &dir, &upstream_url, Variant::Ledger).await?;
     let mut targets = vec![
         Target {
@@ -200,6 +219,12 @@ async fn run() -> Result<(), BoxError> {
             name: "infergate gateway",
             url: gateway.url.clone(),
             pid: gateway.pid(),
+            load: Load::Tiny,
+        },
+        Target {
+            name: "infergate + tenant limits",
+            url: with_limits.url.clone(),
+            pid: with_limits.pid(),
             load: Load::Tiny,
         },
         Target {
@@ -290,6 +315,11 @@ async fn run() -> Result<(), BoxError> {
             None
         }
     };
+    if let Ok(names) = std::env::var("GATEWAY_OVERHEAD_COLUMNS") {
+        let names: Vec<&str> = names.split(';').map(str::trim).collect();
+        targets.retain(|t| t.name == "direct" || names.contains(&t.name));
+    }
+    let streams = std::env::var("GATEWAY_OVERHEAD_STREAMS").map_or(true, |v| v != "0");
     for t in &targets {
         smoke(&t.url, t.load)
             .await
@@ -297,24 +327,29 @@ async fn run() -> Result<(), BoxError> {
     }
 
     eprintln!(
-        "{CONNECTIONS} connections, closed loop, {}s warm-up + {}s measured per column",
+        "{CONNECTIONS} connections, closed loop, {ROUNDS} rounds of {}s warm-up + {:.1}s measured per column",
         WARMUP.as_secs(),
-        MEASURE.as_secs()
+        (MEASURE / ROUNDS).as_secs_f64()
     );
-    let mut plain = Vec::new();
-    for t in &targets {
-        eprintln!("non-streaming: {} ...", t.name);
-        plain.push(closed_loop(t, false).await);
-    }
-    let mut streamed = Vec::new();
-    for t in &targets {
-        eprintln!("streaming: {} ...", t.name);
-        streamed.push(closed_loop(t, true).await);
+    let mut plain: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+    let mut streamed: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+    for (mode, runs) in [("non-streaming", &mut plain), ("streaming", &mut streamed)] {
+        if mode == "streaming" && !streams {
+            runs.clear();
+            continue;
+        }
+        for round in 1..=ROUNDS {
+            for (t, s) in targets.iter().zip(runs.iter_mut()) {
+                eprintln!("{mode}: {} ... (round {round}/{ROUNDS})", t.name);
+                s.add_round(closed_loop(t, mode == "streaming").await);
+            }
+        }
     }
     if let Some((p, bin)) = nginx {
         stop_nginx(&bin, &dir, p).await;
     }
     gateway.stop().await;
+    with_limits.stop().await;
     with_ledger.stop().await;
     relay.stop().await;
     features.stop().await;
@@ -328,7 +363,9 @@ async fn run() -> Result<(), BoxError> {
     }
 
     println!("\n{}", plain_table(&targets, &plain).render());
-    println!("{}", stream_table(&targets, &streamed).render());
+    if streams {
+        println!("{}", stream_table(&targets, &streamed).render());
+    }
     println!(
         "machine: {}; client, upstream and proxy share it",
         common::machine_note()
@@ -445,7 +482,7 @@ async fn smoke(url: &str, load: Load) -> Result<(), BoxError> {
 /// connection, for [`WARMUP`] + [`MEASURE`]; keeps what started in the measured window.
 async fn closed_loop(target: &Target, stream: bool) -> Samples {
     let measure_from = Instant::now() + WARMUP;
-    let end = measure_from + MEASURE;
+    let end = measure_from + MEASURE / ROUNDS;
     let pid = target.pid;
     let cpu = tokio::spawn(async move {
         let pid = pid?;
@@ -496,7 +533,7 @@ async fn closed_loop(target: &Target, stream: bool) -> Samples {
         })
         .collect();
     let mut all = Samples {
-        window: MEASURE.as_secs_f64(),
+        window: (MEASURE / ROUNDS).as_secs_f64(),
         ..Samples::default()
     };
     for t in tasks {
@@ -706,11 +743,13 @@ async fn relay_one(
 /// Starts `infergate gateway` with one pool whose only worker is the upstream.
 /// Which gateway a column runs.
 enum Variant {
-    /// Limits in process, no ledger.
+    /// No tenants and no limits: the gateway's own cost (issue 12's plain column).
     Plain,
     /// [`Variant::Plain`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
     Baseline,
-    /// Plus the usage ledger (SQLite in the temp dir) and prices.
+    /// The anonymous tenant's tier has request, token and concurrency limits, in process.
+    Limits,
+    /// [`Variant::Limits`] plus the usage ledger (SQLite in the temp dir) and prices.
     Ledger,
     /// Tenant limits in the Redis at this URL (fleet mode), no ledger.
     Redis(String),
@@ -718,8 +757,9 @@ enum Variant {
     Features,
 }
 
-/// `infergate gateway` in front of `upstream`. Every variant's anonymous tenant has a tier with
-/// requests, tokens and concurrency limits far above the load, so each request runs the limiter.
+/// `infergate gateway` in front of `upstream`. Except in the plain columns, the anonymous tenant
+/// has a tier with request, token and concurrency limits far above the load, so each request
+/// runs the limiter.
 async fn start_gateway(
     bin: &Path,
     dir: &TempDir,
@@ -729,6 +769,7 @@ async fn start_gateway(
     let (sub, extra) = match &variant {
         Variant::Plain => ("gateway", String::new()),
         Variant::Baseline => ("gateway-baseline", String::new()),
+        Variant::Limits => ("gateway-limits", String::new()),
         Variant::Ledger => (
             "gateway-ledger",
             "ledger: {path: usage.sqlite}\n".to_string(),
@@ -768,10 +809,12 @@ async fn start_gateway(
             "pools:\n  bench:\n    policy: round_robin\n"
         },
     );
-    dir.write(
-        &format!("{sub}/policies/tenants.yaml"),
-        "tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n",
-    );
+    if !matches!(variant, Variant::Plain | Variant::Baseline) {
+        dir.write(
+            &format!("{sub}/policies/tenants.yaml"),
+            "tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n",
+        );
+    }
     if ledger {
         dir.write(
             &format!("{sub}/policies/prices.yaml"),
