@@ -196,3 +196,109 @@ async fn requests_waiting_on_a_hung_worker_move_when_it_is_ejected() {
         "{moved} requests moved off the ejected worker"
     );
 }
+
+/// A worker that is always overloaded: healthy to the poller, a 503 to every request.
+struct Overloaded {
+    url: String,
+    posts: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Overloaded {
+    async fn start() -> Overloaded {
+        use http_body_util::Full;
+        use hyper::body::{Bytes, Incoming};
+        use hyper::{Request, Response};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let posts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = posts.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let counter = counter.clone();
+                        async move {
+                            let (status, body): (StatusCode, &'static str) = match *req.method() {
+                                Method::POST => {
+                                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                    (
+                                        StatusCode::SERVICE_UNAVAILABLE,
+                                        r#"{"error":{"message":"the worker is overloaded","type":"server_error"}}"#,
+                                    )
+                                }
+                                _ if req.uri().path() == "/metrics" => (
+                                    StatusCode::OK,
+                                    "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n",
+                                ),
+                                _ => (StatusCode::OK, "{}"),
+                            };
+                            let mut res =
+                                Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                            *res.status_mut() = status;
+                            Ok::<_, std::convert::Infallible>(res)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        Overloaded { url, posts }
+    }
+
+    fn posts(&self) -> u32 {
+        self.posts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn a_503_goes_to_another_worker_and_a_lone_workers_503_reaches_the_client() {
+    let busy = Overloaded::start().await;
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    // High `eject_after`: the overloaded worker stays in the pool for every request.
+    let health = "health: {poll_interval: 1s, timeout: 500ms, eject_after: 1000, readmit_after: 2}
+forward: {retries: 2, connect_timeout: 1s}
+";
+    let dir = TempDir::new("retry-503");
+    dir.write_config(&config_yaml(&[&busy.url, &engine.url], health));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let url = gw.at("/v1/chat/completions");
+    for i in 0..4 {
+        let body = chat("Be brief.", &format!("Ping {i}."), 2, false).to_string();
+        let (status, headers, text) = send(Method::POST, &url, &[], Some(body)).await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(worker_of(&headers), engine.url);
+    }
+    // Round robin sent some of the four to the overloaded worker first.
+    assert!(busy.posts() >= 1, "the overloaded worker saw no request");
+    assert!(
+        gw.metric(&format!(
+            "infergate_upstream_errors_total{{pool=\"{POOL}\",kind=\"status_503\"}}"
+        ))
+        .await
+            >= 1.0
+    );
+
+    // Alone in its pool, with retries left but no other worker: its own 503 reaches the client
+    // (not a 502 from the gateway), after one attempt.
+    let lone = Overloaded::start().await;
+    let dir = TempDir::new("retry-503-lone");
+    dir.write_config(&config_yaml(&[&lone.url], health));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let body = chat("Be brief.", "Ping.", 2, false).to_string();
+    let (status, _, text) = send(
+        Method::POST,
+        &gw.at("/v1/chat/completions"),
+        &[],
+        Some(body),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert!(text.contains("the worker is overloaded"), "{text}");
+    assert_eq!(lone.posts(), 1);
+}

@@ -140,10 +140,12 @@ pub async fn forward(
                             worker.url
                         )))
                     }
-                    // The last attempt's 503 goes to the client as the worker sent it.
+                    // The last attempt's 503, or one no other worker could take instead, goes
+                    // to the client as the worker sent it.
                     Ok(Ok(res))
                         if res.status() == StatusCode::SERVICE_UNAVAILABLE
-                            && attempt < settings.retries =>
+                            && attempt < settings.retries
+                            && another_worker(pool, &tried, worker.key) =>
                     {
                         note_failure(pool, &worker, settings, metrics, "status_503");
                         Err(GatewayError::UpstreamUnavailable(format!(
@@ -281,6 +283,13 @@ fn with_feedback(
             hook(end);
         }
     })
+}
+
+/// Whether a healthy worker of `pool` other than `current` is still untried.
+fn another_worker(pool: &PoolRuntime, tried: &[u64], current: u64) -> bool {
+    pool.workers()
+        .iter()
+        .any(|w| w.key != current && !tried.contains(&w.key) && w.is_healthy())
 }
 
 fn note_failure(

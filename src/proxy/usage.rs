@@ -85,29 +85,6 @@ impl Payload {
     }
 }
 
-/// The usage of a JSON body whose last top-level member is `usage` (OpenAI's and vLLM's layout),
-/// read from the body's tail without parsing the answer before it; `None` means "parse it all".
-fn tail_usage(body: &[u8]) -> Option<TokenUsage> {
-    const KEY: &[u8] = b"\"usage\"";
-    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
-    // An odd run of backslashes before it escapes its quote: the key is inside a string.
-    let backslashes = body[..at].iter().rev().take_while(|&&b| b == b'\\').count();
-    if backslashes % 2 == 1 {
-        return None;
-    }
-    let rest = body[at + KEY.len()..]
-        .trim_ascii_start()
-        .strip_prefix(b":")?;
-    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<WireUsage>();
-    let usage = values.next()?.ok()?;
-    // Only the object's closing brace may follow, and the body ends with it: the object that
-    // holds this `usage` is the body itself, not one nested inside it.
-    if rest[values.byte_offset()..].trim_ascii() != b"}" {
-        return None;
-    }
-    usage.counts()
-}
-
 impl WireUsage {
     /// Chat/completions/embeddings counts, else the Responses API's.
     fn counts(&self) -> Option<TokenUsage> {
@@ -210,12 +187,9 @@ impl UsageTap {
                 Some(_) => Bytes::new(),
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            let usage = tail_usage(&body).or_else(|| {
-                serde_json::from_slice::<Payload>(&body)
-                    .ok()
-                    .and_then(|p| p.usage())
-            });
-            self.usage = usage.or(self.usage);
+            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
+                self.usage = p.usage().or(self.usage);
+            }
             return Bytes::new();
         }
         Bytes::from(std::mem::take(&mut self.pending))
@@ -356,40 +330,6 @@ mod tests {
 
     fn chunk(t: &str) -> String {
         format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}}}}]}}\n\n")
-    }
-
-    #[test]
-    fn the_tail_read_takes_only_the_top_level_usage() {
-        let usage = |prompt| TokenUsage {
-            prompt,
-            completion: 2,
-            cached: None,
-        };
-        let read = |body: &str| {
-            let mut tap = UsageTap::new(false, false);
-            tap.feed(Bytes::from(body.to_string()));
-            tap.flush();
-            (tap.usage, tail_usage(body.as_bytes()))
-        };
-        let u = |p| format!("{{\"prompt_tokens\":{p},\"completion_tokens\":2}}");
-        // The usual layout: read from the tail.
-        let body = format!("{{\"choices\":[],\"usage\": {} }}\n", u(5));
-        assert_eq!(read(&body), (Some(usage(5)), Some(usage(5))));
-        // A nested `usage` last: the tail read declines, the whole parse finds the real one.
-        let body = format!("{{\"usage\":{},\"x\":{{\"usage\":{}}}}}", u(5), u(9));
-        assert_eq!(read(&body), (Some(usage(5)), None));
-        // The key inside a string, with its quotes escaped.
-        let body = format!(
-            "{{\"usage\":{},\"content\":\"\\\"usage\\\":{{\\\"prompt_tokens\\\":9}}\"}}",
-            u(5)
-        );
-        assert_eq!(read(&body), (Some(usage(5)), None));
-        // A string that ends in an escaped backslash: the quotes after it are real.
-        let body = format!("{{\"a\\\\\":1,\"usage\":{}}}", u(5));
-        assert_eq!(read(&body), (Some(usage(5)), Some(usage(5))));
-        // The Responses API's names.
-        let body = "{\"output\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}";
-        assert_eq!(read(body), (Some(usage(5)), Some(usage(5))));
     }
 
     #[test]
