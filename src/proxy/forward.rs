@@ -126,8 +126,8 @@ pub async fn forward(
                     Err(_) => {
                         note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
                         Err(GatewayError::UpstreamTimeout(format!(
-                            "worker {} sent no response within {:?}",
-                            worker.url, settings.first_byte_timeout
+                            "a worker of pool `{}` sent no response within {:?}",
+                            pool.name, settings.first_byte_timeout
                         )))
                     }
                     // A refused connection, or a pooled keep-alive connection to a worker that
@@ -136,8 +136,8 @@ pub async fn forward(
                         let kind = if e.is_connect() { "connect" } else { "send" };
                         note_failure(pool, &worker, settings, metrics, kind);
                         Err(GatewayError::UpstreamUnavailable(format!(
-                            "worker {} unreachable: {e}",
-                            worker.url
+                            "a worker of pool `{}` is unreachable: {e}",
+                            pool.name
                         )))
                     }
                     // The last attempt's 503, or one no other worker could take instead, goes
@@ -149,8 +149,8 @@ pub async fn forward(
                     {
                         note_failure(pool, &worker, settings, metrics, "status_503");
                         Err(GatewayError::UpstreamUnavailable(format!(
-                            "worker {} is overloaded",
-                            worker.url
+                            "the workers of pool `{}` are overloaded",
+                            pool.name
                         )))
                     }
                     Ok(Ok(res)) => Ok(res),
@@ -303,6 +303,8 @@ fn note_failure(
         .upstream_errors
         .with_label_values(&[&pool.name, kind])
         .inc();
+    // The worker's address goes to the log, never to the client.
+    tracing::debug!(pool = %pool.name, worker = %worker.url, kind, "forward attempt failed");
     if worker.record_failure(settings.eject_after) == HealthChange::Ejected {
         metrics.ejections.with_label_values(&[&pool.name]).inc();
         tracing::warn!(pool = %pool.name, worker = %worker.url, kind, "worker ejected after failed requests");
