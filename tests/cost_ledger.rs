@@ -508,41 +508,17 @@ async fn up_keeps_the_ledger_in_its_cache_directory() {
 }
 
 /// A worker whose usage has no `prompt_tokens_details` (as some engines answer): every POST gets
-/// a completion with 7 prompt and 3 completion tokens; `GET /metrics` idle vLLM gauges.
+/// a completion with 7 prompt and 3 completion tokens.
 async fn worker_without_cached_field() -> String {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    |req: hyper::Request<hyper::body::Incoming>| async move {
-                        let body = if req.uri().path() == "/metrics" {
-                            "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n".to_string()
-                        } else {
-                            json!({
-                            "id": "cmpl-1", "object": "text_completion", "created": 0, "model": MODEL,
-                            "choices": [{"index": 0, "text": "a b c", "finish_reason": "length"}],
-                            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-                        })
-                        .to_string()
-                        };
-                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
-                            Bytes::from(body),
-                        )))
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    url
+    common::stand_in_worker(|_, _| {
+        let body = json!({
+            "id": "cmpl-1", "object": "text_completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "text": "a b c", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        });
+        (hyper::StatusCode::OK, body.to_string())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

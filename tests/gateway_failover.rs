@@ -205,46 +205,18 @@ struct Overloaded {
 
 impl Overloaded {
     async fn start() -> Overloaded {
-        use http_body_util::Full;
-        use hyper::body::{Bytes, Incoming};
-        use hyper::{Request, Response};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let posts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = posts.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let counter = counter.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let counter = counter.clone();
-                        async move {
-                            let (status, body): (StatusCode, &'static str) = match *req.method() {
-                                Method::POST => {
-                                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                                    (
-                                        StatusCode::SERVICE_UNAVAILABLE,
-                                        r#"{"error":{"message":"the worker is overloaded","type":"server_error"}}"#,
-                                    )
-                                }
-                                _ if req.uri().path() == "/metrics" => (
-                                    StatusCode::OK,
-                                    "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n",
-                                ),
-                                _ => (StatusCode::OK, "{}"),
-                            };
-                            let mut res =
-                                Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-                            *res.status_mut() = status;
-                            Ok::<_, std::convert::Infallible>(res)
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                        .await;
-                });
+        let url = common::stand_in_worker(move |method, _| {
+            if *method == Method::POST {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
-        });
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"error":{"message":"the worker is overloaded","type":"server_error"}}"#.into(),
+            )
+        })
+        .await;
         Overloaded { url, posts }
     }
 

@@ -78,17 +78,10 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        self.usage
+        let u = self
+            .usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?
-            .counts()
-    }
-}
-
-impl WireUsage {
-    /// Chat/completions/embeddings counts, else the Responses API's.
-    fn counts(&self) -> Option<TokenUsage> {
-        let u = self;
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
         if let Some(prompt) = u.prompt_tokens {
             return Some(TokenUsage {
@@ -123,20 +116,18 @@ impl UsageTap {
             if self.too_big {
                 return data;
             }
-            match self.first.take() {
-                None if self.pending.is_empty() => self.first = Some(data.clone()),
-                first => {
-                    let held = first.as_ref().map_or(self.pending.len(), Bytes::len);
-                    if held + data.len() > MAX_SCAN_BYTES {
-                        self.too_big = true;
-                        self.pending = Vec::new();
-                    } else {
-                        if let Some(first) = first {
-                            self.pending.extend_from_slice(&first);
-                        }
-                        self.pending.extend_from_slice(&data);
-                    }
+            let held = self.first.as_ref().map_or(self.pending.len(), Bytes::len);
+            if held + data.len() > MAX_SCAN_BYTES {
+                self.too_big = true;
+                self.first = None;
+                self.pending = Vec::new();
+            } else if held == 0 {
+                self.first = Some(data.clone());
+            } else {
+                if let Some(first) = self.first.take() {
+                    self.pending.extend_from_slice(&first);
                 }
+                self.pending.extend_from_slice(&data);
             }
             return data;
         }
@@ -183,8 +174,7 @@ impl UsageTap {
         if !self.is_stream {
             let body = match self.first.take() {
                 _ if self.too_big => Bytes::new(),
-                Some(first) if first.len() <= MAX_SCAN_BYTES => first,
-                Some(_) => Bytes::new(),
+                Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
             if let Ok(p) = serde_json::from_slice::<Payload>(&body) {

@@ -1,7 +1,8 @@
 //! The one harness of the end-to-end tests (and, through `benches/common`, the benchmarks): real
 //! child processes on ephemeral loopback ports ([`process`], [`engine`], [`gateway`]), real
 //! HTTP/1.1 ([`http`]), SSE read as it arrives ([`sse`]), Prometheus text ([`metrics`]), scratch
-//! directories ([`tempdir`]) and seeded content ([`text`]). Everything waits by polling against a
+//! directories ([`tempdir`]), seeded content ([`text`]) and a stand-in worker for answers no engine
+//! gives on demand ([`worker`]). Everything waits by polling against a
 //! deadline ([`poll`]), never by sleeping blindly; every child is killed when its handle drops.
 #![allow(dead_code, unused_imports)]
 pub mod engine;
@@ -14,6 +15,7 @@ pub mod skip;
 pub mod sse;
 pub mod tempdir;
 pub mod text;
+pub mod worker;
 
 // The flat names the tests import (`common::Engine`, `common::get`, ...).
 pub use engine::*;
@@ -23,3 +25,4 @@ pub use poll::*;
 pub use sse::*;
 pub use tempdir::*;
 pub use text::*;
+pub use worker::*;
