@@ -260,7 +260,7 @@ impl GatewayError {
 
     /// An SSE error event followed by `[DONE]`, for failures after a stream has started.
     pub fn sse_event(&self) -> Bytes {
-        Bytes::from(format!("{}data: [DONE]\n\n", self.to_api().sse_event()))
+        Bytes::from(self.to_api().sse_event() + infergate_engine::openai::sse::DONE)
     }
 }
 

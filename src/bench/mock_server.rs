@@ -16,6 +16,7 @@ use hyper::body::{Body, Bytes, Frame, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use infergate_engine::openai::sse;
 use serde_json::Value;
 use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
@@ -158,21 +159,21 @@ async fn answer(
         } else {
             format!(r#"{{"index":0,"text":"{text}"}}"#)
         };
-        Bytes::from(format!("data: {{\"choices\":[{choice}]}}\n\n"))
+        Bytes::from(sse::data_event(&format!(r#"{{"choices":[{choice}]}}"#)))
     };
     script.head.push_back(chunk(""));
     script.content = chunk("tok");
     script.remaining = n;
     let (graph, eager) = paths_for(n);
-    let usage = format!(
-        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":7,\"completion_tokens\":{n}}}}}\n\n"
-    );
+    let usage = sse::data_event(&format!(
+        r#"{{"choices":[],"usage":{{"prompt_tokens":7,"completion_tokens":{n}}}}}"#
+    ));
     script.tail.push_back(Bytes::from(usage));
     let comment = format!(": x-infergate-exec-path graph={graph},eager={eager}\n\n");
     script.tail.push_back(Bytes::from(comment));
     script
         .tail
-        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        .push_back(Bytes::from_static(sse::DONE.as_bytes()));
     let mut res = Response::new(script);
     res.headers_mut()
         .insert("x-infergate-worker", "w-mock".parse().unwrap());

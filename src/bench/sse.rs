@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
+use infergate_engine::openai::sse;
 use serde::Deserialize;
 
 /// One `data:` JSON chunk, borrowing from the frame where it can.
@@ -103,14 +104,13 @@ impl SseReader {
     }
 
     fn line(&mut self, line: &[u8], at: Instant) {
-        if let Some(data) = line.strip_prefix(b"data:") {
-            let data = data.strip_prefix(b" ").unwrap_or(data);
-            if data == b"[DONE]" {
+        if let Some(data) = sse::data_field(line) {
+            if sse::is_done(data) {
                 self.stats.done = true;
             } else if let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) {
                 self.chunk(&chunk, at);
             }
-        } else if let Some(comment) = line.strip_prefix(b":") {
+        } else if let Some(comment) = sse::comment(line) {
             let text = std::str::from_utf8(comment).unwrap_or("").trim();
             if let Some(value) = text.strip_prefix("x-infergate-exec-path") {
                 self.stats.paths = parse_exec_path(value.trim()).or(self.stats.paths);

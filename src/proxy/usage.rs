@@ -3,6 +3,7 @@
 //! (which the gateway asks for upstream and hides from clients that did not ask for it).
 
 use hyper::body::Bytes;
+use infergate_engine::openai::sse;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -214,10 +215,7 @@ impl UsageTap {
     /// Looks at one event; returns true when it is a usage-only chunk (empty `choices`).
     /// Several `data:` lines make one payload, joined with `\n` (the SSE rule).
     fn scan_event(&mut self, event: &[u8]) -> bool {
-        let mut lines = event.split(|&b| b == b'\n').filter_map(|l| {
-            l.strip_prefix(b"data: ")
-                .or_else(|| l.strip_prefix(b"data:"))
-        });
+        let mut lines = event.split(|&b| b == b'\n').filter_map(sse::data_field);
         let Some(first) = lines.next() else {
             return false;
         };
@@ -234,7 +232,7 @@ impl UsageTap {
                 &joined
             }
         };
-        if payload.starts_with(b"[DONE]") {
+        if sse::is_done(payload) {
             return false;
         }
         let Ok(p) = serde_json::from_slice::<Payload>(payload) else {

@@ -9,6 +9,7 @@ mod logprobs;
 mod parse;
 mod response;
 mod responses;
+pub mod sse;
 
 pub use chat_template::ChatTemplate;
 pub use embeddings::{
@@ -20,8 +21,9 @@ pub use parse::{
     ChatMessage, Endpoint, MAX_CHOICES, ParsedRequest, Prompt, parse_chat, parse_completion,
 };
 pub use response::{
-    Choice, DONE, FinishReason, ResponseMeta, Usage, chunk, full_response, models_list, usage_chunk,
+    Choice, FinishReason, ResponseMeta, Usage, chunk, full_response, models_list, usage_chunk,
 };
 pub use responses::{
     ResponseFrame, ResponseStatus, ResponsesEcho, parse_responses, sse_event, text_part,
 };
+pub use sse::DONE;

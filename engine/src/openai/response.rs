@@ -9,9 +9,6 @@ use serde::{Serialize, Serializer};
 use super::Endpoint;
 use super::logprobs::{ChatLogprobs, CompletionLogprobs, LogprobEntry};
 
-/// The event that ends every stream.
-pub const DONE: &str = "data: [DONE]\n\n";
-
 /// Token counts of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
@@ -279,7 +276,7 @@ pub fn chunk(
             to_json(&Envelope::new(meta, "chat.completion.chunk", [choice]))
         }
     };
-    format!("data: {json}\n\n")
+    super::sse::data_event(&json)
 }
 
 /// The final `stream_options.include_usage` event: empty `choices` and the `usage`.
@@ -290,7 +287,7 @@ pub fn usage_chunk(meta: &ResponseMeta, usage: &Usage) -> String {
     };
     let mut body = Envelope::new(meta, object, [(); 0]);
     body.usage = Some(usage);
-    format!("data: {}\n\n", to_json(&body))
+    super::sse::data_event(&to_json(&body))
 }
 
 /// The `GET /v1/models` body.

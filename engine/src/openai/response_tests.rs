@@ -1,6 +1,7 @@
 //! Tests of the response shapes against vLLM's.
 
 use super::*;
+use crate::openai::DONE;
 use serde_json::Value;
 
 fn meta(endpoint: Endpoint) -> ResponseMeta {
