@@ -62,7 +62,19 @@ fn gateway(
     routing: Option<&str>,
     degradation: Option<&str>,
 ) -> Arc<Gateway> {
-    let mut config = String::from(
+    gateway_with("", workers, tiers, routing, degradation)
+}
+
+/// [`gateway`] with `extra` (whole top-level sections) at the head of the main config.
+fn gateway_with(
+    extra: &str,
+    workers: &[String],
+    tiers: Option<&str>,
+    routing: Option<&str>,
+    degradation: Option<&str>,
+) -> Arc<Gateway> {
+    let mut config = String::from(extra);
+    config.push_str(
         "listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\nmodels:\n  - name: m\n    pool: p\n  - name: m-canary\n    pool: p\npools:\n  - name: p\n    workers:\n",
     );
     // A pool needs a worker; port 9 (discard) listens nowhere here, for tests that forward nothing.
@@ -462,4 +474,111 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
         ),
         1.0
     );
+}
+
+/// A worker that reads each request and then keeps it waiting with the connection open: with
+/// `head`, after a 200 and one SSE event; without, before any byte of the answer.
+async fn stalling_upstream(head: bool) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                if stream.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                if head {
+                    let event =
+                        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                         transfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                        event.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                }
+                // Read on (and ignore) until the gateway closes the connection.
+                while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+            });
+        }
+    });
+    addr
+}
+
+/// Forward timeouts as operators set them (tens of seconds), run on tokio's paused clock: the
+/// clock jumps to each deadline, so the test takes milliseconds and sees the exact limits.
+const TIMEOUTS: &str =
+    "forward:\n  first_byte_timeout: 30s\n  idle_timeout: 20s\n  total_timeout: 10m\n";
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
+    let addr = stalling_upstream(false).await;
+    let gw = gateway_with(
+        TIMEOUTS,
+        &[format!("http://{addr}")],
+        Some(GOLD),
+        None,
+        None,
+    );
+    let start = tokio::time::Instant::now();
+    let res = handle(gw.clone(), chat(HELLO)).await;
+    let waited = start.elapsed();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        (Duration::from_secs(30)..Duration::from_secs(31)).contains(&waited),
+        "{waited:?}"
+    );
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(json["error"]["message"].is_string(), "{json}");
+    let kind = [("kind", "first_byte_timeout")];
+    assert_eq!(metric(&gw, "infergate_upstream_errors_total", &kind), 1.0);
+    let failed = [("tenant", "acme"), ("outcome", "upstream_error")];
+    assert_eq!(metric(&gw, "infergate_tenant_requests_total", &failed), 1.0);
+    // The worker may still be running it: a timeout is not retried elsewhere.
+    assert_eq!(metric(&gw, "infergate_retries_total", &[]), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_the_worker_stops_feeding_ends_with_an_error_event_at_the_idle_timeout() {
+    let addr = stalling_upstream(true).await;
+    let gw = gateway_with(
+        TIMEOUTS,
+        &[format!("http://{addr}")],
+        Some(GOLD),
+        None,
+        None,
+    );
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
+    let res = handle(gw.clone(), chat(body)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"data: {\"choices\""), "{first:?}");
+    let since_first = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            rest.extend_from_slice(&data);
+        }
+    }
+    let waited = since_first.elapsed();
+    assert!(
+        (Duration::from_secs(20)..Duration::from_secs(21)).contains(&waited),
+        "{waited:?}"
+    );
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(
+        rest.starts_with("data: {\"error\"") && rest.ends_with("data: [DONE]\n\n"),
+        "{rest:?}"
+    );
+    let kind = [("kind", "idle_timeout")];
+    assert_eq!(metric(&gw, "infergate_upstream_errors_total", &kind), 1.0);
+    // Counted when the stream ended, as the failure it was, not as its 200.
+    let failed = [("model", "m"), ("status", "502")];
+    assert_eq!(metric(&gw, "infergate_requests_total", &failed), 1.0);
+    let ok = [("tenant", "acme"), ("outcome", "ok")];
+    assert_eq!(metric(&gw, "infergate_tenant_requests_total", &ok), 0.0);
 }
