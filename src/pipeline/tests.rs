@@ -512,16 +512,21 @@ async fn stalling_upstream(head: bool) -> SocketAddr {
 const TIMEOUTS: &str =
     "forward:\n  first_byte_timeout: 30s\n  idle_timeout: 20s\n  total_timeout: 10m\n";
 
-#[tokio::test(start_paused = true)]
-async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
-    let addr = stalling_upstream(false).await;
-    let gw = gateway_with(
+/// A gateway with [`TIMEOUTS`] in front of one [`stalling_upstream`].
+async fn stalled_gateway(head: bool) -> Arc<Gateway> {
+    let addr = stalling_upstream(head).await;
+    gateway_with(
         TIMEOUTS,
         &[format!("http://{addr}")],
         Some(GOLD),
         None,
         None,
-    );
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
+    let gw = stalled_gateway(false).await;
     let start = tokio::time::Instant::now();
     let res = handle(gw.clone(), chat(HELLO)).await;
     let waited = start.elapsed();
@@ -543,14 +548,7 @@ async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stream_the_worker_stops_feeding_ends_with_an_error_event_at_the_idle_timeout() {
-    let addr = stalling_upstream(true).await;
-    let gw = gateway_with(
-        TIMEOUTS,
-        &[format!("http://{addr}")],
-        Some(GOLD),
-        None,
-        None,
-    );
+    let gw = stalled_gateway(true).await;
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
     let res = handle(gw.clone(), chat(body)).await;
     assert_eq!(res.status(), StatusCode::OK);
