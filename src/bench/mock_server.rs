@@ -159,13 +159,13 @@ async fn answer(
         } else {
             format!(r#"{{"index":0,"text":"{text}"}}"#)
         };
-        Bytes::from(sse::data_event(&format!(r#"{{"choices":[{choice}]}}"#)))
+        Bytes::from(sse::data_event(format_args!(r#"{{"choices":[{choice}]}}"#)))
     };
     script.head.push_back(chunk(""));
     script.content = chunk("tok");
     script.remaining = n;
     let (graph, eager) = paths_for(n);
-    let usage = sse::data_event(&format!(
+    let usage = sse::data_event(format_args!(
         r#"{{"choices":[],"usage":{{"prompt_tokens":7,"completion_tokens":{n}}}}}"#
     ));
     script.tail.push_back(Bytes::from(usage));

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use hyper::body::Bytes;
 use hyper::{HeaderMap, Method, StatusCode};
+use infergate_engine::openai::sse;
 use serde_json::Value;
 
 use super::http::{Exchange, HTTP_DEADLINE, open_with};
@@ -25,7 +26,7 @@ impl SseEvent {
     /// The data payload parsed as JSON (`None` for comments and `[DONE]`).
     pub fn json(&self) -> Option<Value> {
         let data = self.data.as_deref()?;
-        if data == "[DONE]" {
+        if sse::is_done(data.as_bytes()) {
             return None;
         }
         Some(
@@ -40,8 +41,9 @@ fn parse_block(block: &str, at: Instant) -> SseEvent {
     let mut data: Option<String> = None;
     let mut comments = Vec::new();
     for line in block.lines() {
-        if let Some(rest) = line.strip_prefix("data:") {
-            let rest = rest.strip_prefix(' ').unwrap_or(rest);
+        // The rules the engine writes by; what they cut off is ASCII, so the rest is still UTF-8.
+        let field = sse::data_field(line.as_bytes()).and_then(|f| std::str::from_utf8(f).ok());
+        if let Some(rest) = field {
             match &mut data {
                 Some(d) => {
                     d.push('\n');
@@ -49,8 +51,8 @@ fn parse_block(block: &str, at: Instant) -> SseEvent {
                 }
                 None => data = Some(rest.to_owned()),
             }
-        } else if let Some(rest) = line.strip_prefix(':') {
-            comments.push(rest.trim_start().to_owned());
+        } else if let Some(rest) = sse::comment(line.as_bytes()) {
+            comments.push(String::from_utf8_lossy(rest).trim_start().to_owned());
         }
     }
     SseEvent { at, data, comments }

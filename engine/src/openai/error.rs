@@ -103,7 +103,7 @@ impl ApiError {
 
     /// The same body as one SSE event, `data: {...}\n\n`, for errors after streaming began.
     pub fn sse_event(&self) -> String {
-        super::sse::data_event(&self.to_json())
+        super::sse::data_event(self.to_json())
     }
 }
 

@@ -276,7 +276,7 @@ pub fn chunk(
             to_json(&Envelope::new(meta, "chat.completion.chunk", [choice]))
         }
     };
-    super::sse::data_event(&json)
+    super::sse::data_event(json)
 }
 
 /// The final `stream_options.include_usage` event: empty `choices` and the `usage`.
@@ -287,7 +287,7 @@ pub fn usage_chunk(meta: &ResponseMeta, usage: &Usage) -> String {
     };
     let mut body = Envelope::new(meta, object, [(); 0]);
     body.usage = Some(usage);
-    super::sse::data_event(&to_json(&body))
+    super::sse::data_event(to_json(&body))
 }
 
 /// The `GET /v1/models` body.

@@ -275,7 +275,7 @@ pub fn sse_event(kind: &str, seq: u64, fields: Map<String, Value>) -> String {
     m.insert("type".into(), json!(kind));
     m.insert("sequence_number".into(), json!(seq));
     m.extend(fields);
-    super::sse::named_event(kind, &Value::Object(m).to_string())
+    super::sse::named_event(kind, Value::Object(m))
 }
 
 #[cfg(test)]

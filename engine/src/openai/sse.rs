@@ -2,19 +2,22 @@
 //! rules every reader parses them by (the gateway's usage tap, the bench's client, the tests).
 //! One module, so writer and readers cannot drift apart.
 
+use std::fmt::Display;
+
 /// The stream's last event.
 pub const DONE: &str = "data: [DONE]\n\n";
 
 /// The payload of [`DONE`].
-pub const DONE_PAYLOAD: &[u8] = b"[DONE]";
+const DONE_PAYLOAD: &[u8] = b"[DONE]";
 
-/// One unnamed event carrying `payload` (one line of JSON).
-pub fn data_event(payload: &str) -> String {
+/// One unnamed event carrying `payload` (one line of JSON), written straight into the event:
+/// a JSON value is not serialized to a string of its own first.
+pub fn data_event(payload: impl Display) -> String {
     format!("data: {payload}\n\n")
 }
 
 /// One named event, as the Responses API sends them (`event: <type>`, then its data).
-pub fn named_event(kind: &str, payload: &str) -> String {
+pub fn named_event(kind: &str, payload: impl Display) -> String {
     format!("event: {kind}\ndata: {payload}\n\n")
 }
 
