@@ -146,6 +146,58 @@ struct Message<'a> {
     content: Option<&'a RawValue>,
 }
 
+/// A chat message whose `role` and `content` are strings (or absent, or `null`), borrowed from
+/// the body where they have no escapes. Anything else (an item that is not an object, content
+/// parts, a key given twice) fails, and the message list is read the general way instead.
+struct TextMessage<'a> {
+    role: Option<Cow<'a, str>>,
+    content: Option<Cow<'a, str>>,
+}
+
+impl<'de> Deserialize<'de> for TextMessage<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = TextMessage<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error;
+                let (mut role, mut content) = (None, None);
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    let slot = match key.0.as_ref() {
+                        "role" => &mut role,
+                        "content" => &mut content,
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    if slot.is_some() {
+                        return Err(A::Error::custom("a message key given twice"));
+                    }
+                    *slot = Some(map.next_value::<Option<Text<'de>>>()?.map(|t| t.0));
+                }
+                Ok(TextMessage {
+                    role: role.flatten(),
+                    content: content.flatten(),
+                })
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A JSON string, borrowed from the body unless it has escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
 /// A field that is there, `null` included (serde would read a `null` as absent).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&'de RawValue>::deserialize(d).map(Some)
@@ -169,8 +221,6 @@ fn is_null(raw: &RawValue) -> bool {
 
 /// A JSON string's text, borrowed from the body unless it has escapes (one parse either way).
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    #[derive(Deserialize)]
-    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
     serde_json::from_str::<Text>(raw.get()).ok().map(|t| t.0)
 }
 
@@ -434,9 +484,20 @@ fn rewrite(body: &[u8], edits: Vec<(&str, Value)>) -> Result<Bytes, GatewayError
 fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
     let bad =
         || GatewayError::bad_request("`messages` must be a non-empty array", Some("messages"));
-    let items: Vec<&RawValue> = raw
-        .filter(|r| r.get().starts_with('['))
-        .and_then(|r| serde_json::from_str(r.get()).ok())
+    let raw = raw.filter(|r| r.get().starts_with('[')).ok_or_else(bad)?;
+    // The usual shape (objects with string roles and contents) in one pass.
+    if let Ok(messages) = serde_json::from_str::<Vec<TextMessage>>(raw.get()) {
+        if messages.is_empty() {
+            return Err(bad());
+        }
+        let turns: Vec<(Cow<'_, str>, Cow<'_, str>)> = messages
+            .into_iter()
+            .map(|m| (m.role.unwrap_or_default(), m.content.unwrap_or_default()))
+            .collect();
+        return Ok(chat_prompt(&turns));
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get())
+        .ok()
         .filter(|m: &Vec<&RawValue>| !m.is_empty())
         .ok_or_else(bad)?;
     let turns: Vec<(Cow<'_, str>, Cow<'_, str>)> = items

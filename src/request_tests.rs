@@ -697,3 +697,28 @@ fn a_message_that_is_not_an_object_adds_an_empty_turn() {
     .unwrap();
     assert_eq!(v.prompt, PromptSize::Text("\n\nuser\nb\n".into()));
 }
+
+#[test]
+fn string_messages_read_in_one_pass_match_the_general_reading() {
+    // Strings (and a null content) take the one-pass reading; parts, a repeated key or a
+    // non-string role take the general one. Equal conversations must give equal prompts.
+    let fast = chat(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"be \"brief\""},{"role":"user","content":"hi","name":"x"},{"role":"assistant","content":null}]}"#,
+    )
+    .unwrap();
+    let general = chat(
+        r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":[{"type":"text","text":"be \"brief\""}]},{"role":"user","content":"hi","content":"hi"},{"role":"assistant"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        fast.prompt,
+        PromptSize::Text("system\nbe \"brief\"\nuser\nhi\nassistant\n\n".into())
+    );
+    assert_eq!(fast.prompt, general.prompt);
+    assert_eq!(fast.features.prefix_hashes, general.features.prefix_hashes);
+    // A role that is not a string reads as an empty one either way.
+    let odd =
+        chat(r#"{"model":"m","max_tokens":5,"messages":[{"role":7,"content":"hi"}]}"#).unwrap();
+    assert_eq!(odd.prompt, PromptSize::Text("\nhi\n".into()));
+    assert!(chat(r#"{"model":"m","max_tokens":5,"messages":[]}"#).is_err());
+}

@@ -128,7 +128,7 @@ impl AdmissionQueue {
             }
             if st.waiters.is_empty() && st.in_flight < st.capacity {
                 st.in_flight += 1;
-                return Ok(self.permit(Duration::ZERO));
+                return Ok(self.permit(Duration::ZERO, now));
             }
             st.enqueue(priority)?
         };
@@ -156,7 +156,10 @@ impl AdmissionQueue {
             Err(_elapsed) => waiting.expire(),
         };
         match outcome {
-            Outcome::Slot => Ok(self.permit(Instant::now().saturating_duration_since(now))),
+            Outcome::Slot => {
+                let granted = Instant::now();
+                Ok(self.permit(granted.saturating_duration_since(now), granted))
+            }
             Outcome::Refused(refusal) => Err(refusal),
         }
     }
@@ -181,12 +184,12 @@ impl AdmissionQueue {
         lock(&self.shared.state).retry_after(position)
     }
 
-    fn permit(&self, waited: Duration) -> Permit {
+    fn permit(&self, waited: Duration, granted: Instant) -> Permit {
         let shared = Arc::clone(&self.shared);
         Permit {
             shared,
             waited,
-            granted: Instant::now(),
+            granted,
         }
     }
 }

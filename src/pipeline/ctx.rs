@@ -79,6 +79,10 @@ impl RequestCtx {
 
 /// Accept: a request id (the client's, or a fresh one) and the arrival time.
 pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
+    // One wall-clock read serves the ledger's arrival time and a fresh request id.
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let request_id = req
         .headers()
         .get("x-request-id")
@@ -87,19 +91,15 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
         .map(str::to_owned)
         .unwrap_or_else(|| {
             let n = REQUEST_SEQ.fetch_add(1, Ordering::Relaxed);
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
             let mut id = String::with_capacity(32);
-            push_hex(&mut id, t);
+            push_hex(&mut id, since_epoch.as_nanos() as u64);
             push_hex(&mut id, xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()));
             id
         });
     RequestCtx {
         request_id,
         started: Instant::now(),
-        started_ms: crate::utc::now_ms(),
+        started_ms: i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX),
         model: String::new(),
         pool: String::new(),
         tenant: String::new(),

@@ -183,7 +183,7 @@ impl ProxyBody {
             self.prefill = None;
         }
         self.last_chunk = Some(now);
-        self.idle_until = tokio::time::Instant::now() + self.idle;
+        self.idle_until = tokio::time::Instant::from_std(now) + self.idle;
     }
 
     /// Whether the total or the idle limit has passed while the worker keeps the body waiting;

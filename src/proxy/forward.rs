@@ -210,10 +210,9 @@ pub async fn forward(
         )
         .with_prefill(prefill);
         if !is_stream {
-            pool.series
-                .ttft
-                .observe(out.started.elapsed().as_secs_f64());
-            pool.degrade.record_ttft(out.started.elapsed());
+            let ttft = out.started.elapsed();
+            pool.series.ttft.observe(ttft.as_secs_f64());
+            pool.degrade.record_ttft(ttft);
         }
         // A stream must be paced by its client (one that stops reading would pin the worker);
         // a whole answer is one or a few frames that fit the socket buffers, so it goes direct.

@@ -79,22 +79,84 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        let u = self
-            .usage
+        self.usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?
+            .counts()
+    }
+}
+
+/// The usage a whole (non-streamed) JSON answer reports: its top-level `usage` (or that of its
+/// `response`). The usual answer has `usage` as one of its last members: found from the end,
+/// only it is parsed and the few bytes after it checked to close the document; any other shape
+/// is read whole by serde.
+fn body_usage(body: &[u8]) -> Option<TokenUsage> {
+    if let Some(found) = trailing_usage(body) {
+        return found.and_then(|u| u.counts());
+    }
+    serde_json::from_slice::<Payload>(body).ok()?.usage()
+}
+
+/// The value of the last `"usage":` member of `body` when that member is at the top level
+/// (`Some(None)` for `null`); `None` when that cannot be told without reading the whole body.
+fn trailing_usage(body: &[u8]) -> Option<Option<WireUsage>> {
+    const KEY: &[u8] = b"\"usage\"";
+    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
+    // In valid JSON an unescaped `"usage"` followed by `:` is a member name, never string text.
+    if at > 0 && body[at - 1] == b'\\' {
+        return None;
+    }
+    let after = &body[at + KEY.len()..];
+    let value = after.trim_ascii_start().strip_prefix(b":")?;
+    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<Option<WireUsage>>();
+    let usage = values.next()?.ok()?;
+    closes_document(&value[values.byte_offset()..]).then_some(usage)
+}
+
+/// Whether `rest`, what follows a member's value inside an object, closes that object as the last
+/// thing in the document (so the member was at the top level). Only its structure is walked.
+fn closes_document(rest: &[u8]) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (1usize, false, false);
+    for (i, &b) in rest.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return rest[i + 1..].iter().all(u8::is_ascii_whitespace);
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+impl WireUsage {
+    /// The token counts it reports (chat and completions names first, then the Responses API's).
+    fn counts(&self) -> Option<TokenUsage> {
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
-        if let Some(prompt) = u.prompt_tokens {
+        if let Some(prompt) = self.prompt_tokens {
             return Some(TokenUsage {
                 prompt,
-                completion: u.completion_tokens.unwrap_or(0),
-                cached: cached(&u.prompt_tokens_details),
+                completion: self.completion_tokens.unwrap_or(0),
+                cached: cached(&self.prompt_tokens_details),
             });
         }
         Some(TokenUsage {
-            prompt: u.input_tokens?,
-            completion: u.output_tokens.unwrap_or(0),
-            cached: cached(&u.input_tokens_details),
+            prompt: self.input_tokens?,
+            completion: self.output_tokens.unwrap_or(0),
+            cached: cached(&self.input_tokens_details),
         })
     }
 }
@@ -178,9 +240,7 @@ impl UsageTap {
                 Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
-                self.usage = p.usage().or(self.usage);
-            }
+            self.usage = body_usage(&body).or(self.usage);
             return Bytes::new();
         }
         Bytes::from(std::mem::take(&mut self.pending))
@@ -338,6 +398,58 @@ mod tests {
             assert_eq!(out, whole.as_bytes());
             assert_eq!(tap.usage, None);
         }
+    }
+
+    /// The usage of a whole answer, read the fast way where it applies and by serde otherwise.
+    fn usage_of(body: &str) -> Option<TokenUsage> {
+        let mut tap = UsageTap::new(false, false);
+        tap.feed(Bytes::from(body.to_string()));
+        tap.flush();
+        tap.usage
+    }
+
+    fn tokens(prompt: u64, completion: u64, cached: Option<u64>) -> Option<TokenUsage> {
+        Some(TokenUsage {
+            prompt,
+            completion,
+            cached,
+        })
+    }
+
+    #[test]
+    fn a_whole_answer_reads_only_its_top_level_usage_whatever_follows_or_hides_it() {
+        // vLLM puts members after `usage`; OpenAI puts `system_fingerprint` there.
+        let vllm = r#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}},"prompt_logprobs":null,"kv_transfer_params":{"a":["}",{"b":"\"}"}]}}"#;
+        assert_eq!(usage_of(vllm), tokens(7, 2, Some(4)));
+        assert_eq!(
+            usage_of("{\"usage\" :\n {\"prompt_tokens\":1,\"completion_tokens\":1}}\n"),
+            tokens(1, 1, None)
+        );
+        // The last `"usage":` is nested: the top-level one is still the one read.
+        let nested_last = r#"{"usage":{"prompt_tokens":3,"completion_tokens":1},"extra":{"usage":{"prompt_tokens":99}}}"#;
+        assert_eq!(usage_of(nested_last), tokens(3, 1, None));
+        // Only a nested one: no usage.
+        assert_eq!(
+            usage_of(r#"{"choices":[{"usage":{"prompt_tokens":99,"completion_tokens":1}}]}"#),
+            None
+        );
+        // Quoted inside the completion text, it is text.
+        let quoted =
+            r#"{"choices":[{"message":{"content":"\"usage\": {\"prompt_tokens\": 99}}"}}]}"#;
+        assert_eq!(usage_of(quoted), None);
+        let quoted_after = r#"{"usage":{"prompt_tokens":2,"completion_tokens":2},"note":"\"usage\":{\"prompt_tokens\":99}}"}"#;
+        assert_eq!(usage_of(quoted_after), tokens(2, 2, None));
+        // `null` usage, and the Responses API's event shape.
+        assert_eq!(usage_of(r#"{"choices":[],"usage":null}"#), None);
+        assert_eq!(
+            usage_of(r#"{"response":{"usage":{"input_tokens":6,"output_tokens":3}}}"#),
+            tokens(6, 3, None)
+        );
+        // Not JSON after all: nothing is made up.
+        assert_eq!(
+            usage_of(r#"{"usage":{"prompt_tokens":2,"completion_tokens":2}"#),
+            None
+        );
     }
 
     #[test]
