@@ -120,43 +120,41 @@ impl Account {
                 completion: end.content_events,
             },
         };
-        let t = &self.tenant;
-        self.metrics
-            .tenant_tokens
-            .with_label_values(&[t, "prompt"])
-            .inc_by(tokens.prompt);
-        self.metrics
-            .tenant_tokens
-            .with_label_values(&[t, "completion"])
-            .inc_by(tokens.completion);
-        if let Some(usage) = self.usage.take() {
-            self.charge(usage, tokens, &end);
+        match self.usage.take() {
+            Some(usage) => self.charge(usage, tokens, end),
+            None => {
+                let t = &self.tenant;
+                let m = &self.metrics;
+                m.tenant_tokens
+                    .with_label_values(&[t, "prompt"])
+                    .inc_by(tokens.prompt);
+                m.tenant_tokens
+                    .with_label_values(&[t, "completion"])
+                    .inc_by(tokens.completion);
+            }
         }
         self.close(tokens.prompt.saturating_add(tokens.completion));
     }
 
     /// Prices the request, counts it, settles its budgets and writes its row.
-    fn charge(&self, mut usage: Usage, tokens: TokenCounts, end: &EndReport) {
+    fn charge(&self, mut usage: Usage, tokens: TokenCounts, end: EndReport) {
         let row = &mut usage.row;
         let cost = usage
             .prices
             .cost(&usage.served_model, &row.model, &usage.tier, tokens);
-        let labels = [self.tenant.as_str(), row.model.as_str()];
         let m = &self.metrics;
-        m.tenant_cost
-            .with_label_values(&labels)
-            .inc_by(cost.nano_usd);
-        m.tenant_prompt_tokens
-            .with_label_values(&labels)
-            .inc_by(tokens.prompt);
-        m.tenant_cached_tokens
-            .with_label_values(&labels)
-            .inc_by(tokens.cached);
-        m.tenant_completion_tokens
-            .with_label_values(&labels)
-            .inc_by(tokens.completion);
+        let series = m.tenant_model(&self.tenant, &row.model);
+        series.prompt_tokens.inc_by(tokens.prompt);
+        series.completion_tokens.inc_by(tokens.completion);
+        series.cost.inc_by(cost.nano_usd);
+        series.model_prompt_tokens.inc_by(tokens.prompt);
+        series.model_cached_tokens.inc_by(tokens.cached);
+        series.model_completion_tokens.inc_by(tokens.completion);
         if !cost.priced {
-            m.unpriced.with_label_values(&[row.model.as_str()]).inc();
+            series
+                .unpriced
+                .get_or_init(|| m.unpriced.with_label_values(&[row.model.as_str()]))
+                .inc();
         }
         let now = crate::utc::now_ms();
         usage.budgets.settle(
@@ -178,7 +176,7 @@ impl Account {
             } else {
                 String::new()
             };
-            row.worker = end.worker.clone();
+            row.worker = end.worker;
             row.prompt_tokens = tokens.prompt;
             row.cached_tokens = tokens.cached;
             row.completion_tokens = tokens.completion;

@@ -6,6 +6,9 @@ use prometheus::{
     IntGauge, Opts, Registry, TextEncoder,
 };
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use crate::workers::state::WorkerState;
 
 /// Every gateway metric.
@@ -118,6 +121,27 @@ pub struct GatewayMetrics {
     pub shadow_latency_ratio: HistogramVec,
     /// `infergate_shadow_output_ratio{model}`: shadow output tokens / client's.
     pub shadow_output_ratio: HistogramVec,
+    /// The per-tenant series of each tenant and model seen, resolved once per pair.
+    tenant_models: Mutex<HashMap<String, HashMap<String, Arc<TenantModelSeries>>>>,
+}
+
+/// The counters a settled request of one tenant and model adds to (six label lookups a request
+/// otherwise, each hashing its labels under a lock).
+pub struct TenantModelSeries {
+    /// `infergate_tenant_tokens_total{tenant,kind="prompt"}`.
+    pub prompt_tokens: IntCounter,
+    /// `infergate_tenant_tokens_total{tenant,kind="completion"}`.
+    pub completion_tokens: IntCounter,
+    /// `infergate_tenant_cost_nanousd_total{tenant,model}`.
+    pub cost: IntCounter,
+    /// `infergate_tenant_prompt_tokens_total{tenant,model}`.
+    pub model_prompt_tokens: IntCounter,
+    /// `infergate_tenant_cached_tokens_total{tenant,model}`.
+    pub model_cached_tokens: IntCounter,
+    /// `infergate_tenant_completion_tokens_total{tenant,model}`.
+    pub model_completion_tokens: IntCounter,
+    /// `infergate_unpriced_requests_total{model}`, once the model turned out to have no price.
+    pub unpriced: std::sync::OnceLock<IntCounter>,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -490,8 +514,38 @@ impl GatewayMetrics {
                 "infergate_shadow_output_ratio",
                 "Shadow output tokens over the client's.",
             )?,
+            tenant_models: Mutex::default(),
             registry,
         })
+    }
+
+    /// The series of `tenant`'s requests to `model` (labels bounded like the metrics': tenants
+    /// and models come from config).
+    pub fn tenant_model(&self, tenant: &str, model: &str) -> Arc<TenantModelSeries> {
+        let mut known = self
+            .tenant_models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(s) = known.get(tenant).and_then(|m| m.get(model)) {
+            return s.clone();
+        }
+        let (t, m) = ([tenant, "prompt"], [tenant, model]);
+        let series = Arc::new(TenantModelSeries {
+            prompt_tokens: self.tenant_tokens.with_label_values(&t),
+            completion_tokens: self
+                .tenant_tokens
+                .with_label_values(&[tenant, "completion"]),
+            cost: self.tenant_cost.with_label_values(&m),
+            model_prompt_tokens: self.tenant_prompt_tokens.with_label_values(&m),
+            model_cached_tokens: self.tenant_cached_tokens.with_label_values(&m),
+            model_completion_tokens: self.tenant_completion_tokens.with_label_values(&m),
+            unpriced: std::sync::OnceLock::new(),
+        });
+        known
+            .entry(tenant.to_string())
+            .or_default()
+            .insert(model.to_string(), series.clone());
+        series
     }
 
     /// Updates the per-worker gauges.

@@ -137,9 +137,26 @@ impl Gateway {
             keys: KeyTable::new(&snapshot.tenants),
             canaries,
             shadows,
+            anonymous: anonymous(&snapshot),
             snapshot: Arc::new(snapshot),
             pools,
             discovery,
         }
+    }
+}
+
+/// The anonymous tenant of `snapshot`: every caller when it declares no tenants, in its default
+/// tier (or its first).
+pub(super) fn anonymous(snapshot: &Snapshot) -> crate::config::TenantSpec {
+    crate::config::TenantSpec {
+        name: "anonymous".into(),
+        tier: snapshot.default_tier.clone().unwrap_or_else(|| {
+            snapshot
+                .tiers
+                .first()
+                .map(|t| t.name.clone())
+                .unwrap_or_default()
+        }),
+        key_hashes: Vec::new(),
     }
 }

@@ -59,6 +59,8 @@ pub struct Live {
     pub canaries: HashMap<String, Arc<Mutex<Canary>>>,
     /// Shadow traffic per model (clients' name).
     pub shadows: HashMap<String, crate::shadow::Shadow>,
+    /// The caller of a config without tenants: `anonymous`, of the default tier.
+    pub anonymous: crate::config::TenantSpec,
     discovery: Vec<AbortHandle>,
 }
 
@@ -150,6 +152,7 @@ impl Gateway {
                 keys: KeyTable::new(&[]),
                 canaries: HashMap::new(),
                 shadows: HashMap::new(),
+                anonymous: live::anonymous(&snapshot),
                 discovery: Vec::new(),
             }),
             metrics,

@@ -8,24 +8,13 @@ use crate::tenants::bearer;
 
 /// The caller's tenant and the short id of its key: the owner of the bearer key, or the
 /// anonymous tenant (default tier, no key id) when the config declares no tenants at all.
-pub(super) fn authenticate(
-    live: &Live,
+pub(super) fn authenticate<'a>(
+    live: &'a Live,
     headers: &hyper::HeaderMap,
-) -> Result<(TenantSpec, String), GatewayError> {
+) -> Result<(&'a TenantSpec, String), GatewayError> {
     let snapshot = &live.snapshot;
     if snapshot.tenants.is_empty() {
-        let anonymous = TenantSpec {
-            name: "anonymous".into(),
-            tier: snapshot.default_tier.clone().unwrap_or_else(|| {
-                snapshot
-                    .tiers
-                    .first()
-                    .map(|t| t.name.clone())
-                    .unwrap_or_default()
-            }),
-            key_hashes: Vec::new(),
-        };
-        return Ok((anonymous, String::new()));
+        return Ok((&live.anonymous, String::new()));
     }
     let presented = bearer(
         headers
@@ -45,7 +34,6 @@ pub(super) fn authenticate(
     let tenant = snapshot
         .tenants
         .get(index)
-        .cloned()
         .ok_or_else(|| GatewayError::Internal("key table out of date".into()))?;
     Ok((tenant, crate::tenants::key_id(&hash)))
 }

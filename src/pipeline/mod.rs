@@ -146,7 +146,7 @@ async fn run<B: RequestBody>(
     let (parts, body) = req.into_parts();
 
     let (tenant, key_id) = authenticate::authenticate(&live, &parts.headers)?;
-    ctx.tenant = tenant.name.clone();
+    ctx.tenant.clone_from(&tenant.name);
     ctx.key_id = key_id;
     ctx.ledger = gw.ledger.clone();
     let tier = snapshot
@@ -158,24 +158,25 @@ async fn run<B: RequestBody>(
     let validated =
         validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
     let prompt_tokens = validated.prompt_tokens;
-    ctx.model = validated.valid.model.clone();
-    ctx.pool = pool_at(&live, validated.valid.pool)?.name.clone();
+    ctx.model.clone_from(&validated.valid.model);
+    ctx.pool
+        .clone_from(&pool_at(&live, validated.valid.pool)?.name);
 
     let (valid, degraded) =
         degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
-    ctx.pool = pool_at(&live, valid.pool)?.name.clone();
+    ctx.pool.clone_from(&pool_at(&live, valid.pool)?.name);
 
     let (valid, version) = split::split(&live, valid, (&tenant.name, &ctx.request_id))?;
     let pool = pool_at(&live, valid.pool)?;
-    ctx.pool = pool.name.clone();
+    ctx.pool.clone_from(&pool.name);
     if let Some(v) = &version {
-        ctx.version = v.name.clone();
+        ctx.version.clone_from(&v.name);
     }
 
     let metered = meter::meter(
         gw,
         snapshot,
-        (&tenant, tier),
+        (tenant, tier),
         &valid,
         prompt_tokens,
         version.as_ref(),

@@ -203,7 +203,8 @@ async fn authenticate_names_the_tenant_of_a_key_and_refuses_others() {
     assert_eq!(key_id.len(), 12);
     // No tenants at all: everyone is the anonymous tenant of the default tier.
     let open = gateway(&[], None, None, None);
-    let (tenant, key_id) = authenticate::authenticate(&open.live(), &HeaderMap::new()).unwrap();
+    let open_live = open.live();
+    let (tenant, key_id) = authenticate::authenticate(&open_live, &HeaderMap::new()).unwrap();
     assert_eq!((tenant.name.as_str(), key_id.as_str()), ("anonymous", ""));
 }
 

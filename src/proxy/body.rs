@@ -142,7 +142,7 @@ impl ProxyBody {
             self.done = true;
             if let Some(on_end) = self.on_end.take() {
                 on_end(EndReport {
-                    worker: self.report.worker.clone(),
+                    worker: std::mem::take(&mut self.report.worker),
                     usage: self.tap.usage,
                     content_events: self.tap.content_events,
                     completed,
