@@ -9,6 +9,7 @@ use prometheus::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::routing::RouteReason;
 use crate::workers::state::WorkerState;
 
 /// Every gateway metric.
@@ -172,6 +173,8 @@ fn ratio_hist(
 /// the labels and takes a lock, and these run on every request.
 #[derive(Clone)]
 pub struct PoolSeries {
+    /// The pool's name, the `pool` label.
+    pub pool: String,
     /// `infergate_ttft_seconds{pool}`.
     pub ttft: Histogram,
     /// `infergate_itl_seconds{pool}`.
@@ -188,13 +191,31 @@ pub struct PoolSeries {
     pub actual_cached: IntCounter,
     /// Answers without a cached-token count, `{pool}`.
     pub cached_unreported: IntCounter,
+    /// `infergate_routing_decisions_total{pool,reason}` by [`RouteReason`] index, each made at
+    /// its first pick (a reason never chosen has no series).
+    decisions: [std::sync::OnceLock<IntCounter>; 6],
+}
+
+impl PoolSeries {
+    /// Counts a pick for `reason`.
+    pub fn count_decision(&self, metrics: &GatewayMetrics, reason: RouteReason) {
+        let labels = [self.pool.as_str(), reason.as_str()];
+        match self.decisions.get(reason as usize) {
+            Some(cell) => cell
+                .get_or_init(|| metrics.decisions.with_label_values(&labels))
+                .inc(),
+            // A reason added without a slot here is still counted, the slow way.
+            None => metrics.decisions.with_label_values(&labels).inc(),
+        }
+    }
 }
 
 impl GatewayMetrics {
     /// The per-request series of `pool`.
-    pub fn pool_series(&self, pool: &str) -> PoolSeries {
+    pub fn pool_series(&self, pool: &str) -> Arc<PoolSeries> {
         let l = [pool];
-        PoolSeries {
+        Arc::new(PoolSeries {
+            pool: pool.to_string(),
             ttft: self.ttft.with_label_values(&l),
             itl: self.itl.with_label_values(&l),
             e2e: self.e2e.with_label_values(&l),
@@ -203,7 +224,8 @@ impl GatewayMetrics {
             predicted_cached: self.predicted_cached.with_label_values(&l),
             actual_cached: self.actual_cached.with_label_values(&l),
             cached_unreported: self.cached_unreported.with_label_values(&l),
-        }
+            decisions: Default::default(),
+        })
     }
 
     /// Registers every metric in a fresh registry.

@@ -22,10 +22,7 @@ pub fn pick(
     metrics: &GatewayMetrics,
 ) -> Option<Routed> {
     let (worker, decision) = pool.route(features, tried, by_load)?;
-    metrics
-        .decisions
-        .with_label_values(&[&pool.name, decision.reason.as_str()])
-        .inc();
+    pool.series.count_decision(metrics, decision.reason);
     if let Some(lost) = decision.lost {
         metrics
             .prefix_lost

@@ -54,10 +54,8 @@ pub struct BodyLimits {
 pub struct BodyReport {
     /// Metrics to observe into.
     pub metrics: Arc<GatewayMetrics>,
-    /// Pool label.
-    pub pool: String,
     /// The pool's per-request series.
-    pub series: crate::metrics::PoolSeries,
+    pub series: Arc<crate::metrics::PoolSeries>,
     /// When the gateway received the request.
     pub started: Instant,
     /// True when the first byte was already observed (headers count for non-streams).
@@ -224,7 +222,7 @@ impl ProxyBody {
         let r = &self.report;
         r.metrics
             .upstream_errors
-            .with_label_values(&[&r.pool, kind])
+            .with_label_values(&[&r.series.pool, kind])
             .inc();
         if let Some(g) = &self.guard {
             tracing::warn!(worker = %g.worker().url, error = %err, "upstream failed mid-response");

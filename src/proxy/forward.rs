@@ -95,7 +95,9 @@ pub async fn forward(
 ) -> Result<Response<ResBody>, GatewayError> {
     let mut tried: Vec<u64> = Vec::new();
     let deadline = tokio::time::Instant::from_std(out.started) + settings.total_timeout;
-    let mut last_err = GatewayError::NoHealthyWorker(pool.name.clone());
+    // Built only when an attempt fails: most requests never need it.
+    let mut last_err: Option<GatewayError> = None;
+    let no_worker = || GatewayError::NoHealthyWorker(pool.name.clone());
     let mut next = Some(first);
     for attempt in 0..=settings.retries {
         let routed = match next.take() {
@@ -103,7 +105,7 @@ pub async fn forward(
             None => crate::pipeline::route::pick(pool, out.features, &tried, out.by_load, metrics),
         };
         let Some((worker, decision)) = routed else {
-            return Err(last_err);
+            return Err(last_err.unwrap_or_else(no_worker));
         };
         if attempt > 0 {
             metrics.retries.with_label_values(&[&pool.name]).inc();
@@ -170,7 +172,7 @@ pub async fn forward(
             Ok(res) => res,
             Err(e) if e.retryable() => {
                 tried.push(worker.key);
-                last_err = e;
+                last_err = Some(e);
                 continue;
             }
             Err(e) => return Err(e),
@@ -192,7 +194,6 @@ pub async fn forward(
             },
             BodyReport {
                 metrics: metrics.clone(),
-                pool: pool.name.clone(),
                 series: pool.series.clone(),
                 started: out.started,
                 is_stream,
@@ -245,7 +246,7 @@ pub async fn forward(
         }
         return Ok(response);
     }
-    Err(last_err)
+    Err(last_err.unwrap_or_else(no_worker))
 }
 
 /// Wraps the request's end hook so that the routing policy first learns from the usage the

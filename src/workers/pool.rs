@@ -36,7 +36,7 @@ pub struct PoolRuntime {
     /// Routes the requests that leave no KV behind (embeddings) in a cache-aware pool.
     by_load: LeastLoad,
     /// Its per-request metric series.
-    pub series: crate::metrics::PoolSeries,
+    pub series: Arc<crate::metrics::PoolSeries>,
 }
 
 impl PoolRuntime {
@@ -48,7 +48,7 @@ impl PoolRuntime {
         policy: Arc<PolicyHolder>,
         admission: (AdmissionSpec, AdmissionQueue),
         degrade: Arc<PoolDegradation>,
-        series: crate::metrics::PoolSeries,
+        series: Arc<crate::metrics::PoolSeries>,
     ) -> Self {
         let pool = Self {
             series,
