@@ -87,59 +87,11 @@ impl Payload {
 }
 
 /// The usage a whole (non-streamed) JSON answer reports: its top-level `usage` (or that of its
-/// `response`). The usual answer has `usage` as one of its last members: found from the end,
-/// only it is parsed and the few bytes after it checked to close the document; any other shape
-/// is read whole by serde.
+/// `response`), by one serde pass over the answer. A shortcut that reads only the end of the
+/// answer cannot tell a duplicate `usage` key or a truncated body from a valid one, and this
+/// number is billed: the whole answer is read.
 fn body_usage(body: &[u8]) -> Option<TokenUsage> {
-    if let Some(found) = trailing_usage(body) {
-        return found.and_then(|u| u.counts());
-    }
     serde_json::from_slice::<Payload>(body).ok()?.usage()
-}
-
-/// The value of the last `"usage":` member of `body` when that member is at the top level
-/// (`Some(None)` for `null`); `None` when that cannot be told without reading the whole body.
-fn trailing_usage(body: &[u8]) -> Option<Option<WireUsage>> {
-    const KEY: &[u8] = b"\"usage\"";
-    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
-    // In valid JSON an unescaped `"usage"` followed by `:` is a member name, never string text.
-    if at > 0 && body[at - 1] == b'\\' {
-        return None;
-    }
-    let after = &body[at + KEY.len()..];
-    let value = after.trim_ascii_start().strip_prefix(b":")?;
-    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<Option<WireUsage>>();
-    let usage = values.next()?.ok()?;
-    closes_document(&value[values.byte_offset()..]).then_some(usage)
-}
-
-/// Whether `rest`, what follows a member's value inside an object, closes that object as the last
-/// thing in the document (so the member was at the top level). Only its structure is walked.
-fn closes_document(rest: &[u8]) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (1usize, false, false);
-    for (i, &b) in rest.iter().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    return rest[i + 1..].iter().all(u8::is_ascii_whitespace);
-                }
-            }
-            _ => {}
-        }
-    }
-    false
 }
 
 impl WireUsage {
@@ -400,7 +352,7 @@ mod tests {
         }
     }
 
-    /// The usage of a whole answer, read the fast way where it applies and by serde otherwise.
+    /// The usage the tap reads from a whole answer.
     fn usage_of(body: &str) -> Option<TokenUsage> {
         let mut tap = UsageTap::new(false, false);
         tap.feed(Bytes::from(body.to_string()));
@@ -448,6 +400,15 @@ mod tests {
         // Not JSON after all: nothing is made up.
         assert_eq!(
             usage_of(r#"{"usage":{"prompt_tokens":2,"completion_tokens":2}"#),
+            None
+        );
+        // A truncated body whose nested `usage` ends it, and a `usage` given twice: not billed.
+        assert_eq!(
+            usage_of(r#"{"a":{"usage":{"prompt_tokens":2,"completion_tokens":2}}"#),
+            None
+        );
+        assert_eq!(
+            usage_of(r#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#),
             None
         );
     }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Instructions per request through the plain gateway (no tenants, no limits, round-robin pool of
+# one worker), counted by callgrind: deterministic where timings on a shared 2-core machine are
+# not. It counts user-space instructions only (no syscalls, no cross-core cache traffic), so it
+# ranks CPU changes in our code; benches/gateway_overhead.rs says what they are worth in req/s.
+#   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
+# Needs valgrind and python3. The upstream and client are small Python servers on loopback.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="$1"; label="${2:-gateway}"; n="${N:-2000}"
+dir="$(mktemp -d)"; trap 'kill -9 ${vpid:-} ${upid:-} 2>/dev/null || true; rm -rf "$dir"' EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+up=$(port); gw=$(port); admin=$(port)
+mkdir -p "$dir/policies"
+cat > "$dir/infergate.yaml" <<YAML
+listen: "127.0.0.1:$gw"
+admin: {listen: "127.0.0.1:$admin"}
+log: {format: text, level: warn}
+policies: policies
+models:
+  - {name: bench, pool: bench}
+pools:
+  - name: bench
+    dialect: vllm
+    workers:
+      - url: http://127.0.0.1:$up
+YAML
+printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
+python3 "$here/upstream.py" "$up" & upid=$!
+valgrind --tool=callgrind --callgrind-out-file="$dir/cg.%p" "$bin" gateway --config "$dir/infergate.yaml" \
+  --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$admin" > "$dir/gateway.log" 2>&1 & vpid=$!
+for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$gw/readyz" >/dev/null && break; sleep 0.5; done
+python3 "$here/client.py" "$gw" 400 >/dev/null     # warm-up: pools filled, caches built
+callgrind_control -z "$vpid" >/dev/null
+python3 "$here/client.py" "$gw" "$n"
+callgrind_control -d "$vpid" >/dev/null
+sleep 1
+file="$(ls -t "$dir"/cg."$vpid"* | head -1)"
+total="$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')"
+echo "$label: $((total / n)) instructions per request ($total over $n requests)"
