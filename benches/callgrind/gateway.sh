@@ -8,7 +8,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$1"; label="${2:-gateway}"; n="${N:-2000}"
-dir="$(mktemp -d)"; trap 'kill -9 ${vpid:-} ${upid:-} 2>/dev/null || true; rm -rf "$dir"' EXIT
+dir="$(mktemp -d)"; trap 'kill -9 ${vpid:-} ${upid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up=$(port); gw=$(port); admin=$(port)
 mkdir -p "$dir/policies"
@@ -31,9 +31,9 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/cg.%p" "$bin" gateway --con
   --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$admin" > "$dir/gateway.log" 2>&1 & vpid=$!
 for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$gw/readyz" >/dev/null && break; sleep 0.5; done
 python3 "$here/client.py" "$gw" 400 >/dev/null     # warm-up: pools filled, caches built
-callgrind_control -z "$vpid" >/dev/null
+callgrind_control -z "$vpid" >/dev/null 2>&1
 python3 "$here/client.py" "$gw" "$n"
-callgrind_control -d "$vpid" >/dev/null
+callgrind_control -d "$vpid" >/dev/null 2>&1
 sleep 1
 file="$(ls -t "$dir"/cg."$vpid"* | head -1)"
 total="$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')"
