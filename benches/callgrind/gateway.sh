@@ -4,7 +4,8 @@
 # not. It counts user-space instructions only (no syscalls, no cross-core cache traffic), so it
 # ranks CPU changes in our code; benches/gateway_overhead.rs says what they are worth in req/s.
 #   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
-# Needs valgrind and python3. The upstream and client are small Python servers on loopback.
+# CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes). Needs valgrind and python3; the
+# upstream and client are small Python servers on loopback.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$1"; label="${2:-gateway}"; n="${N:-2000}"
@@ -27,7 +28,7 @@ pools:
 YAML
 printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
 python3 "$here/upstream.py" "$up" & upid=$!
-valgrind --tool=callgrind --callgrind-out-file="$dir/cg.%p" "$bin" gateway --config "$dir/infergate.yaml" \
+valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/cg.%p" "$bin" gateway --config "$dir/infergate.yaml" \
   --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$admin" > "$dir/gateway.log" 2>&1 & vpid=$!
 for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$gw/readyz" >/dev/null && break; sleep 0.5; done
 python3 "$here/client.py" "$gw" 400 >/dev/null     # warm-up: pools filled, caches built
@@ -38,3 +39,7 @@ sleep 1
 file="$(ls -t "$dir"/cg."$vpid"* | head -1)"
 total="$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')"
 echo "$label: $((total / n)) instructions per request ($total over $n requests)"
+# With extra options (a cache simulation), every event's total too.
+if [ -n "${CALLGRIND_OPTS:-}" ]; then
+  callgrind_annotate "$file" 2>/dev/null | grep -E '^Events shown|PROGRAM TOTALS'
+fi
