@@ -193,7 +193,7 @@ pub struct PoolSeries {
     pub cached_unreported: IntCounter,
     /// `infergate_routing_decisions_total{pool,reason}` by [`RouteReason`] index, each made at
     /// its first pick (a reason never chosen has no series).
-    decisions: [std::sync::OnceLock<IntCounter>; 6],
+    decisions: [std::sync::OnceLock<IntCounter>; RouteReason::ALL.len()],
 }
 
 impl PoolSeries {
@@ -551,9 +551,9 @@ impl GatewayMetrics {
         if let Some(s) = known.get(tenant).and_then(|m| m.get(model)) {
             return s.clone();
         }
-        let (t, m) = ([tenant, "prompt"], [tenant, model]);
+        let m = [tenant, model];
         let series = Arc::new(TenantModelSeries {
-            prompt_tokens: self.tenant_tokens.with_label_values(&t),
+            prompt_tokens: self.tenant_tokens.with_label_values(&[tenant, "prompt"]),
             completion_tokens: self
                 .tenant_tokens
                 .with_label_values(&[tenant, "completion"]),

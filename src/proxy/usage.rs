@@ -79,36 +79,22 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        self.usage
+        let u = self
+            .usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?
-            .counts()
-    }
-}
-
-/// The usage a whole (non-streamed) JSON answer reports: its top-level `usage` (or that of its
-/// `response`), by one serde pass over the answer. A shortcut that reads only the end of the
-/// answer cannot tell a duplicate `usage` key or a truncated body from a valid one, and this
-/// number is billed: the whole answer is read.
-fn body_usage(body: &[u8]) -> Option<TokenUsage> {
-    serde_json::from_slice::<Payload>(body).ok()?.usage()
-}
-
-impl WireUsage {
-    /// The token counts it reports (chat and completions names first, then the Responses API's).
-    fn counts(&self) -> Option<TokenUsage> {
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
-        if let Some(prompt) = self.prompt_tokens {
+        if let Some(prompt) = u.prompt_tokens {
             return Some(TokenUsage {
                 prompt,
-                completion: self.completion_tokens.unwrap_or(0),
-                cached: cached(&self.prompt_tokens_details),
+                completion: u.completion_tokens.unwrap_or(0),
+                cached: cached(&u.prompt_tokens_details),
             });
         }
         Some(TokenUsage {
-            prompt: self.input_tokens?,
-            completion: self.output_tokens.unwrap_or(0),
-            cached: cached(&self.input_tokens_details),
+            prompt: u.input_tokens?,
+            completion: u.output_tokens.unwrap_or(0),
+            cached: cached(&u.input_tokens_details),
         })
     }
 }
@@ -192,7 +178,9 @@ impl UsageTap {
                 Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            self.usage = body_usage(&body).or(self.usage);
+            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
+                self.usage = p.usage().or(self.usage);
+            }
             return Bytes::new();
         }
         Bytes::from(std::mem::take(&mut self.pending))

@@ -94,6 +94,16 @@ pub enum RouteReason {
 }
 
 impl RouteReason {
+    /// Every reason, each at the index of its discriminant (per-reason tables are this long).
+    pub const ALL: [RouteReason; 6] = [
+        RouteReason::RoundRobin,
+        RouteReason::LeastLoad,
+        RouteReason::Session,
+        RouteReason::PrefixHit,
+        RouteReason::PrefixHome,
+        RouteReason::LoadSpill,
+    ];
+
     /// Metric label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -265,6 +275,13 @@ pub fn build(cfg: &PolicyConfig) -> Box<dyn RoutingPolicy> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_route_reason_sits_at_its_own_index() {
+        for (i, r) in RouteReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{}", r.as_str());
+        }
+    }
 
     #[test]
     fn load_is_fresh_local_count_plus_others_polled_share() {
