@@ -4,6 +4,8 @@
 
 use hyper::body::Bytes;
 use infergate_engine::openai::sse;
+
+use super::json_members;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -43,11 +45,179 @@ pub struct UsageTap {
     pub content_events: u64,
 }
 
-/// What a body or SSE payload says about usage, read without building the whole JSON tree:
-/// serde skips every other field. `usage` of chat, completions and embeddings
+/// What a body or SSE payload says: the usage it reports and whether its `choices` is an empty
+/// array (a usage-only stream chunk). `usage` of chat, completions and embeddings
 /// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), or of the
 /// Responses API (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`), at the
 /// top level (a body) or inside `response` (its `response.completed` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PayloadRead {
+    usage: Option<TokenUsage>,
+    empty_choices: bool,
+}
+
+/// Why a payload was not read by the walk.
+enum Unreadable {
+    /// Not an object of the expected shape: it says nothing about usage.
+    Shape,
+    /// A key needs decoding: serde reads it instead.
+    Escaped,
+}
+
+impl From<json_members::Unread> for Unreadable {
+    fn from(e: json_members::Unread) -> Self {
+        match e {
+            json_members::Unread::Malformed => Self::Shape,
+            json_members::Unread::EscapedKey => Self::Escaped,
+        }
+    }
+}
+
+/// Reads `payload` ([`PayloadRead`]); `None` when it is not an object of that shape (a key given
+/// twice, a field of another type, not JSON). One walk over the bytes ([`json_members`]); the
+/// rare payload with an escaped key is read by serde, with the same result.
+fn read_payload(payload: &[u8]) -> Option<PayloadRead> {
+    match walk_payload(payload) {
+        Ok(read) => Some(read),
+        Err(Unreadable::Shape) => None,
+        Err(Unreadable::Escaped) => {
+            serde_json::from_slice::<Payload>(payload)
+                .ok()
+                .map(|p| PayloadRead {
+                    usage: p.usage(),
+                    empty_choices: p.choices.as_ref().is_some_and(Vec::is_empty),
+                })
+        }
+    }
+}
+
+fn walk_payload(payload: &[u8]) -> Result<PayloadRead, Unreadable> {
+    let (mut usage, mut response, mut choices) = (None, None, None);
+    let mut twice = false;
+    json_members::each_member(payload, |key, value| {
+        let slot = match key {
+            b"usage" => &mut usage,
+            b"response" => &mut response,
+            b"choices" => &mut choices,
+            _ => return,
+        };
+        twice |= slot.replace(value).is_some();
+    })?;
+    if twice {
+        return Err(Unreadable::Shape);
+    }
+    let usage = usage.map(wire_usage).transpose()?.flatten();
+    let inner = match response {
+        Some(v) => nullable_object(v, |inner| {
+            let mut usage = None;
+            let mut twice = false;
+            json_members::each_member(inner, |key, value| {
+                if key == b"usage" {
+                    twice |= usage.replace(value).is_some();
+                }
+            })?;
+            match twice {
+                true => Err(Unreadable::Shape),
+                false => Ok(usage.map(wire_usage).transpose()?.flatten()),
+            }
+        })?
+        .flatten(),
+        None => None,
+    };
+    let empty_choices = match choices {
+        None => false,
+        Some(b"null") => false,
+        Some(v) if v.first() == Some(&b'[') => json_members::is_empty_array(v),
+        Some(_) => return Err(Unreadable::Shape),
+    };
+    let wire = usage.or(inner);
+    Ok(PayloadRead {
+        usage: wire.as_ref().and_then(WireUsage::tokens),
+        empty_choices,
+    })
+}
+
+/// `read(object)` for an object value, `None` for `null`, anything else the wrong shape.
+fn nullable_object<T>(
+    value: &[u8],
+    read: impl FnOnce(&[u8]) -> Result<T, Unreadable>,
+) -> Result<Option<T>, Unreadable> {
+    match value.first() {
+        Some(b'{') => read(value).map(Some),
+        _ if value == b"null" => Ok(None),
+        _ => Err(Unreadable::Shape),
+    }
+}
+
+/// A `usage` object's counts.
+fn wire_usage(value: &[u8]) -> Result<Option<WireUsage>, Unreadable> {
+    nullable_object(value, |object| {
+        let mut u = WireUsage::default();
+        let mut bad: Option<Unreadable> = None;
+        let mut seen = 0u8;
+        json_members::each_member(object, |key, value| {
+            let (bit, read) = match key {
+                b"prompt_tokens" => (0, count(value).map(|n| u.prompt_tokens = n)),
+                b"completion_tokens" => (1, count(value).map(|n| u.completion_tokens = n)),
+                b"input_tokens" => (2, count(value).map(|n| u.input_tokens = n)),
+                b"output_tokens" => (3, count(value).map(|n| u.output_tokens = n)),
+                b"prompt_tokens_details" => {
+                    (4, details(value).map(|d| u.prompt_tokens_details = d))
+                }
+                b"input_tokens_details" => (5, details(value).map(|d| u.input_tokens_details = d)),
+                _ => return,
+            };
+            if seen & (1 << bit) != 0 {
+                bad.get_or_insert(Unreadable::Shape);
+            }
+            seen |= 1 << bit;
+            if let Err(e) = read {
+                bad.get_or_insert(e);
+            }
+        })?;
+        match bad {
+            Some(e) => Err(e),
+            None => Ok(u),
+        }
+    })
+}
+
+/// A `*_tokens_details` object's cached count.
+fn details(value: &[u8]) -> Result<Option<Details>, Unreadable> {
+    nullable_object(value, |object| {
+        let mut cached: Option<&[u8]> = None;
+        let mut twice = false;
+        json_members::each_member(object, |key, value| {
+            if key == b"cached_tokens" {
+                twice |= cached.replace(value).is_some();
+            }
+        })?;
+        if twice {
+            return Err(Unreadable::Shape);
+        }
+        Ok(Details {
+            cached_tokens: cached.map(count).transpose()?.flatten(),
+        })
+    })
+}
+
+/// A token count: a whole non-negative number that fits a `u64`, or `null`.
+fn count(value: &[u8]) -> Result<Option<u64>, Unreadable> {
+    if value == b"null" {
+        return Ok(None);
+    }
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return Err(Unreadable::Shape);
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Some)
+        .ok_or(Unreadable::Shape)
+}
+
+/// The payload as serde reads it, for the few the walk leaves (escaped keys): serde skips
+/// every other field.
 #[derive(Deserialize)]
 struct Payload {
     usage: Option<WireUsage>,
@@ -61,7 +231,7 @@ struct Inner {
     usage: Option<WireUsage>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct WireUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -79,22 +249,28 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        let u = self
-            .usage
+        self.usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?
+            .tokens()
+    }
+}
+
+impl WireUsage {
+    /// The counts, in the chat names or else the Responses API's.
+    fn tokens(&self) -> Option<TokenUsage> {
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
-        if let Some(prompt) = u.prompt_tokens {
+        if let Some(prompt) = self.prompt_tokens {
             return Some(TokenUsage {
                 prompt,
-                completion: u.completion_tokens.unwrap_or(0),
-                cached: cached(&u.prompt_tokens_details),
+                completion: self.completion_tokens.unwrap_or(0),
+                cached: cached(&self.prompt_tokens_details),
             });
         }
         Some(TokenUsage {
-            prompt: u.input_tokens?,
-            completion: u.output_tokens.unwrap_or(0),
-            cached: cached(&u.input_tokens_details),
+            prompt: self.input_tokens?,
+            completion: self.output_tokens.unwrap_or(0),
+            cached: cached(&self.input_tokens_details),
         })
     }
 }
@@ -178,8 +354,8 @@ impl UsageTap {
                 Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
-                self.usage = p.usage().or(self.usage);
+            if let Some(p) = read_payload(&body) {
+                self.usage = p.usage.or(self.usage);
             }
             return Bytes::new();
         }
@@ -235,7 +411,7 @@ impl UsageTap {
         if sse::is_done(payload) {
             return false;
         }
-        let Ok(p) = serde_json::from_slice::<Payload>(payload) else {
+        let Some(p) = read_payload(payload) else {
             // JSON of another shape (not an object, or a usage of odd types) still carries
             // content; only what is not JSON at all is skipped.
             if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
@@ -243,8 +419,10 @@ impl UsageTap {
             }
             return false;
         };
-        let usage = p.usage();
-        let empty_choices = p.choices.as_ref().is_some_and(Vec::is_empty);
+        let PayloadRead {
+            usage,
+            empty_choices,
+        } = p;
         if let Some(u) = usage {
             self.usage = Some(u);
         }
@@ -354,6 +532,63 @@ mod tests {
             completion,
             cached,
         })
+    }
+
+    /// serde's typed read of a payload, which the walk must agree with.
+    fn serde_read(payload: &str) -> Option<PayloadRead> {
+        serde_json::from_slice::<Payload>(payload.as_bytes())
+            .ok()
+            .map(|p| PayloadRead {
+                usage: p.usage(),
+                empty_choices: p.choices.as_ref().is_some_and(Vec::is_empty),
+            })
+    }
+
+    #[test]
+    fn the_walk_reads_every_payload_as_serde_does() {
+        for payload in [
+            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+            r#"{"choices":[{"delta":{"content":"hi"}}]}"#,
+            r#"{"choices":[ ],"usage":null}"#,
+            r#"{"choices":null,"usage":{"prompt_tokens":1}}"#,
+            r#"{"usage":{"input_tokens":6,"output_tokens":3,"input_tokens_details":{"cached_tokens":null}}}"#,
+            r#"{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":3,"output_tokens":1}}}"#,
+            r#"{"response":null,"usage":{"prompt_tokens":2}}"#,
+            r#"{"usage":{"prompt_tokens":2},"response":{"usage":{"input_tokens":9}}}"#,
+            r#"{"usage":null,"response":{"usage":{"input_tokens":9}}}"#,
+            r#"{"usage":{}}"#,
+            r#"{"usage":{"completion_tokens":5}}"#,
+            r#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":0}}"#,
+            // Shapes serde refuses: the walk says nothing either.
+            r#"{"usage":{"prompt_tokens":18446744073709551616}}"#,
+            r#"{"usage":{"prompt_tokens":-1}}"#,
+            r#"{"usage":{"prompt_tokens":1.5}}"#,
+            r#"{"usage":{"prompt_tokens":"3"}}"#,
+            r#"{"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#,
+            r#"{"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":1}}}"#,
+            r#"{"usage":{"prompt_tokens_details":7}}"#,
+            r#"{"usage":7}"#,
+            r#"{"usage":"x"}"#,
+            r#"{"choices":{}}"#,
+            r#"{"choices":7}"#,
+            r#"{"response":7}"#,
+            r#"{"response":{"usage":{"input_tokens":1},"usage":null}}"#,
+            r#"{"choices":[],"choices":[]}"#,
+            r#"{"usage":{"prompt_tokens":1}"#,
+            r#"{"usage":{"prompt_tokens":1}} trailing"#,
+            r#"{"usage":{"prompt_tokens":1}}{}"#,
+            "{\"choices\":[],\"note\":\"raw\ncontrol\"}",
+            // Escaped keys go to serde, which decodes them.
+            r#"{"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":4}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#,
+        ] {
+            assert_eq!(
+                read_payload(payload.as_bytes()),
+                serde_read(payload),
+                "{payload}"
+            );
+        }
     }
 
     #[test]
@@ -703,6 +938,24 @@ mod tests {
             prop_assert_eq!(sse_normal(&out), sse_normal(&input));
             let (tap, out) = run(true, true, parts);
             prop_assert!(out.len() <= input.len() + tap.content_events as usize + 1);
+        }
+
+        /// A payload with bytes changed anywhere never panics the walk, and whatever both it
+        /// and serde read, they read alike.
+        #[test]
+        fn a_mangled_payload_is_read_alike_or_not_at_all(
+            edits in prop::collection::vec((any::<Index>(), any::<u8>()), 0..6),
+        ) {
+            let mut payload = br#"{"id":"c","choices":[{"delta":{"content":"a\"b"}}],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}},"response":null}"#.to_vec();
+            for (at, byte) in &edits {
+                let i = at.index(payload.len());
+                payload[i] = *byte;
+            }
+            let walked = read_payload(&payload);
+            let text = String::from_utf8_lossy(&payload);
+            if let (Some(w), Some(s)) = (walked, serde_read(&text)) {
+                prop_assert_eq!(w, s);
+            }
         }
 
         /// A valid stream cut into arbitrary chunks (inside `\n\n`, inside multi-byte UTF-8,
