@@ -73,6 +73,25 @@ pub fn is_empty_array(value: &[u8]) -> bool {
             .all(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
 }
 
+/// Byte classes for the skips: `1` where a string ends or needs a look (`"`, `\`, a raw
+/// control character), `2` where nesting changes or a string starts (`"{}[]`). A table lookup
+/// per byte keeps the walk at a few instructions a byte.
+const CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = 1;
+        b += 1;
+    }
+    t[b'\\' as usize] = 1;
+    t[b'"' as usize] = 3;
+    t[b'{' as usize] = 2;
+    t[b'}' as usize] = 2;
+    t[b'[' as usize] = 2;
+    t[b']' as usize] = 2;
+    t
+};
+
 /// A position in the document.
 struct Cursor<'a> {
     b: &'a [u8],
@@ -107,26 +126,30 @@ impl Cursor<'_> {
         }
     }
 
+    /// The index of the next byte at or after `from` whose class has a bit of `mask`.
+    fn next_of(&self, from: usize, mask: u8) -> Result<usize, Unread> {
+        let rest = self.b.get(from..).unwrap_or_default();
+        rest.iter()
+            .position(|&b| CLASS[usize::from(b)] & mask != 0)
+            .map(|at| from + at)
+            .ok_or(Unread::Malformed)
+    }
+
     /// Steps over the string that starts here; true when it holds an escape.
     fn string(&mut self) -> Result<bool, Unread> {
-        self.i += 1;
+        let mut i = self.i + 1;
         let mut escaped = false;
         loop {
-            let rest = self.b.get(self.i..).unwrap_or_default();
-            let at = rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .ok_or(Unread::Malformed)?;
-            self.i += at;
-            match self.b[self.i] {
+            i = self.next_of(i, 1)?;
+            match self.b[i] {
                 b'"' => {
-                    self.i += 1;
+                    self.i = i + 1;
                     return Ok(escaped);
                 }
                 // A raw control character is not allowed in a JSON string.
-                b'\\' if self.i + 1 < self.b.len() => {
+                b'\\' if i + 1 < self.b.len() => {
                     escaped = true;
-                    self.i += 2;
+                    i += 2;
                 }
                 _ => return Err(Unread::Malformed),
             }
@@ -161,10 +184,14 @@ impl Cursor<'_> {
     fn nested(&mut self) -> Result<(), Unread> {
         let mut objects: u128 = 0;
         let mut depth = 0u32;
+        let mut i = self.i;
         loop {
-            match self.peek().ok_or(Unread::Malformed)? {
+            i = self.next_of(i, 2)?;
+            match self.b[i] {
                 b'"' => {
+                    self.i = i;
                     self.string()?;
+                    i = self.i;
                 }
                 open @ (b'{' | b'[') => {
                     if depth == MAX_DEPTH {
@@ -172,20 +199,20 @@ impl Cursor<'_> {
                     }
                     objects = (objects << 1) | u128::from(open == b'{');
                     depth += 1;
-                    self.i += 1;
+                    i += 1;
                 }
-                close @ (b'}' | b']') => {
+                close => {
                     if (objects & 1 == 1) != (close == b'}') {
                         return Err(Unread::Malformed);
                     }
                     objects >>= 1;
                     depth -= 1;
-                    self.i += 1;
+                    i += 1;
                     if depth == 0 {
+                        self.i = i;
                         return Ok(());
                     }
                 }
-                _ => self.i += 1,
             }
         }
     }
