@@ -109,17 +109,10 @@ fn walk_payload(payload: &[u8]) -> Result<PayloadRead, Unreadable> {
     let usage = usage.map(wire_usage).transpose()?.flatten();
     let inner = match response {
         Some(v) => nullable_object(v, |inner| {
-            let mut usage = None;
-            let mut twice = false;
-            json_members::each_member(inner, |key, value| {
-                if key == b"usage" {
-                    twice |= usage.replace(value).is_some();
-                }
-            })?;
-            match twice {
-                true => Err(Unreadable::Shape),
-                false => Ok(usage.map(wire_usage).transpose()?.flatten()),
-            }
+            Ok(only_member(inner, b"usage")?
+                .map(wire_usage)
+                .transpose()?
+                .flatten())
         })?
         .flatten(),
         None => None,
@@ -185,20 +178,28 @@ fn wire_usage(value: &[u8]) -> Result<Option<WireUsage>, Unreadable> {
 /// A `*_tokens_details` object's cached count.
 fn details(value: &[u8]) -> Result<Option<Details>, Unreadable> {
     nullable_object(value, |object| {
-        let mut cached: Option<&[u8]> = None;
-        let mut twice = false;
-        json_members::each_member(object, |key, value| {
-            if key == b"cached_tokens" {
-                twice |= cached.replace(value).is_some();
-            }
-        })?;
-        if twice {
-            return Err(Unreadable::Shape);
-        }
         Ok(Details {
-            cached_tokens: cached.map(count).transpose()?.flatten(),
+            cached_tokens: only_member(object, b"cached_tokens")?
+                .map(count)
+                .transpose()?
+                .flatten(),
         })
     })
+}
+
+/// The raw value of the member `name` of `object`, if it has one; given twice, the wrong shape.
+fn only_member<'a>(object: &'a [u8], name: &[u8]) -> Result<Option<&'a [u8]>, Unreadable> {
+    let mut found = None;
+    let mut twice = false;
+    json_members::each_member(object, |key, value| {
+        if key == name {
+            twice |= found.replace(value).is_some();
+        }
+    })?;
+    match twice {
+        true => Err(Unreadable::Shape),
+        false => Ok(found),
+    }
 }
 
 /// A token count: a whole non-negative number that fits a `u64`, or `null`.
