@@ -288,6 +288,9 @@ impl BudgetBook {
     /// Replaces a reserved `estimate` by the `actual` cost, counted in the period holding `now`.
     /// `periods` are those [`admit`](Self::admit) reserved in.
     pub fn settle(&self, tenant: &str, periods: &[Period], estimate: u64, actual: u64, now: i64) {
+        if periods.is_empty() {
+            return;
+        }
         let Ok(mut map) = self.spend.lock() else {
             return;
         };
@@ -350,6 +353,10 @@ pub struct SharedSpend {
 
 /// The distinct periods of `budgets`.
 pub fn periods(budgets: &[BudgetSpec]) -> Vec<Period> {
+    // Most tenants have no budget: no allocation for them.
+    if budgets.is_empty() {
+        return Vec::new();
+    }
     let mut out: Vec<Period> = Vec::with_capacity(2);
     for b in budgets {
         if !out.contains(&b.period) {

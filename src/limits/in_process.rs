@@ -128,11 +128,10 @@ fn headers(state: &TenantState, now: Instant) -> RateHeaders {
 impl Limiter for InProcessLimiter {
     fn acquire_slot(&self, tenant: &str, limits: &TierLimits) -> Result<(), Rejection> {
         let mut tenants = self.lock();
-        if !tenants.contains_key(tenant) {
-            tenants.insert(tenant.to_owned(), TenantState::default());
-        }
-        let Some(state) = tenants.get_mut(tenant) else {
-            return Ok(());
+        // One lookup for a tenant seen before (every request but its first).
+        let state = match tenants.get_mut(tenant) {
+            Some(state) => state,
+            None => tenants.entry(tenant.to_owned()).or_default(),
         };
         if let Some(limit) = limits.max_concurrent
             && state.in_flight >= limit
