@@ -19,17 +19,13 @@ pub(super) fn account(
         return;
     }
     let status = res.status();
-    if !ctx.model.is_empty() {
+    if let Some(t) = &ctx.target {
         gw.metrics
             .requests
-            .with_label_values(&[&ctx.model, &ctx.pool, status.as_str()])
+            .with_label_values(&[&t.model, &t.pool, status.as_str()])
             .inc();
     }
-    let tenant = if ctx.tenant.is_empty() {
-        "unknown"
-    } else {
-        ctx.tenant.as_str()
-    };
+    let tenant = ctx.tenant().unwrap_or("unknown");
     // `upstream` and `internal` failures are not refusals of the caller.
     let reason = err.map(GatewayError::reason);
     let refused = reason.filter(|r| !matches!(*r, "upstream" | "internal"));
@@ -42,13 +38,13 @@ pub(super) fn account(
         }
         // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
         // bad keys must not fill the ledger).
-        if let Some(ledger) = ctx.ledger.as_ref().filter(|_| !ctx.tenant.is_empty()) {
+        if let Some(ledger) = ctx.ledger.as_ref().filter(|_| ctx.caller.is_some()) {
             let mut row = ctx.ended_row(status.as_u16(), reason);
             row.price_version = gw.live().snapshot.prices.version;
             ledger.record(row);
         }
     }
-    if ctx.tenant.is_empty() && err.is_none() {
+    if ctx.caller.is_none() && err.is_none() {
         return;
     }
     let outcome = match refused {

@@ -12,19 +12,33 @@ use crate::ledger::UsageRow;
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
 
+/// Who asked: known once authentication passed.
+pub(super) struct Caller {
+    pub(super) tenant: String,
+    /// Short id of the caller's API key (empty for the anonymous tenant).
+    pub(super) key_id: String,
+}
+
+/// What was asked for and where it goes: known once validation passed; degradation (a fallback
+/// model, another pool) and the split (a version) may change it.
+pub(super) struct Target {
+    /// The model the client is served as (a degradation fallback replaces the one it named).
+    pub(super) model: String,
+    pub(super) pool: String,
+    /// The version (canary arm) the split chose.
+    pub(super) version: Option<String>,
+}
+
 /// Per-request context shared by the phases.
 pub(crate) struct RequestCtx {
     pub(super) request_id: String,
     pub(super) started: Instant,
     /// Arrival, Unix ms (for the usage ledger).
     pub(super) started_ms: i64,
-    pub(super) model: String,
-    pub(super) pool: String,
-    pub(super) tenant: String,
-    /// Short id of the caller's API key.
-    pub(super) key_id: String,
-    /// The version (canary arm) the split chose.
-    pub(super) version: String,
+    /// `None` until authenticated.
+    pub(super) caller: Option<Caller>,
+    /// `None` until validated.
+    pub(super) target: Option<Target>,
     /// Time waited in the admission queue.
     pub(super) queue_ms: Option<u64>,
     /// The ledger, once the caller is known; with `row_owned` false at drop, the client left
@@ -39,7 +53,7 @@ pub(crate) struct RequestCtx {
 
 impl Drop for RequestCtx {
     fn drop(&mut self) {
-        if self.row_owned || self.tenant.is_empty() {
+        if self.row_owned || self.caller.is_none() {
             return;
         }
         if let Some(ledger) = &self.ledger {
@@ -52,16 +66,42 @@ impl Drop for RequestCtx {
 impl RequestCtx {
     /// The usage-ledger row of this request as far as the phases got.
     pub(super) fn usage_row(&self) -> UsageRow {
+        let (tenant, key_id) = self
+            .caller
+            .as_ref()
+            .map(|c| (c.tenant.clone(), c.key_id.clone()))
+            .unwrap_or_default();
+        let (model, pool, version) = self
+            .target
+            .as_ref()
+            .map(|t| {
+                let version = t.version.clone().unwrap_or_default();
+                (t.model.clone(), t.pool.clone(), version)
+            })
+            .unwrap_or_default();
         UsageRow {
             request_id: self.request_id.clone(),
             start_ms: self.started_ms,
-            tenant: self.tenant.clone(),
-            key_id: self.key_id.clone(),
-            model: self.model.clone(),
-            version: self.version.clone(),
-            pool: self.pool.clone(),
+            tenant,
+            key_id,
+            model,
+            version,
+            pool,
             queue_ms: self.queue_ms,
             ..UsageRow::default()
+        }
+    }
+
+    /// The caller's tenant, once authenticated.
+    pub(super) fn tenant(&self) -> Option<&str> {
+        self.caller.as_ref().map(|c| c.tenant.as_str())
+    }
+
+    /// Records the pool the request now targets (degradation and the split may each move it).
+    pub(super) fn move_to_pool(&mut self, pool: &str) {
+        if let Some(t) = self.target.as_mut().filter(|t| t.pool != pool) {
+            t.pool.clear();
+            t.pool.push_str(pool);
         }
     }
 
@@ -100,11 +140,8 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
         request_id,
         started: Instant::now(),
         started_ms: i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX),
-        model: String::new(),
-        pool: String::new(),
-        tenant: String::new(),
-        key_id: String::new(),
-        version: String::new(),
+        caller: None,
+        target: None,
         queue_ms: None,
         ledger: None,
         row_owned: false,

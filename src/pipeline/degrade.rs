@@ -90,7 +90,9 @@ pub(super) fn degrade(
         json["model"] = serde_json::Value::from(route.upstream_name());
         valid.pool = route.pool;
         valid.model = model.to_string();
-        ctx.model = model.to_string();
+        if let Some(t) = &mut ctx.target {
+            t.model = model.to_string();
+        }
         labels.push("fallback");
         count("fallback");
     }

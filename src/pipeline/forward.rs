@@ -72,18 +72,23 @@ pub(super) async fn forward(
         on_end: Some(Box::new({
             let version = version.clone();
             let metrics = gw.metrics.clone();
-            let (model, pool_name, tenant) =
-                (ctx.model.clone(), ctx.pool.clone(), ctx.tenant.clone());
+            let target = ctx
+                .target
+                .as_ref()
+                .map(|t| (t.model.clone(), t.pool.clone()));
+            let tenant = ctx.tenant().map(str::to_owned);
             move |end| {
                 let (status, outcome) = end_outcome(&end);
-                metrics
-                    .requests
-                    .with_label_values(&[&model, &pool_name, status.as_str()])
-                    .inc();
-                if !tenant.is_empty() {
+                if let Some((model, pool)) = &target {
+                    metrics
+                        .requests
+                        .with_label_values(&[model, pool, status.as_str()])
+                        .inc();
+                }
+                if let Some(tenant) = &tenant {
                     metrics
                         .tenant_requests
-                        .with_label_values(&[&tenant, outcome])
+                        .with_label_values(&[tenant, outcome])
                         .inc();
                 }
                 if let Some(tx) = shadow {

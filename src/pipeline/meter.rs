@@ -52,7 +52,7 @@ pub(super) async fn meter(
     holds: (ConcurrencySlot, BodyHold),
     ctx: &RequestCtx,
 ) -> Result<Metered, GatewayError> {
-    let served_model = version.map_or_else(|| ctx.model.clone(), |v| v.served_model.clone());
+    let served_model = version.map_or_else(|| valid.model.clone(), |v| v.served_model.clone());
     let budgets = snapshot.budgets_of(&tenant.name, tier);
     let budget_estimate = if budgets.is_empty() {
         0
@@ -64,7 +64,7 @@ pub(super) async fn meter(
         };
         snapshot
             .prices
-            .cost(&served_model, &ctx.model, &tier.name, reserved)
+            .cost(&served_model, &valid.model, &tier.name, reserved)
             .nano_usd
     };
     let check = gw
@@ -99,7 +99,7 @@ pub(super) async fn meter(
             ctx.usage_row()
         } else {
             UsageRow {
-                model: ctx.model.clone(),
+                model: valid.model.clone(),
                 ..UsageRow::default()
             }
         },

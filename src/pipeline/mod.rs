@@ -146,8 +146,10 @@ async fn run<B: RequestBody>(
     let (parts, body) = req.into_parts();
 
     let (tenant, key_id) = authenticate::authenticate(&live, &parts.headers)?;
-    ctx.tenant.clone_from(&tenant.name);
-    ctx.key_id = key_id;
+    ctx.caller = Some(ctx::Caller {
+        tenant: tenant.name.clone(),
+        key_id,
+    });
     ctx.ledger = gw.ledger.clone();
     let tier = snapshot
         .tier(&tenant.tier)
@@ -158,19 +160,21 @@ async fn run<B: RequestBody>(
     let validated =
         validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
     let prompt_tokens = validated.prompt_tokens;
-    ctx.model.clone_from(&validated.valid.model);
-    ctx.pool
-        .clone_from(&pool_at(&live, validated.valid.pool)?.name);
+    ctx.target = Some(ctx::Target {
+        model: validated.valid.model.clone(),
+        pool: pool_at(&live, validated.valid.pool)?.name.clone(),
+        version: None,
+    });
 
     let (valid, degraded) =
         degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
-    ctx.pool.clone_from(&pool_at(&live, valid.pool)?.name);
+    ctx.move_to_pool(&pool_at(&live, valid.pool)?.name);
 
     let (valid, version) = split::split(&live, valid, (&tenant.name, &ctx.request_id))?;
     let pool = pool_at(&live, valid.pool)?;
-    ctx.pool.clone_from(&pool.name);
-    if let Some(v) = &version {
-        ctx.version.clone_from(&v.name);
+    ctx.move_to_pool(&pool.name);
+    if let (Some(v), Some(t)) = (&version, &mut ctx.target) {
+        t.version = Some(v.name.clone());
     }
 
     let metered = meter::meter(
