@@ -1,6 +1,7 @@
 //! The members of a JSON object, read in one pass over its bytes without building it. Every
-//! proxied answer is searched for its `usage` this way: serde's typed read of the same body cost
-//! several times more (it decodes and checks every key and string on the way; BENCHMARKS.md).
+//! proxied answer is searched for its `usage` this way. On the bench's answer this costs about
+//! 5,200 instructions against 5,850 for serde's typed read, which decodes and checks every key
+//! and string on the way (BENCHMARKS.md).
 //!
 //! The walk checks what the callers rely on: the document is one object and nothing follows
 //! it, strings end, brackets match and nest at most [`MAX_DEPTH`] deep, members are separated
