@@ -4,11 +4,12 @@
 //! and string on the way (BENCHMARKS.md).
 //!
 //! The walk checks what the callers rely on: the document is one object and nothing follows
-//! it, strings end, brackets match and nest at most [`MAX_DEPTH`] deep, members are separated
-//! by `,` and `:` where JSON puts them. It does not check the spelling of numbers and literals
-//! inside values it skips; the values a caller reads are checked by that caller.
+//! it, strings end and their escapes are JSON's, brackets match, members are separated by `,`
+//! and `:` where JSON puts them. It does not check the spelling of numbers and literals (nor
+//! commas) inside the values it skips; the values a caller reads are checked by that caller.
 
-/// Deepest nesting inside one member's value (serde_json's default limit is 128 too).
+/// Deepest nesting the walk follows inside one member's value; deeper is left to a full reader
+/// (serde_json skips an unread value at any depth).
 pub const MAX_DEPTH: u32 = 128;
 
 /// Why an object was not read.
@@ -18,6 +19,8 @@ pub enum Unread {
     Malformed,
     /// A key holds an escape: its text needs decoding, which this walk does not do.
     EscapedKey,
+    /// A value nests deeper than [`MAX_DEPTH`].
+    TooDeep,
 }
 
 /// Calls `each(key, value)` for every member of the object in `doc`, in order, with the key's
@@ -69,6 +72,7 @@ pub fn each_member<'a>(
 pub fn is_empty_array(value: &[u8]) -> bool {
     value.len() >= 2
         && value.first() == Some(&b'[')
+        && value.last() == Some(&b']')
         && value[1..value.len() - 1]
             .iter()
             .all(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
@@ -147,11 +151,11 @@ impl Cursor<'_> {
                     self.i = i + 1;
                     return Ok(escaped);
                 }
-                // A raw control character is not allowed in a JSON string.
-                b'\\' if i + 1 < self.b.len() => {
+                b'\\' => {
                     escaped = true;
-                    i += 2;
+                    i += escape_len(self.b.get(i + 1..).unwrap_or_default())?;
                 }
+                // A raw control character is not allowed in a JSON string.
                 _ => return Err(Unread::Malformed),
             }
         }
@@ -196,7 +200,7 @@ impl Cursor<'_> {
                 }
                 open @ (b'{' | b'[') => {
                     if depth == MAX_DEPTH {
-                        return Err(Unread::Malformed);
+                        return Err(Unread::TooDeep);
                     }
                     objects = (objects << 1) | u128::from(open == b'{');
                     depth += 1;
@@ -216,6 +220,22 @@ impl Cursor<'_> {
                 }
             }
         }
+    }
+}
+
+/// The length of the escape that starts with the backslash before `rest`: `\"`, `\\`, `\/`,
+/// `\b`, `\f`, `\n`, `\r`, `\t`, or `\u` and four hex digits.
+fn escape_len(rest: &[u8]) -> Result<usize, Unread> {
+    match rest.first() {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(2),
+        Some(b'u')
+            if rest
+                .get(1..5)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+        {
+            Ok(6)
+        }
+        _ => Err(Unread::Malformed),
     }
 }
 
@@ -278,11 +298,15 @@ mod tests {
             "{a:1}",
             "{\"a\":1 2}",
             "{\"a\":tr\"ue}",
+            "{\"a\":\"\\q\"}",
+            "{\"a\":\"\\u00g0\"}",
+            "{\"a\":\"\\u00\"}",
+            "{\"a\":\"\\",
         ] {
             assert_eq!(members(doc), Err(Unread::Malformed), "{doc:?}");
         }
         let deep = format!("{{\"a\":{}{}}}", "[".repeat(129), "]".repeat(129));
-        assert_eq!(members(&deep), Err(Unread::Malformed));
+        assert_eq!(members(&deep), Err(Unread::TooDeep));
         let ok = format!("{{\"a\":{}{}}}", "[".repeat(128), "]".repeat(128));
         assert!(members(&ok).is_ok());
     }
@@ -305,5 +329,6 @@ mod tests {
         assert!(!is_empty_array(b"null"));
         assert!(!is_empty_array(b"{}"));
         assert!(!is_empty_array(b"["));
+        assert!(!is_empty_array(b"[x"));
     }
 }
