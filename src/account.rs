@@ -156,11 +156,7 @@ impl Account {
                 .get_or_init(|| m.unpriced.with_label_values(&[row.model.as_str()]))
                 .inc();
         }
-        // The wall clock only where something dates it: a budget period or a ledger row.
-        let now = match usage.budget_periods.is_empty() && usage.ledger.is_none() {
-            true => 0,
-            false => crate::utc::now_ms(),
-        };
+        let now = crate::utc::now_ms();
         usage.budgets.settle(
             &self.tenant,
             &usage.budget_periods,

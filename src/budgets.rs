@@ -353,11 +353,8 @@ pub struct SharedSpend {
 
 /// The distinct periods of `budgets`.
 pub fn periods(budgets: &[BudgetSpec]) -> Vec<Period> {
-    // Most tenants have no budget: no allocation for them.
-    if budgets.is_empty() {
-        return Vec::new();
-    }
-    let mut out: Vec<Period> = Vec::with_capacity(2);
+    // No capacity up front: most tenants have no budget, and an empty Vec allocates nothing.
+    let mut out: Vec<Period> = Vec::new();
     for b in budgets {
         if !out.contains(&b.period) {
             out.push(b.period);

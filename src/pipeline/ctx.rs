@@ -99,9 +99,8 @@ impl RequestCtx {
 
     /// Records the pool the request now targets (degradation and the split may each move it).
     pub(super) fn move_to_pool(&mut self, pool: &str) {
-        if let Some(t) = self.target.as_mut().filter(|t| t.pool != pool) {
-            t.pool.clear();
-            t.pool.push_str(pool);
+        if let Some(t) = &mut self.target {
+            t.pool.replace_range(.., pool);
         }
     }
 

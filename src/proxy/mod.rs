@@ -2,5 +2,4 @@
 
 pub mod body;
 pub mod forward;
-pub mod json_members;
 pub mod usage;

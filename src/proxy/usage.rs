@@ -4,8 +4,6 @@
 
 use hyper::body::Bytes;
 use infergate_engine::openai::sse;
-
-use super::json_members;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -45,185 +43,11 @@ pub struct UsageTap {
     pub content_events: u64,
 }
 
-/// What a body or SSE payload says: the usage it reports and whether its `choices` is an empty
-/// array (a usage-only stream chunk). `usage` of chat, completions and embeddings
+/// What a body or SSE payload says about usage, read without building the whole JSON tree:
+/// serde skips every other field. `usage` of chat, completions and embeddings
 /// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), or of the
 /// Responses API (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`), at the
 /// top level (a body) or inside `response` (its `response.completed` event).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PayloadRead {
-    usage: Option<TokenUsage>,
-    empty_choices: bool,
-}
-
-/// Why a payload was not read by the walk.
-enum Unreadable {
-    /// Not an object of the expected shape: it says nothing about usage.
-    Shape,
-    /// A key needs decoding, or a value nests too deep for the walk: serde reads it instead.
-    Serde,
-}
-
-impl From<json_members::Unread> for Unreadable {
-    fn from(e: json_members::Unread) -> Self {
-        match e {
-            json_members::Unread::Malformed => Self::Shape,
-            json_members::Unread::EscapedKey | json_members::Unread::TooDeep => Self::Serde,
-        }
-    }
-}
-
-/// Reads `payload` ([`PayloadRead`]); `None` when it is not an object of that shape (a key given
-/// twice, a field of another type, not JSON). One walk over the bytes ([`json_members`]); the
-/// rare payload with an escaped key or a value nested past the walk's depth is read by serde.
-/// Where the two differ: the walk does not check the spelling of numbers and literals inside
-/// the values it skips, and it reads `usage`, `response` and the details only as objects (serde
-/// would also build them from arrays, field by position).
-fn read_payload(payload: &[u8]) -> Option<PayloadRead> {
-    match walk_payload(payload) {
-        Ok(read) => Some(read),
-        Err(Unreadable::Shape) => None,
-        Err(Unreadable::Serde) => {
-            serde_json::from_slice::<Payload>(payload)
-                .ok()
-                .map(|p| PayloadRead {
-                    usage: p.usage(),
-                    empty_choices: p.choices.as_ref().is_some_and(Vec::is_empty),
-                })
-        }
-    }
-}
-
-fn walk_payload(payload: &[u8]) -> Result<PayloadRead, Unreadable> {
-    let (mut usage, mut response, mut choices) = (None, None, None);
-    let mut twice = false;
-    json_members::each_member(payload, |key, value| {
-        let slot = match key {
-            b"usage" => &mut usage,
-            b"response" => &mut response,
-            b"choices" => &mut choices,
-            _ => return,
-        };
-        twice |= slot.replace(value).is_some();
-    })?;
-    if twice {
-        return Err(Unreadable::Shape);
-    }
-    let usage = usage.map(wire_usage).transpose()?.flatten();
-    let inner = match response {
-        Some(v) => nullable_object(v, |inner| {
-            Ok(only_member(inner, b"usage")?
-                .map(wire_usage)
-                .transpose()?
-                .flatten())
-        })?
-        .flatten(),
-        None => None,
-    };
-    let empty_choices = match choices {
-        None => false,
-        Some(b"null") => false,
-        Some(v) if v.first() == Some(&b'[') => json_members::is_empty_array(v),
-        Some(_) => return Err(Unreadable::Shape),
-    };
-    let wire = usage.or(inner);
-    Ok(PayloadRead {
-        usage: wire.as_ref().and_then(WireUsage::tokens),
-        empty_choices,
-    })
-}
-
-/// `read(object)` for an object value, `None` for `null`, anything else the wrong shape.
-fn nullable_object<T>(
-    value: &[u8],
-    read: impl FnOnce(&[u8]) -> Result<T, Unreadable>,
-) -> Result<Option<T>, Unreadable> {
-    match value.first() {
-        Some(b'{') => read(value).map(Some),
-        _ if value == b"null" => Ok(None),
-        _ => Err(Unreadable::Shape),
-    }
-}
-
-/// A `usage` object's counts.
-fn wire_usage(value: &[u8]) -> Result<Option<WireUsage>, Unreadable> {
-    nullable_object(value, |object| {
-        let mut u = WireUsage::default();
-        let mut bad: Option<Unreadable> = None;
-        let mut seen = 0u8;
-        json_members::each_member(object, |key, value| {
-            let (bit, read) = match key {
-                b"prompt_tokens" => (0, count(value).map(|n| u.prompt_tokens = n)),
-                b"completion_tokens" => (1, count(value).map(|n| u.completion_tokens = n)),
-                b"input_tokens" => (2, count(value).map(|n| u.input_tokens = n)),
-                b"output_tokens" => (3, count(value).map(|n| u.output_tokens = n)),
-                b"prompt_tokens_details" => {
-                    (4, details(value).map(|d| u.prompt_tokens_details = d))
-                }
-                b"input_tokens_details" => (5, details(value).map(|d| u.input_tokens_details = d)),
-                _ => return,
-            };
-            if seen & (1 << bit) != 0 {
-                bad.get_or_insert(Unreadable::Shape);
-            }
-            seen |= 1 << bit;
-            if let Err(e) = read {
-                bad.get_or_insert(e);
-            }
-        })?;
-        match bad {
-            Some(e) => Err(e),
-            None => Ok(u),
-        }
-    })
-}
-
-/// A `*_tokens_details` object's cached count.
-fn details(value: &[u8]) -> Result<Option<Details>, Unreadable> {
-    nullable_object(value, |object| {
-        Ok(Details {
-            cached_tokens: only_member(object, b"cached_tokens")?
-                .map(count)
-                .transpose()?
-                .flatten(),
-        })
-    })
-}
-
-/// The raw value of the member `name` of `object`, if it has one; given twice, the wrong shape.
-fn only_member<'a>(object: &'a [u8], name: &[u8]) -> Result<Option<&'a [u8]>, Unreadable> {
-    let mut found = None;
-    let mut twice = false;
-    json_members::each_member(object, |key, value| {
-        if key == name {
-            twice |= found.replace(value).is_some();
-        }
-    })?;
-    match twice {
-        true => Err(Unreadable::Shape),
-        false => Ok(found),
-    }
-}
-
-/// A token count: a whole non-negative number that fits a `u64` (spelled as JSON spells it: no
-/// leading zero), or `null`.
-fn count(value: &[u8]) -> Result<Option<u64>, Unreadable> {
-    if value == b"null" {
-        return Ok(None);
-    }
-    let leading_zero = value.len() > 1 && value[0] == b'0';
-    if value.is_empty() || leading_zero || !value.iter().all(u8::is_ascii_digit) {
-        return Err(Unreadable::Shape);
-    }
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Some)
-        .ok_or(Unreadable::Shape)
-}
-
-/// The payload as serde reads it, for the few the walk leaves (escaped keys, deep values):
-/// serde skips every other field.
 #[derive(Deserialize)]
 struct Payload {
     usage: Option<WireUsage>,
@@ -237,7 +61,7 @@ struct Inner {
     usage: Option<WireUsage>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 struct WireUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -255,28 +79,22 @@ struct Details {
 impl Payload {
     /// The token counts it reports, if any.
     fn usage(&self) -> Option<TokenUsage> {
-        self.usage
+        let u = self
+            .usage
             .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?
-            .tokens()
-    }
-}
-
-impl WireUsage {
-    /// The counts, in the chat names or else the Responses API's.
-    fn tokens(&self) -> Option<TokenUsage> {
+            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
         let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
-        if let Some(prompt) = self.prompt_tokens {
+        if let Some(prompt) = u.prompt_tokens {
             return Some(TokenUsage {
                 prompt,
-                completion: self.completion_tokens.unwrap_or(0),
-                cached: cached(&self.prompt_tokens_details),
+                completion: u.completion_tokens.unwrap_or(0),
+                cached: cached(&u.prompt_tokens_details),
             });
         }
         Some(TokenUsage {
-            prompt: self.input_tokens?,
-            completion: self.output_tokens.unwrap_or(0),
-            cached: cached(&self.input_tokens_details),
+            prompt: u.input_tokens?,
+            completion: u.output_tokens.unwrap_or(0),
+            cached: cached(&u.input_tokens_details),
         })
     }
 }
@@ -360,8 +178,8 @@ impl UsageTap {
                 Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            if let Some(p) = read_payload(&body) {
-                self.usage = p.usage.or(self.usage);
+            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
+                self.usage = p.usage().or(self.usage);
             }
             return Bytes::new();
         }
@@ -417,7 +235,7 @@ impl UsageTap {
         if sse::is_done(payload) {
             return false;
         }
-        let Some(p) = read_payload(payload) else {
+        let Ok(p) = serde_json::from_slice::<Payload>(payload) else {
             // JSON of another shape (not an object, or a usage of odd types) still carries
             // content; only what is not JSON at all is skipped.
             if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
@@ -425,10 +243,8 @@ impl UsageTap {
             }
             return false;
         };
-        let PayloadRead {
-            usage,
-            empty_choices,
-        } = p;
+        let usage = p.usage();
+        let empty_choices = p.choices.as_ref().is_some_and(Vec::is_empty);
         if let Some(u) = usage {
             self.usage = Some(u);
         }
@@ -538,75 +354,6 @@ mod tests {
             completion,
             cached,
         })
-    }
-
-    /// serde's typed read of a payload, which the walk must agree with.
-    fn serde_read(payload: &str) -> Option<PayloadRead> {
-        serde_json::from_slice::<Payload>(payload.as_bytes())
-            .ok()
-            .map(|p| PayloadRead {
-                usage: p.usage(),
-                empty_choices: p.choices.as_ref().is_some_and(Vec::is_empty),
-            })
-    }
-
-    #[test]
-    fn the_walk_reads_every_payload_as_serde_does() {
-        for payload in [
-            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#,
-            r#"{"choices":[{"delta":{"content":"hi"}}]}"#,
-            r#"{"choices":[ ],"usage":null}"#,
-            r#"{"choices":null,"usage":{"prompt_tokens":1}}"#,
-            r#"{"usage":{"input_tokens":6,"output_tokens":3,"input_tokens_details":{"cached_tokens":null}}}"#,
-            r#"{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":3,"output_tokens":1}}}"#,
-            r#"{"response":null,"usage":{"prompt_tokens":2}}"#,
-            r#"{"usage":{"prompt_tokens":2},"response":{"usage":{"input_tokens":9}}}"#,
-            r#"{"usage":null,"response":{"usage":{"input_tokens":9}}}"#,
-            r#"{"usage":{}}"#,
-            r#"{"usage":{"completion_tokens":5}}"#,
-            r#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":0}}"#,
-            // Shapes serde refuses: the walk says nothing either.
-            r#"{"usage":{"prompt_tokens":18446744073709551616}}"#,
-            r#"{"usage":{"prompt_tokens":-1}}"#,
-            r#"{"usage":{"prompt_tokens":012}}"#,
-            r#"{"usage":{"prompt_tokens":00}}"#,
-            r#"{"usage":{"prompt_tokens":0,"completion_tokens":10}}"#,
-            r#"{"id":"\q","usage":{"prompt_tokens":1}}"#,
-            r#"{"usage":{"prompt_tokens":1.5}}"#,
-            r#"{"usage":{"prompt_tokens":"3"}}"#,
-            r#"{"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#,
-            r#"{"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":1}}}"#,
-            r#"{"usage":{"prompt_tokens_details":7}}"#,
-            r#"{"usage":7}"#,
-            r#"{"usage":"x"}"#,
-            r#"{"choices":{}}"#,
-            r#"{"choices":7}"#,
-            r#"{"response":7}"#,
-            r#"{"response":{"usage":{"input_tokens":1},"usage":null}}"#,
-            r#"{"choices":[],"choices":[]}"#,
-            r#"{"usage":{"prompt_tokens":1}"#,
-            r#"{"usage":{"prompt_tokens":1}} trailing"#,
-            r#"{"usage":{"prompt_tokens":1}}{}"#,
-            "{\"choices\":[],\"note\":\"raw\ncontrol\"}",
-            // Escaped keys go to serde, which decodes them.
-            r#"{"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
-            r#"{"usage":{"prompt_tokens":4}}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#,
-        ] {
-            assert_eq!(
-                read_payload(payload.as_bytes()),
-                serde_read(payload),
-                "{payload}"
-            );
-        }
-        // Nested past the walk's depth in a skipped member: serde reads it.
-        let deep = format!(
-            r#"{{"x":{}{},"usage":{{"prompt_tokens":1}}}}"#,
-            "[".repeat(200),
-            "]".repeat(200)
-        );
-        assert_eq!(read_payload(deep.as_bytes()), serde_read(&deep));
-        assert!(read_payload(deep.as_bytes()).is_some_and(|p| p.usage.is_some()));
     }
 
     #[test]
@@ -956,31 +703,6 @@ mod tests {
             prop_assert_eq!(sse_normal(&out), sse_normal(&input));
             let (tap, out) = run(true, true, parts);
             prop_assert!(out.len() <= input.len() + tap.content_events as usize + 1);
-        }
-
-        /// A payload with bytes changed anywhere never panics the walk; while it is still valid
-        /// JSON the walk reads exactly what serde reads, and after that whatever both read they
-        /// read alike.
-        #[test]
-        fn a_mangled_payload_is_read_alike_or_not_at_all(
-            edits in prop::collection::vec((any::<Index>(), any::<u8>()), 0..6),
-        ) {
-            let mut payload = br#"{"id":"c","choices":[{"delta":{"content":"a\"b"}}],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}},"response":null}"#.to_vec();
-            for (at, byte) in &edits {
-                let i = at.index(payload.len());
-                payload[i] = *byte;
-            }
-            let walked = read_payload(&payload);
-            // On valid JSON (the only kind a caller may rely on) the two agree exactly, a `None`
-            // included; on the rest, whatever both read they read alike.
-            let valid = std::str::from_utf8(&payload).is_ok()
-                && serde_json::from_slice::<IgnoredAny>(&payload).is_ok();
-            let served = std::str::from_utf8(&payload).ok().and_then(serde_read);
-            if valid {
-                prop_assert_eq!(walked, served);
-            } else if let (Some(w), Some(s)) = (walked, served) {
-                prop_assert_eq!(w, s);
-            }
         }
 
         /// A valid stream cut into arbitrary chunks (inside `\n\n`, inside multi-byte UTF-8,
