@@ -95,6 +95,23 @@ impl Account {
         self.shared = Some((limiter, limits, held));
     }
 
+    /// Points the usage at where the request finally went: its `model`, `pool` and `version`,
+    /// served by `served_model` (degradation and the canary split run after metering).
+    pub fn retarget(
+        &mut self,
+        (model, pool, version): (&str, &str, Option<&str>),
+        served_model: &str,
+    ) {
+        if let Some(u) = &mut self.usage {
+            u.row.model = model.to_string();
+            if u.ledger.is_some() {
+                u.row.pool = pool.to_string();
+                u.row.version = version.unwrap_or_default().to_string();
+            }
+            u.served_model = served_model.to_string();
+        }
+    }
+
     /// Attaches the admission permit (and the time it waited), released when the account settles.
     pub fn hold(&mut self, permit: Permit) {
         if let Some(u) = &mut self.usage {

@@ -7,7 +7,6 @@
 use std::time::Instant;
 
 use super::ctx::RequestCtx;
-use super::split::VersionChoice;
 use crate::account::{Account, Usage};
 use crate::config::{Snapshot, TenantSpec, TierSpec};
 use crate::error::GatewayError;
@@ -37,22 +36,18 @@ pub(super) fn tier_limits(tier: &TierSpec) -> TierLimits {
 
 /// Reserves `valid`'s cost for `tenant`: budgets first, then the rate limits (a refusal there
 /// releases the budget reservation). `holds` are the tenant's concurrency slot and the body's
-/// budget share, kept until the request ends.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "metering reads the caller, the request, its version and the context"
-)]
+/// budget share, kept until the request ends. Degradation and the canary split run later, so the
+/// reservation is an upper bound: the client's `max_tokens` (before any cap) at the dearest of the
+/// model's versions; the account settles it against what the request really cost.
 pub(super) async fn meter(
     gw: &Gateway,
     snapshot: &Snapshot,
     (tenant, tier): (&TenantSpec, &TierSpec),
     valid: &ValidRequest,
     prompt_tokens: u64,
-    version: Option<&VersionChoice>,
     holds: (ConcurrencySlot, BodyHold),
     ctx: &RequestCtx,
 ) -> Result<Metered, GatewayError> {
-    let served_model = version.map_or_else(|| valid.model.clone(), |v| v.served_model.clone());
     let budgets = snapshot.budgets_of(&tenant.name, tier);
     let budget_estimate = if budgets.is_empty() {
         0
@@ -62,10 +57,20 @@ pub(super) async fn meter(
             cached: 0,
             completion: valid.max_tokens,
         };
-        snapshot
-            .prices
-            .cost(&served_model, &valid.model, &tier.name, reserved)
-            .nano_usd
+        let cost = |served: &str| {
+            snapshot
+                .prices
+                .cost(served, &valid.model, &tier.name, reserved)
+                .nano_usd
+        };
+        match snapshot.canaries.get(&valid.model) {
+            Some(spec) => spec
+                .versions
+                .iter()
+                .map(|v| cost(&v.model))
+                .fold(cost(&valid.model), u64::max),
+            None => cost(&valid.model),
+        }
     };
     let check = gw
         .budgets
@@ -104,7 +109,7 @@ pub(super) async fn meter(
             }
         },
         prices: snapshot.prices.clone(),
-        served_model,
+        served_model: valid.model.clone(),
         tier: tier.name.clone(),
         ledger: gw.ledger.clone(),
         budgets: gw.budgets.clone(),

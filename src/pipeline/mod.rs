@@ -7,11 +7,12 @@
 //!    concurrency slot (taken before the body, so unfinished uploads count against it);
 //! 3. **read and validate** ([`validate`]): the bounded body, the OpenAI request against the
 //!    snapshot and tier, the prompt's token count and the context check;
-//! 4. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
-//! 5. **split** ([`split`]): the canary version, sticky per session;
-//! 6. **meter** ([`meter`]): cost budgets and rate limits reserve the request's cost into an
-//!    [`Account`](crate::account::Account). It runs after degrade and split because the
-//!    reservation depends on the capped `max_tokens` and the version's price;
+//! 4. **meter** ([`meter`]): cost budgets and rate limits reserve the request's cost (prompt
+//!    plus its `max_tokens`, at the dearest of the model's versions) into an
+//!    [`Account`](crate::account::Account), which settles it against the real usage;
+//! 5. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
+//! 6. **split** ([`split`]): the canary version, sticky per session; the account is pointed at
+//!    the model and version the request now goes to;
 //! 7. **admit** ([`admit`]): the pool's priority queue;
 //! 8. **route** ([`route`]): the pool's policy picks a worker;
 //! 9. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
@@ -166,6 +167,18 @@ async fn run<B: RequestBody>(
         version: None,
     });
 
+    let metered = meter::meter(
+        gw,
+        snapshot,
+        (tenant, tier),
+        &validated.valid,
+        prompt_tokens,
+        (slot, validated.body_hold),
+        ctx,
+    )
+    .await?;
+    let mut account = metered.account;
+
     let (valid, degraded) =
         degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
     ctx.move_to_pool(&pool_at(&live, valid.pool)?.name);
@@ -176,19 +189,13 @@ async fn run<B: RequestBody>(
     if let (Some(v), Some(t)) = (&version, &mut ctx.target) {
         t.version = Some(v.name.clone());
     }
-
-    let metered = meter::meter(
-        gw,
-        snapshot,
-        (tenant, tier),
-        &valid,
-        prompt_tokens,
-        version.as_ref(),
-        (slot, validated.body_hold),
-        ctx,
-    )
-    .await?;
-    let mut account = metered.account;
+    if !degraded.is_empty() || version.is_some() {
+        // Degrade and split ran after the reservation: the usage goes where the request went.
+        let served = version.as_ref().map_or(&valid.model, |v| &v.served_model);
+        if let Some(t) = &ctx.target {
+            account.retarget((&t.model, &t.pool, t.version.as_deref()), served);
+        }
+    }
 
     account.hold(admit::admit(pool, tier, ctx).await?);
 

@@ -62,16 +62,16 @@ fn gateway(
     routing: Option<&str>,
     degradation: Option<&str>,
 ) -> Arc<Gateway> {
-    gateway_with("", workers, tiers, routing, degradation)
+    gateway_with("", workers, tiers, (routing, degradation, None))
 }
 
-/// [`gateway`] with `extra` (whole top-level sections) at the head of the main config.
+/// [`gateway`] with `extra` (whole top-level sections) at the head of the main config, and the
+/// routing, degradation and prices policies.
 fn gateway_with(
     extra: &str,
     workers: &[String],
     tiers: Option<&str>,
-    routing: Option<&str>,
-    degradation: Option<&str>,
+    (routing, degradation, prices): (Option<&str>, Option<&str>, Option<&str>),
 ) -> Arc<Gateway> {
     let mut config = String::from(extra);
     config.push_str(
@@ -96,17 +96,19 @@ fn gateway_with(
     let file = |text: Option<&str>, name: &'static str| {
         text.map(|t| (t.to_string(), std::path::PathBuf::from(name)))
     };
-    let (r, t, d) = (
+    let (r, t, d, p) = (
         file(routing, "/test/routing.yaml"),
         file(tiers, "/test/tenants.yaml"),
         file(degradation, "/test/degradation.yaml"),
+        file(prices, "/test/prices.yaml"),
     );
-    let snapshot = crate::config::load_str_full(
+    let snapshot = crate::config::load_str_all(
         &config,
         path,
         r.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
         t.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
         d.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
+        p.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     Gateway::new(
@@ -359,7 +361,6 @@ async fn meter_reserves_tokens_and_refuses_past_the_minute() {
                 (tenant, tier),
                 &v.valid,
                 v.prompt_tokens,
-                None,
                 (slot, v.body_hold),
                 ctx,
             )
@@ -477,6 +478,33 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     );
 }
 
+#[tokio::test]
+async fn metering_runs_before_the_split_and_the_account_prices_the_version_that_served() {
+    let (addr, calls) = upstream().await;
+    let all_canary = "models:\n  m:\n    versions:\n      - {name: stable, model: m, weight: 0}\n      - {name: canary, model: m-canary, weight: 100}\n";
+    let prices = "version: 1\nmodels:\n  m: {input: 1.0, output: 1.0}\n  m-canary: {input: 10.0, output: 10.0}\n";
+    let gw = gateway_with(
+        "",
+        &[format!("http://{addr}")],
+        Some(GOLD),
+        (Some(all_canary), None, Some(prices)),
+    );
+    let res = handle(gw.clone(), chat(HELLO)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-infergate-version"], "canary");
+    let _ = res.into_body().collect().await.unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // 5 prompt and 7 completion tokens at the canary's $10 per million, not the stable $1.
+    assert_eq!(
+        metric(
+            &gw,
+            "infergate_tenant_cost_nanousd_total",
+            &[("tenant", "acme"), ("model", "m")]
+        ),
+        120_000.0
+    );
+}
+
 /// A worker that reads each request and then keeps it waiting with the connection open: with
 /// `head`, after a 200 and one SSE event; without, before any byte of the answer.
 async fn stalling_upstream(head: bool) -> SocketAddr {
@@ -520,8 +548,7 @@ async fn stalled_gateway(head: bool) -> Arc<Gateway> {
         TIMEOUTS,
         &[format!("http://{addr}")],
         Some(GOLD),
-        None,
-        None,
+        (None, None, None),
     )
 }
 
