@@ -55,6 +55,8 @@ pub struct Account {
     )>,
     started: Instant,
     settled: bool,
+    /// The tier limits no rate in process: the limiter holds nothing to settle.
+    unrated: bool,
 }
 
 impl Account {
@@ -82,6 +84,7 @@ impl Account {
             shared: None,
             started,
             settled: false,
+            unrated: false,
         }
     }
 
@@ -110,6 +113,11 @@ impl Account {
             }
             u.served_model = served_model.to_string();
         }
+    }
+
+    /// Marks the reservation as made without rate limits: settling skips the limiter.
+    pub fn unrated(&mut self) {
+        self.unrated = true;
     }
 
     /// Attaches the admission permit (and the time it waited), released when the account settles.
@@ -214,6 +222,7 @@ impl Account {
             Some((shared, limits, held)) => {
                 shared.settle(&self.tenant, &limits, held, (self.reserved, actual));
             }
+            None if self.unrated => {}
             None => self
                 .limiter
                 .reconcile(&self.tenant, self.reserved, actual, Instant::now()),

@@ -1,6 +1,7 @@
 //! A pool's degradation at run time: its sliding signal window, its level state machine, and
 //! the policy in force; shared by the request path (actions, samples) and the ticker.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,9 @@ use super::{Actions, DegradationPolicy, Degrader, SignalWindow, Signals, TierAct
 #[derive(Debug)]
 pub struct PoolDegradation {
     inner: Mutex<Inner>,
+    /// Whether a policy is in force: without one the request path takes no lock and keeps no
+    /// samples (nothing would read them).
+    has_policy: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -45,6 +49,7 @@ impl PoolDegradation {
             .as_ref()
             .map_or(Duration::from_secs(10), |p| p.window);
         Arc::new(Self {
+            has_policy: AtomicBool::new(policy.is_some()),
             inner: Mutex::new(Inner {
                 policy,
                 degrader: Degrader::new(Instant::now()),
@@ -65,12 +70,16 @@ impl PoolDegradation {
         if let Some(p) = &policy {
             inner.window.set_retain(p.window);
         }
+        self.has_policy.store(policy.is_some(), Ordering::Relaxed);
         inner.policy = policy;
     }
 
     /// What applies to a request of `tier` now, and the level's name and a Retry-After for
     /// refusals (the rest of the level's dwell plus one tick, at least a second).
     pub fn for_tier(&self, tier: &str) -> (TierActions, Option<(usize, String, Duration)>) {
+        if !self.has_policy.load(Ordering::Relaxed) {
+            return (TierActions::default(), None);
+        }
         let inner = self.lock();
         let Some(policy) = &inner.policy else {
             return (TierActions::default(), None);
@@ -89,11 +98,17 @@ impl PoolDegradation {
 
     /// Records how long an admitted request waited in the queue.
     pub fn record_queue_wait(&self, wait: Duration) {
+        if !self.has_policy.load(Ordering::Relaxed) {
+            return;
+        }
         self.lock().window.record_queue_wait(wait, Instant::now());
     }
 
     /// Records a time to first byte of a response.
     pub fn record_ttft(&self, ttft: Duration) {
+        if !self.has_policy.load(Ordering::Relaxed) {
+            return;
+        }
         self.lock().window.record_ttft(ttft, Instant::now());
     }
 

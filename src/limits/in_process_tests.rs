@@ -144,6 +144,30 @@ fn concurrency_cap_release_and_no_request_consumed() {
 }
 
 #[test]
+fn a_tier_without_a_concurrency_limit_counts_no_slots() {
+    let l = std::sync::Arc::new(InProcessLimiter::new());
+    let shared: std::sync::Arc<dyn Limiter> = l.clone();
+    let unlimited = TierLimits::default();
+    let slots: Vec<_> = (0..3)
+        .map(|_| crate::limits::ConcurrencySlot::take(shared.clone(), "c", &unlimited))
+        .collect();
+    assert!(slots.iter().all(Result::is_ok));
+    assert_eq!(l.tenant_count(), 0, "no state kept for an unlimited tier");
+    drop(slots);
+    // With a limit, slots count again and the limit holds.
+    let one = TierLimits {
+        max_concurrent: Some(1),
+        ..TierLimits::default()
+    };
+    let held = crate::limits::ConcurrencySlot::take(shared.clone(), "c", &one);
+    assert!(held.is_ok());
+    assert_eq!(l.in_flight("c"), 1);
+    assert!(crate::limits::ConcurrencySlot::take(shared, "c", &one).is_err());
+    drop(held);
+    assert_eq!(l.in_flight("c"), 0);
+}
+
+#[test]
 fn larger_than_the_token_burst_never_passes() {
     let (l, t0, limits) = (
         InProcessLimiter::new(),

@@ -31,6 +31,13 @@ pub struct TierLimits {
     pub max_concurrent: Option<u32>,
 }
 
+impl TierLimits {
+    /// Whether requests or tokens per minute are limited (else nothing is reserved or settled).
+    pub fn rated(&self) -> bool {
+        self.requests_per_minute.is_some() || self.tokens_per_minute.is_some()
+    }
+}
+
 /// What an admitted request holds: the tokens reserved, to reconcile later, and the headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
@@ -124,10 +131,10 @@ pub trait Limiter: Send + Sync {
     fn release_concurrency(&self, tenant: &str);
 }
 
-/// A tenant's concurrency slot, given back when dropped.
+/// A tenant's concurrency slot, given back when dropped. Under a tier without a concurrency limit
+/// nothing is counted (a reload that adds one counts the requests that start after it).
 pub struct ConcurrencySlot {
-    limiter: std::sync::Arc<dyn Limiter>,
-    tenant: String,
+    held: Option<(std::sync::Arc<dyn Limiter>, String)>,
 }
 
 impl ConcurrencySlot {
@@ -137,16 +144,20 @@ impl ConcurrencySlot {
         tenant: &str,
         limits: &TierLimits,
     ) -> Result<Self, Rejection> {
+        if limits.max_concurrent.is_none() {
+            return Ok(Self { held: None });
+        }
         limiter.acquire_slot(tenant, limits)?;
         Ok(Self {
-            limiter,
-            tenant: tenant.to_owned(),
+            held: Some((limiter, tenant.to_owned())),
         })
     }
 }
 
 impl Drop for ConcurrencySlot {
     fn drop(&mut self) {
-        self.limiter.release_concurrency(&self.tenant);
+        if let Some((limiter, tenant)) = &self.held {
+            limiter.release_concurrency(tenant);
+        }
     }
 }

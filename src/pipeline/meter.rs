@@ -124,6 +124,14 @@ pub(super) async fn meter(
             .acquire(&tenant.name, &limits, reserve)
             .await
             .map(|(r, held)| (r, Some(held))),
+        // No rate limits in process: nothing to reserve, and nothing to settle later.
+        None if !limits.rated() => Ok((
+            Reservation {
+                tokens: reserve,
+                headers: crate::limits::RateHeaders::default(),
+            },
+            None,
+        )),
         None => gw
             .limiter
             .acquire(&tenant.name, &limits, reserve, Instant::now())
@@ -154,6 +162,8 @@ pub(super) async fn meter(
     );
     if let (Some(shared), Some(held)) = (&gw.shared, held) {
         account.shared_by(shared.clone(), limits, held);
+    } else if gw.shared.is_none() && !limits.rated() {
+        account.unrated();
     }
     Ok(Metered {
         account,
