@@ -35,6 +35,7 @@ pub mod tenants;
 pub mod tokens;
 pub mod up;
 pub mod upstream;
+pub mod upstream_body;
 pub mod usage_api;
 pub mod usage_cli;
 pub mod utc;

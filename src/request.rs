@@ -17,6 +17,7 @@ use crate::routing::features::{
     DEFAULT_BLOCK_BYTES, canonical_chat, canonical_completion, prefix_hashes, session_hash,
 };
 use crate::tokens::Estimator;
+use crate::upstream_body::UpstreamBody;
 
 /// Most prefix blocks hashed per request (64 KiB of prompt at the default block size).
 const MAX_PREFIX_BLOCKS: usize = 256;
@@ -73,8 +74,8 @@ pub struct ValidRequest {
     pub pool: usize,
     /// The client asked for SSE.
     pub stream: bool,
-    /// Body to send upstream (model renamed when the route says so).
-    pub body: Bytes,
+    /// The body to send upstream: the client's bytes and the edits the phases make to them.
+    pub body: UpstreamBody,
     /// Routing inputs.
     pub features: RequestFeatures,
     /// Completion tokens to reserve: the request's `max_tokens`, or the tier's default (which
@@ -250,10 +251,14 @@ pub fn validate(
     snapshot: &Snapshot,
     tier: &TierSpec,
 ) -> Result<ValidRequest, GatewayError> {
+    // JSON is UTF-8: checked once for the whole body, skipped fields included (they go upstream
+    // as sent), so that strings need no check of their own.
+    let text = std::str::from_utf8(&body)
+        .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
     // serde would read a struct from an array too: only an object takes the fast path.
-    let object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let object = text.trim_start().starts_with('{');
     let fields = if object {
-        serde_json::from_slice::<Fields>(&body).ok()
+        serde_json::from_str::<Fields>(text).ok()
     } else {
         None
     };
@@ -413,12 +418,22 @@ fn validate_fields(
         max_output_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
     };
     let pool = route.pool;
-    // The fields the gateway sets upstream; the body is rewritten only when there are any.
-    let mut edits: Vec<(&str, Value)> = Vec::new();
+    // The fields the gateway may set upstream, found where they are in the body.
+    let editable = [
+        ("model", fields.model),
+        ("stream", fields.stream),
+        ("max_tokens", fields.max_tokens),
+        ("max_completion_tokens", fields.max_completion_tokens),
+        ("max_output_tokens", fields.max_output_tokens),
+        ("stream_options", fields.stream_options),
+    ]
+    .map(|(key, raw)| raw.map(|r| (key, r.get())));
+    let editable: Vec<(&'static str, &str)> = editable.into_iter().flatten().collect();
+    let mut upstream = UpstreamBody::new(body, &editable);
     if let Some(up) = route.upstream_model.as_deref()
         && up != model
     {
-        edits.push(("model", Value::String(up.to_string())));
+        upstream.set("model", Value::String(up.to_string()).to_string());
     }
     // Reserve and enforce the tier's default instead of the engine's (possibly whole-context)
     // one; on completions engines read only `max_tokens`, so it is set from
@@ -433,25 +448,20 @@ fn validate_fields(
         Endpoint::Embeddings => None,
     };
     if let Some(key) = unlimited_upstream {
-        edits.push((key, Value::from(max_tokens)));
+        upstream.set(key, max_tokens.to_string());
     }
     // The Responses API reports usage in its `response.completed` event whatever is asked.
     let usage_chunk = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
     if stream && usage_chunk && !client_wants_usage {
         // Ask for the usage chunk to reconcile the reservation; it is hidden from the client.
-        edits.push(("stream_options", serde_json::json!({"include_usage": true})));
+        upstream.set("stream_options", r#"{"include_usage":true}"#.to_string());
     }
-    let body = if edits.is_empty() {
-        body
-    } else {
-        rewrite(&body, edits)?
-    };
     Ok(ValidRequest {
         endpoint,
         model,
         pool,
         stream,
-        body,
+        body: upstream,
         features,
         max_tokens,
         prompt,
@@ -461,22 +471,6 @@ fn validate_fields(
         session_id,
         user,
     })
-}
-
-/// `body` with each of `edits` set (the only time the gateway builds the request's tree).
-fn rewrite(body: &[u8], edits: Vec<(&str, Value)>) -> Result<Bytes, GatewayError> {
-    // Skipped fields were only checked for shape: one with a broken escape fails here.
-    let mut json: Value = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
-    let obj = json
-        .as_object_mut()
-        .ok_or_else(|| GatewayError::Internal("the body is not an object".into()))?;
-    for (key, value) in edits {
-        obj.insert(key.into(), value);
-    }
-    serde_json::to_vec(&json)
-        .map(Bytes::from)
-        .map_err(|e| GatewayError::Internal(e.to_string()))
 }
 
 /// A chat request's `messages`: a non-empty array whose items' `role` and `content` make the

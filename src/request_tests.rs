@@ -390,7 +390,7 @@ fn invariants(
     prop_assert_eq!(v.session_id.as_deref(), session);
     prop_assert_eq!(v.user.as_deref(), sent.get("user").and_then(Value::as_str));
 
-    let body: Result<Value, _> = serde_json::from_slice(&v.body);
+    let body: Result<Value, _> = serde_json::from_slice(&v.body.bytes());
     prop_assert!(body.is_ok(), "upstream body is not JSON: {:?}", v.body);
     let body = body.expect("checked");
     let body = body.as_object();
@@ -543,7 +543,7 @@ fn completions_upstream_max_tokens_is_within_the_ceiling() {
         });
         let h = HeaderMap::new();
         if let Ok(v) = validate(Endpoint::Completions, &h, to_bytes(&body), &snap, &tier) {
-            let sent: Value = serde_json::from_slice(&v.body).expect("JSON");
+            let sent: Value = serde_json::from_slice(&v.body.bytes()).expect("JSON");
             let limit = sent
                 .as_object()
                 .and_then(|b| upstream_limit(Endpoint::Completions, b))
@@ -573,7 +573,7 @@ fn embeddings_meter_input_only_and_never_stream() {
     assert_eq!(v.prompt, PromptSize::Text("hello world".into()));
     // The body goes upstream as sent: no max_tokens, no stream_options.
     assert_eq!(
-        v.body,
+        v.body.bytes(),
         to_bytes(&serde_json::json!({"model": "m", "input": "hello world", "stream": true}))
     );
     let v = ok(serde_json::json!({"model": "m", "input": [1, 2, 3]})).unwrap();
@@ -605,7 +605,7 @@ fn responses_reserve_max_output_tokens_and_read_instructions_and_items() {
     // The tier's default is reserved and sent as `max_output_tokens`; no stream_options (the
     // Responses API reports usage in `response.completed` anyway).
     assert_eq!(v.max_tokens, 100);
-    let sent: Value = serde_json::from_slice(&v.body).unwrap();
+    let sent: Value = serde_json::from_slice(&v.body.bytes()).unwrap();
     assert_eq!(sent["max_output_tokens"], 100);
     assert!(sent.get("stream_options").is_none() && sent.get("max_tokens").is_none());
     assert_eq!(
@@ -650,7 +650,7 @@ fn a_body_without_edits_goes_upstream_byte_for_byte() {
     // Key order, spacing, escapes and fields the gateway does not know all survive.
     let raw = "{ \"messages\":[{\"role\":\"user\",\"content\":\"say \\\"hi\\\"\\n\"}], \"model\":\"m\",\"max_tokens\":5, \"logit_bias\":{\"50256\":-100}, \"seed\":1e3}";
     let v = chat(raw).unwrap();
-    assert_eq!(v.body, Bytes::from(raw));
+    assert_eq!(v.body.bytes(), Bytes::from(raw));
     // The escaped content is read unescaped.
     assert_eq!(v.prompt, PromptSize::Text("user\nsay \"hi\"\n\n".into()));
 }
@@ -662,7 +662,8 @@ fn a_repeated_key_keeps_its_last_value_and_goes_upstream_once() {
     assert_eq!(v.model, "m");
     assert_eq!(v.prompt, PromptSize::Text("user\nb\n".into()));
     // The worker sees one `model`, the one the gateway checked.
-    let sent = std::str::from_utf8(&v.body).unwrap();
+    let sent = v.body.bytes();
+    let sent = std::str::from_utf8(&sent).unwrap();
     assert_eq!(sent.matches("\"model\"").count(), 1, "{sent}");
     let sent: Value = serde_json::from_str(sent).unwrap();
     assert_eq!(sent["model"], "m");
@@ -721,4 +722,55 @@ fn string_messages_read_in_one_pass_match_the_general_reading() {
         chat(r#"{"model":"m","max_tokens":5,"messages":[{"role":7,"content":"hi"}]}"#).unwrap();
     assert_eq!(odd.prompt, PromptSize::Text("\nhi\n".into()));
     assert!(chat(r#"{"model":"m","max_tokens":5,"messages":[]}"#).is_err());
+}
+
+#[test]
+fn a_body_that_is_not_utf8_is_refused_even_in_a_field_the_gateway_skips() {
+    let (snap, tier) = snapshot();
+    // With max_tokens (nothing to edit) and without (the gateway adds it): both refused.
+    for raw in [
+        &b"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"x\":\"\x80\"}"[..],
+        &b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"x\":\"\xff\"}"[..],
+    ] {
+        let err = validate(
+            Endpoint::ChatCompletions,
+            &HeaderMap::new(),
+            Bytes::copy_from_slice(raw),
+            &snap,
+            &tier,
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(err.status(), hyper::StatusCode::BAD_REQUEST);
+        assert!(err.to_string().contains("invalid JSON body"), "{err}");
+    }
+}
+
+#[test]
+fn edits_are_spliced_into_the_clients_bytes_once() {
+    // No max_tokens: the tier's default is added; the rest keeps its bytes and order.
+    let raw = r#"{"z": 1,  "model":"m", "messages":[{"role":"user","content":"a"}]}"#;
+    let mut v = chat(raw).unwrap();
+    let sent = v.body.bytes();
+    let text = std::str::from_utf8(&sent).unwrap();
+    assert!(
+        text.ends_with(
+            r#"{"z": 1,  "model":"m", "messages":[{"role":"user","content":"a"}]}"#
+                .trim_start_matches('{')
+        ),
+        "{text}"
+    );
+    // A later phase's edit of the same field replaces the first.
+    v.body.set("max_tokens", "3".into());
+    let sent: Value = serde_json::from_slice(&v.body.bytes()).unwrap();
+    assert_eq!(sent["max_tokens"], 3);
+    assert_eq!(sent["z"], 1);
+    assert_eq!(
+        v.body
+            .bytes()
+            .windows(12)
+            .filter(|w| w == b"\"max_tokens\"")
+            .count(),
+        1
+    );
 }

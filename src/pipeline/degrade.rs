@@ -63,20 +63,18 @@ pub(super) fn degrade(
         } => (cap_max_tokens, fallback_model),
     };
     let mut labels = Vec::new();
-    let mut body: Option<serde_json::Value> = None;
     if let Some(cap) = cap {
-        let json = body.get_or_insert(parse_body(&valid.body)?);
         // The client's own field keeps its name; every limit field is capped.
         let keys = valid.endpoint.limit_keys();
         for &key in keys {
-            if json.get(key).is_some_and(|v| !v.is_null()) {
-                json[key] = serde_json::Value::from(cap);
+            if valid.body.has_value(key) {
+                valid.body.set(key, cap.to_string());
             }
         }
         if let Some(&last) = keys.last()
-            && keys.iter().all(|k| json.get(*k).is_none())
+            && keys.iter().all(|k| !valid.body.has(k))
         {
-            json[last] = serde_json::Value::from(cap);
+            valid.body.set(last, cap.to_string());
         }
         valid.max_tokens = u64::from(cap);
         labels.push("cap_max_tokens");
@@ -86,8 +84,10 @@ pub(super) fn degrade(
     if let Some(model) = fallback
         && let Some(route) = live.snapshot.model(model)
     {
-        let json = body.get_or_insert(parse_body(&valid.body)?);
-        json["model"] = serde_json::Value::from(route.upstream_name());
+        valid.body.set(
+            "model",
+            serde_json::Value::from(route.upstream_name()).to_string(),
+        );
         valid.pool = route.pool;
         valid.model = model.to_string();
         if let Some(t) = &mut ctx.target {
@@ -96,15 +96,5 @@ pub(super) fn degrade(
         labels.push("fallback");
         count("fallback");
     }
-    if let Some(json) = body {
-        valid.body = serde_json::to_vec(&json)
-            .map_err(|e| GatewayError::Internal(e.to_string()))?
-            .into();
-    }
     Ok((valid, labels))
-}
-
-pub(super) fn parse_body(body: &[u8]) -> Result<serde_json::Value, GatewayError> {
-    serde_json::from_slice(body)
-        .map_err(|e| GatewayError::Internal(format!("re-reading a validated body: {e}")))
 }

@@ -60,7 +60,8 @@ pub(super) async fn forward(
     let started = ctx.started;
     let out = Outbound {
         path: endpoint.path(),
-        body: valid.body.clone(),
+        // The one place the upstream body is built, after every phase has had its say.
+        body: valid.body.bytes(),
         stream: valid.stream,
         by_load: !endpoint.generates(),
         features: &valid.features,

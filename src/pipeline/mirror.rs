@@ -21,17 +21,17 @@ pub(super) fn mirror(
     }
     let route = live.snapshot.model(&shadow.spec.model)?;
     let pool = live.pools.get(route.pool)?.clone();
-    let mut json: serde_json::Value = serde_json::from_slice(&valid.body).ok()?;
-    let obj = json.as_object_mut()?;
-    obj.insert("model".into(), route.upstream_name().into());
+    let model = serde_json::Value::from(route.upstream_name()).to_string();
     // Read whole: the comparison needs the usage, not the stream.
-    obj.insert("stream".into(), false.into());
-    obj.remove("stream_options");
-    let body = serde_json::to_vec(&json).ok()?;
+    let mut edits = vec![("model", model), ("stream", "false".to_string())];
+    if valid.body.has("stream_options") {
+        edits.push(("stream_options", "null".to_string()));
+    }
+    let body = valid.body.bytes_with(&edits);
     shadow.mirror(
         gw.client.clone(),
         pool,
-        body.into(),
+        body,
         endpoint.path(),
         gw.metrics.clone(),
         valid.model.clone(),

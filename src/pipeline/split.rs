@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::degrade::parse_body;
 use crate::error::GatewayError;
 use crate::gateway::Live;
 use crate::request::ValidRequest;
@@ -78,11 +77,10 @@ pub(super) fn split(
         .model(&model)
         .ok_or_else(|| GatewayError::Internal(format!("version model `{model}` missing")))?;
     if route.upstream_name() != valid.model || route.pool != valid.pool {
-        let mut json = parse_body(&valid.body)?;
-        json["model"] = serde_json::Value::from(route.upstream_name());
-        valid.body = serde_json::to_vec(&json)
-            .map_err(|e| GatewayError::Internal(e.to_string()))?
-            .into();
+        valid.body.set(
+            "model",
+            serde_json::Value::from(route.upstream_name()).to_string(),
+        );
         valid.pool = route.pool;
     }
     let choice = VersionChoice {

@@ -291,7 +291,7 @@ async fn degrade_caps_at_level_1_and_sheds_at_level_2() {
     let (capped, labels) = degrade::degrade(&gw, &live, same, "gold", 3, &mut ctx).unwrap();
     assert_eq!(labels, ["cap_max_tokens"]);
     assert_eq!(capped.max_tokens, 16);
-    let body: serde_json::Value = serde_json::from_slice(&capped.body).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&capped.body.bytes()).unwrap();
     assert_eq!(body["max_tokens"], 16, "the upstream body carries the cap");
     live.pools[0].degrade.force(Some(2)).unwrap();
     let shed = degrade::degrade(&gw, &live, capped, "gold", 3, &mut ctx);
@@ -326,7 +326,7 @@ async fn split_keeps_a_session_on_its_version() {
         let (va, vb) = (va.unwrap(), vb.unwrap());
         assert_eq!(va.name, vb.name, "{user} moved between versions");
         if va.name == "canary" {
-            let body: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&a.body.bytes()).unwrap();
             assert_eq!(body["model"], "m-canary");
         }
         seen.insert(va.name.clone());
