@@ -732,15 +732,15 @@ fn a_body_that_is_not_utf8_is_refused_even_in_a_field_the_gateway_skips() {
         &b"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"x\":\"\x80\"}"[..],
         &b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"x\":\"\xff\"}"[..],
     ] {
-        let err = validate(
+        let Err(err) = validate(
             Endpoint::ChatCompletions,
             &HeaderMap::new(),
             Bytes::copy_from_slice(raw),
             &snap,
             &tier,
-        )
-        .err()
-        .expect("refused");
+        ) else {
+            panic!("accepted a body that is not UTF-8");
+        };
         assert_eq!(err.status(), hyper::StatusCode::BAD_REQUEST);
         assert!(err.to_string().contains("invalid JSON body"), "{err}");
     }
