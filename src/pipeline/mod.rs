@@ -50,6 +50,10 @@ use crate::limits::ConcurrencySlot;
 use crate::request::Endpoint;
 use ctx::RequestCtx;
 
+/// `x-request-id` as a header name built at compile time (a `&str` name allocates per insert).
+const REQUEST_ID: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("x-request-id");
+
 /// The request bodies the pipeline reads: hyper's from a connection, or any other (tests
 /// drive the phases in-process with `Full<Bytes>`).
 pub trait RequestBody:
@@ -77,7 +81,7 @@ pub async fn handle<B: RequestBody>(gw: Arc<Gateway>, req: Request<B>) -> Respon
     };
     account::account(&gw, &ctx, &res, err.as_ref());
     if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
-        res.headers_mut().insert("x-request-id", v);
+        res.headers_mut().insert(REQUEST_ID, v);
     }
     res
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
@@ -322,7 +322,7 @@ fn build_request(
         .map_err(|e| GatewayError::Internal(format!("bad worker URL {}: {e}", worker.url)))?;
     let mut headers = HeaderMap::with_capacity(6);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    // Content-Length: hyper writes it from the body's exact size, without a header value.
     if let Ok(id) = HeaderValue::from_str(out.request_id) {
         headers.insert(REQUEST_ID, id);
     }
