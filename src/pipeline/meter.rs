@@ -38,7 +38,8 @@ pub(super) fn tier_limits(tier: &TierSpec) -> TierLimits {
 /// releases the budget reservation). `holds` are the tenant's concurrency slot and the body's
 /// budget share, kept until the request ends. Degradation and the canary split run later, so the
 /// reservation is an upper bound: the client's `max_tokens` (before any cap) at the dearest of the
-/// model's versions; the account settles it against what the request really cost.
+/// model's versions; the account settles it against what the request really cost. A degradation
+/// cap therefore never lets a request pass that its tier's tokens per minute would refuse.
 pub(super) async fn meter(
     gw: &Gateway,
     snapshot: &Snapshot,
