@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use hyper::HeaderMap;
 use hyper::body::Bytes;
+use infergate_engine::openai::params::{check_temperature, check_top_p};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -321,21 +322,12 @@ fn validate_fields(
         )));
     }
     let stream = endpoint.generates() && fields.stream.is_some_and(|r| r.get() == "true");
-    if let Some(t) = number(fields.temperature, "temperature")?
-        && !(0.0..=2.0).contains(&t)
-    {
-        return Err(GatewayError::bad_request(
-            format!("temperature must be between 0 and 2, got {t}"),
-            Some("temperature"),
-        ));
+    // The engine's own ranges and messages: refused the same way here or at the worker.
+    if let Some(t) = number(fields.temperature, "temperature")? {
+        check_temperature(t).map_err(|m| GatewayError::bad_request(m, Some("temperature")))?;
     }
-    if let Some(p) = number(fields.top_p, "top_p")?
-        && !(p > 0.0 && p <= 1.0)
-    {
-        return Err(GatewayError::bad_request(
-            format!("top_p must be in (0, 1], got {p}"),
-            Some("top_p"),
-        ));
+    if let Some(p) = number(fields.top_p, "top_p")? {
+        check_top_p(p).map_err(|m| GatewayError::bad_request(m, Some("top_p")))?;
     }
     // Both limit fields are checked, and the larger is reserved: engines differ in which one
     // they read (ours and vLLM read only `max_tokens` on completions), so a small

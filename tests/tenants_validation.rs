@@ -88,7 +88,7 @@ async fn every_validation_error_has_its_status_and_message() {
             "temperature",
             json!({"model": MODEL, "prompt": "hi", "temperature": 3}),
             "temperature",
-            &["temperature", "between 0 and 2", "3"],
+            &["temperature", "must be in [0, 2]", "3"],
         ),
         (
             "top_p",

@@ -6,6 +6,7 @@ mod error;
 mod fields;
 mod jinja_env;
 mod logprobs;
+pub mod params;
 mod parse;
 mod response;
 mod responses;

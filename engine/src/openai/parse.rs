@@ -210,19 +210,9 @@ pub(super) fn common(
     }
 
     let temperature = f.number("temperature")?.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(invalid(
-            "temperature",
-            format!("`temperature` must be in [0, 2], got {temperature}"),
-        ));
-    }
+    super::params::check_temperature(temperature).map_err(|m| invalid("temperature", m))?;
     let top_p = f.number("top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(invalid(
-            "top_p",
-            format!("`top_p` must be in (0, 1], got {top_p}"),
-        ));
-    }
+    super::params::check_top_p(top_p).map_err(|m| invalid("top_p", m))?;
     let top_k = match f.int("top_k")? {
         None | Some(0) | Some(-1) => -1,
         Some(k) if k >= 1 => i32::try_from(k).unwrap_or(i32::MAX),
