@@ -126,7 +126,9 @@ async fn a_canary_injecting_errors_is_rolled_back_at_once() {
 
 #[tokio::test]
 async fn a_slow_canary_is_rolled_back_on_latency() {
-    let split = Split::start(&["--fault-latency-multiplier", "5"], 20, &STRICT).await;
+    // 20x, not 5x: in a loaded full-suite run the stable version's p99 can spike several times
+    // over its idle value, and a 5x canary then sat within the 1.5x bound for a first window.
+    let split = Split::start(&["--fault-latency-multiplier", "20"], 20, &STRICT).await;
     let observer = Observer::start(&split);
     let traffic = Traffic::start(&split, CLIENTS);
 
