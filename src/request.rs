@@ -419,13 +419,13 @@ fn validate_fields(
         ("max_output_tokens", fields.max_output_tokens),
         ("stream_options", fields.stream_options),
     ]
-    .map(|(key, raw)| raw.map(|r| (key, r.get())));
-    let editable: Vec<(&'static str, &str)> = editable.into_iter().flatten().collect();
-    let mut upstream = UpstreamBody::new(body, &editable);
+    .into_iter()
+    .filter_map(|(key, raw)| raw.map(|r| (key, r.get())));
+    let mut upstream = UpstreamBody::new(body, editable);
     if let Some(up) = route.upstream_model.as_deref()
         && up != model
     {
-        upstream.set("model", Value::String(up.to_string()).to_string());
+        upstream.set_string("model", up);
     }
     // Reserve and enforce the tier's default instead of the engine's (possibly whole-context)
     // one; on completions engines read only `max_tokens`, so it is set from

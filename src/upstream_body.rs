@@ -21,19 +21,15 @@ pub struct UpstreamBody {
 impl UpstreamBody {
     /// `raw` (a JSON object) with no edits yet; `fields` are the editable fields it has, each
     /// with its value as a slice of `raw`.
-    pub fn new(raw: Bytes, fields: &[(&'static str, &str)]) -> Self {
+    pub fn new<'a>(raw: Bytes, fields: impl IntoIterator<Item = (&'static str, &'a str)>) -> Self {
         let base = raw.as_ptr() as usize;
         let spans = fields
-            .iter()
-            .filter_map(|&(key, value)| {
-                // Only a slice of `raw` has a place in it.
+            .into_iter()
+            .filter_map(|(key, value)| {
+                // Only a slice of `raw` has a place in it (same memory, so the same bytes).
                 let start = (value.as_ptr() as usize).checked_sub(base)?;
                 let end = start + value.len();
-                (end <= raw.len() && raw.get(start..end) == Some(value.as_bytes())).then_some((
-                    key,
-                    start..end,
-                    value == "null",
-                ))
+                (end <= raw.len()).then_some((key, start..end, value == "null"))
             })
             .collect();
         Self {
@@ -54,6 +50,11 @@ impl UpstreamBody {
             Some(edit) => edit.1 = json,
             None => self.edits.push((key, json)),
         }
+    }
+
+    /// Sends `key` as the JSON string `text`.
+    pub fn set_string(&mut self, key: &'static str, text: &str) {
+        self.set(key, serde_json::Value::from(text).to_string());
     }
 
     /// Whether the upstream body has `key` (as sent, `null` included, or as set).
@@ -170,8 +171,7 @@ mod tests {
                 fields.push((k, v.get()));
             }
         }
-        let fields: Vec<(&'static str, &str)> = fields;
-        UpstreamBody::new(raw.clone(), &fields)
+        UpstreamBody::new(raw.clone(), fields)
     }
 
     fn json(b: &Bytes) -> Value {
@@ -234,7 +234,7 @@ mod tests {
     fn a_value_not_in_the_body_has_no_span() {
         let b = UpstreamBody::new(
             Bytes::from_static(b"{\"model\":\"m\"}"),
-            &[("model", "\"m\"")],
+            [("model", "\"m\"")],
         );
         assert!(!b.has("model"));
     }

@@ -149,6 +149,13 @@ impl Limiter for InProcessLimiter {
         tokens: u64,
         now: Instant,
     ) -> Result<Reservation, Rejection> {
+        if !limits.rated() {
+            // Nothing to count against: no lock, no state (the account skips the reconcile).
+            return Ok(Reservation {
+                tokens,
+                headers: RateHeaders::default(),
+            });
+        }
         let mut tenants = self.lock();
         if let Some(state) = tenants.get_mut(tenant) {
             return acquire_in(state, limits, tokens, now);

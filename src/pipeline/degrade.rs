@@ -84,10 +84,7 @@ pub(super) fn degrade(
     if let Some(model) = fallback
         && let Some(route) = live.snapshot.model(model)
     {
-        valid.body.set(
-            "model",
-            serde_json::Value::from(route.upstream_name()).to_string(),
-        );
+        valid.body.set_string("model", route.upstream_name());
         valid.pool = route.pool;
         valid.model = model.to_string();
         if let Some(t) = &mut ctx.target {

@@ -125,14 +125,6 @@ pub(super) async fn meter(
             .acquire(&tenant.name, &limits, reserve)
             .await
             .map(|(r, held)| (r, Some(held))),
-        // No rate limits in process: nothing to reserve, and nothing to settle later.
-        None if !limits.rated() => Ok((
-            Reservation {
-                tokens: reserve,
-                headers: crate::limits::RateHeaders::default(),
-            },
-            None,
-        )),
         None => gw
             .limiter
             .acquire(&tenant.name, &limits, reserve, Instant::now())

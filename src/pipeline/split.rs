@@ -77,10 +77,7 @@ pub(super) fn split(
         .model(&model)
         .ok_or_else(|| GatewayError::Internal(format!("version model `{model}` missing")))?;
     if route.upstream_name() != valid.model || route.pool != valid.pool {
-        valid.body.set(
-            "model",
-            serde_json::Value::from(route.upstream_name()).to_string(),
-        );
+        valid.body.set_string("model", route.upstream_name());
         valid.pool = route.pool;
     }
     let choice = VersionChoice {

@@ -53,33 +53,7 @@ struct Payload {
     usage: Option<WireUsage>,
     response: Option<Inner>,
     /// Only whether it is empty matters: the elements are skipped, not kept.
-    choices: Option<Choices>,
-}
-
-/// A `choices` array read for its emptiness alone (no element is kept, nothing is allocated).
-struct Choices {
-    empty: bool,
-}
-
-impl<'de> Deserialize<'de> for Choices {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = Choices;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an array")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Choices, A::Error> {
-                let empty = seq.next_element::<IgnoredAny>()?.is_none();
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Choices { empty })
-            }
-        }
-        d.deserialize_seq(Visitor)
-    }
+    choices: Option<Vec<IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -270,7 +244,7 @@ impl UsageTap {
             return false;
         };
         let usage = p.usage();
-        let empty_choices = p.choices.as_ref().is_some_and(|c| c.empty);
+        let empty_choices = p.choices.as_ref().is_some_and(Vec::is_empty);
         if let Some(u) = usage {
             self.usage = Some(u);
         }
