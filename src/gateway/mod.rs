@@ -113,6 +113,8 @@ pub struct Gateway {
     draining: AtomicBool,
     /// Set when the drain's grace is over: streams and requests still waiting end now.
     grace_over: tokio::sync::watch::Sender<bool>,
+    /// A receiver of `grace_over`, lent to requests (cloned only by those that wait on it).
+    grace_watch: tokio::sync::watch::Receiver<bool>,
     source: ConfigSource,
     spawned: HashMap<String, Vec<String>>,
     reload_status: Mutex<ReloadStatus>,
@@ -145,6 +147,7 @@ impl Gateway {
         }
         let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
         let client = upstream::client(snapshot.forward.connect_timeout);
+        let (grace_over, grace_watch) = tokio::sync::watch::channel(false);
         let gw = Arc::new(Self {
             live: ArcSwap::from_pointee(Live {
                 snapshot: Arc::new(snapshot.clone()),
@@ -164,7 +167,8 @@ impl Gateway {
             shared,
             extra_tenants,
             draining: AtomicBool::new(false),
-            grace_over: tokio::sync::watch::channel(false).0,
+            grace_over,
+            grace_watch,
             source,
             spawned,
             reload_status: Mutex::new(ReloadStatus::default()),
@@ -192,9 +196,9 @@ impl Gateway {
         self.grace_over.send_replace(true);
     }
 
-    /// A receiver that sees [`end_grace`](Self::end_grace).
-    pub fn grace_over(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.grace_over.subscribe()
+    /// A receiver that sees [`end_grace`](Self::end_grace) (clone it to wait on it).
+    pub fn grace_over(&self) -> &tokio::sync::watch::Receiver<bool> {
+        &self.grace_watch
     }
 
     /// True once a drain started.

@@ -62,7 +62,7 @@ pub struct Outbound<'a> {
     /// Account phase hook, called once when the response body ends.
     pub on_end: Option<OnEnd>,
     /// Turns true when the drain's grace is over.
-    pub grace_over: tokio::sync::watch::Receiver<bool>,
+    pub grace_over: &'a tokio::sync::watch::Receiver<bool>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -115,57 +115,48 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
-        // A worker ejected while we wait (hung, or dead without closing) will not answer: stop
-        // waiting at once instead of at the first-byte timeout.
-        let ejected = worker.next_ejection();
-        tokio::pin!(ejected);
-        ejected.as_mut().enable();
-        let mut grace_over = out.grace_over.clone();
-        let sent = tokio::select! {
-            () = grace_ended(&mut grace_over) => Err(GatewayError::Draining),
-            sent = tokio::time::timeout(settings.first_byte_timeout, client.request(req)) => {
-                match sent {
-                    Err(_) => {
-                        note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
-                        Err(GatewayError::UpstreamTimeout(format!(
-                            "a worker of pool `{}` sent no response within {:?}",
-                            pool.name, settings.first_byte_timeout
-                        )))
-                    }
-                    // A refused connection, or a pooled keep-alive connection to a worker that
-                    // just died (reset before any response).
-                    Ok(Err(e)) => {
-                        let kind = if e.is_connect() { "connect" } else { "send" };
-                        note_failure(pool, &worker, settings, metrics, kind);
-                        Err(GatewayError::UpstreamUnavailable(format!(
-                            "a worker of pool `{}` is unreachable: {e}",
-                            pool.name
-                        )))
-                    }
-                    // The last attempt's 503, or one no other worker could take instead, goes
-                    // to the client as the worker sent it.
-                    Ok(Ok(res))
-                        if res.status() == StatusCode::SERVICE_UNAVAILABLE
-                            && attempt < settings.retries
-                            && another_worker(pool, &tried, worker.key) =>
-                    {
-                        note_failure(pool, &worker, settings, metrics, "status_503");
-                        Err(GatewayError::UpstreamUnavailable(format!(
-                            "the workers of pool `{}` are overloaded",
-                            pool.name
-                        )))
-                    }
-                    Ok(Ok(res)) => Ok(res),
+        let sent =
+            match wait_for_answer(client.request(req), &worker, out.grace_over, settings).await {
+                Waited::Draining => Err(GatewayError::Draining),
+                Waited::Ejected => {
+                    metrics
+                        .upstream_errors
+                        .with_label_values(&[&pool.name, "ejected"])
+                        .inc();
+                    Err(GatewayError::WorkerEjected(worker.url.clone()))
                 }
-            }
-            () = &mut ejected => {
-                metrics
-                    .upstream_errors
-                    .with_label_values(&[&pool.name, "ejected"])
-                    .inc();
-                Err(GatewayError::WorkerEjected(worker.url.clone()))
-            }
-        };
+                Waited::TimedOut => {
+                    note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
+                    Err(GatewayError::UpstreamTimeout(format!(
+                        "a worker of pool `{}` sent no response within {:?}",
+                        pool.name, settings.first_byte_timeout
+                    )))
+                }
+                // A refused connection, or a pooled keep-alive connection to a worker that just
+                // died (reset before any response).
+                Waited::Failed(e) => {
+                    let kind = if e.is_connect() { "connect" } else { "send" };
+                    note_failure(pool, &worker, settings, metrics, kind);
+                    Err(GatewayError::UpstreamUnavailable(format!(
+                        "a worker of pool `{}` is unreachable: {e}",
+                        pool.name
+                    )))
+                }
+                // The last attempt's 503, or one no other worker could take instead, goes to the
+                // client as the worker sent it.
+                Waited::Answered(res)
+                    if res.status() == StatusCode::SERVICE_UNAVAILABLE
+                        && attempt < settings.retries
+                        && another_worker(pool, &tried, worker.key) =>
+                {
+                    note_failure(pool, &worker, settings, metrics, "status_503");
+                    Err(GatewayError::UpstreamUnavailable(format!(
+                        "the workers of pool `{}` are overloaded",
+                        pool.name
+                    )))
+                }
+                Waited::Answered(res) => Ok(res),
+            };
         // Nothing reached the client yet: the error table says which failures another worker
         // may take.
         let res = match sent {
@@ -247,6 +238,62 @@ pub async fn forward(
         return Ok(response);
     }
     Err(last_err.unwrap_or_else(no_worker))
+}
+
+/// How a wait for a worker's response headers ended.
+enum Waited {
+    Answered(Response<hyper::body::Incoming>),
+    Failed(hyper_util::client::legacy::Error),
+    TimedOut,
+    /// The worker was ejected meanwhile (hung, or dead without closing): it will not answer.
+    Ejected,
+    /// The drain's grace ended meanwhile.
+    Draining,
+}
+
+/// A wait past this also watches for the worker's ejection and the end of the grace. Most
+/// answers arrive sooner, and each watch is a waiter on a lock every request to the worker (or
+/// the whole gateway) shares, taken twice: a fast request does without.
+const WATCH_AFTER: Duration = Duration::from_millis(50);
+
+/// Waits up to the first-byte timeout for `request`'s response headers: the first
+/// [`WATCH_AFTER`] on the request alone, the rest also watching for `worker`'s ejection and the
+/// end of the drain's grace.
+async fn wait_for_answer(
+    request: impl Future<
+        Output = Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+    >,
+    worker: &crate::workers::state::WorkerState,
+    grace_over: &tokio::sync::watch::Receiver<bool>,
+    settings: ForwardSettings,
+) -> Waited {
+    let answered = |sent: Result<_, hyper_util::client::legacy::Error>| match sent {
+        Ok(res) => Waited::Answered(res),
+        Err(e) => Waited::Failed(e),
+    };
+    tokio::pin!(request);
+    let quick = settings.first_byte_timeout.min(WATCH_AFTER);
+    if let Ok(sent) = tokio::time::timeout(quick, &mut request).await {
+        return answered(sent);
+    }
+    let ejected = worker.next_ejection();
+    tokio::pin!(ejected);
+    ejected.as_mut().enable();
+    // An ejection before the watch began would not wake it: a worker no longer healthy after
+    // this long a wait counts as ejected.
+    if !worker.is_healthy() {
+        return Waited::Ejected;
+    }
+    let mut grace_over = grace_over.clone();
+    let rest = settings.first_byte_timeout.saturating_sub(quick);
+    tokio::select! {
+        () = grace_ended(&mut grace_over) => Waited::Draining,
+        sent = tokio::time::timeout(rest, &mut request) => match sent {
+            Ok(sent) => answered(sent),
+            Err(_) => Waited::TimedOut,
+        },
+        () = &mut ejected => Waited::Ejected,
+    }
 }
 
 /// Wraps the request's end hook so that the routing policy first learns from the usage the
