@@ -272,6 +272,8 @@ async fn wait_for_answer(
         Err(e) => Waited::Failed(e),
     };
     tokio::pin!(request);
+    // Read before the request is first polled: an ejection from now on ends the wait.
+    let ejections = worker.ejections();
     let quick = settings.first_byte_timeout.min(WATCH_AFTER);
     if let Ok(sent) = tokio::time::timeout(quick, &mut request).await {
         return answered(sent);
@@ -279,9 +281,9 @@ async fn wait_for_answer(
     let ejected = worker.next_ejection();
     tokio::pin!(ejected);
     ejected.as_mut().enable();
-    // An ejection before the watch began would not wake it: a worker no longer healthy after
-    // this long a wait counts as ejected.
-    if !worker.is_healthy() {
+    // An ejection before the watch began does not wake it; the worker's count of ejections
+    // shows it (an ejection bumps the count before it notifies).
+    if worker.ejections() != ejections {
         return Waited::Ejected;
     }
     let mut grace_over = grace_over.clone();
