@@ -37,6 +37,7 @@ fn settings(snapshot: &Snapshot) -> ForwardSettings {
         retries: f.retries,
         eject_after: snapshot.health.eject_after,
         debug_headers: snapshot.debug_headers,
+        connect_timeout: f.connect_timeout,
     }
 }
 
@@ -113,15 +114,7 @@ pub(super) async fn forward(
             }
         })),
     };
-    let forwarded = send(
-        &gw.client,
-        pool,
-        first,
-        out,
-        settings(snapshot),
-        &gw.metrics,
-    )
-    .await;
+    let forwarded = send(pool, first, out, settings(snapshot), &gw.metrics).await;
     if let (Err(_), Some(v)) = (&forwarded, &version) {
         // No answer at all counts against the version too.
         v.record(&gw.metrics, false, None, None);

@@ -15,6 +15,7 @@ use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::usage::{TokenUsage, UsageTap};
+use crate::workers::conns::Conn;
 use crate::workers::state::{InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
@@ -95,6 +96,9 @@ pub struct ProxyBody {
     done: bool,
     tap: UsageTap,
     on_end: Option<OnEnd>,
+    /// The worker connection the answer came on, given back to the worker once the body has
+    /// been read to its end (closed otherwise).
+    conn: Option<Conn>,
 }
 
 impl ProxyBody {
@@ -122,12 +126,19 @@ impl ProxyBody {
             first_chunk: None,
             max_gap: None,
             done: false,
+            conn: None,
         }
     }
 
     /// Holds `prefill` until the first data frame (or the end).
     pub fn with_prefill(mut self, prefill: PrefillGuard) -> Self {
         self.prefill = Some(prefill);
+        self
+    }
+
+    /// Gives `conn` back to the worker when the body ends complete.
+    pub fn with_conn(mut self, conn: Conn) -> Self {
+        self.conn = Some(conn);
         self
     }
 
@@ -154,6 +165,10 @@ impl ProxyBody {
             }
             let r = &self.report;
             r.series.e2e.observe(r.started.elapsed().as_secs_f64());
+            // Read to its end, the answer left the connection clean for the next request.
+            if let (Some(conn), Some(guard), true) = (self.conn.take(), &self.guard, completed) {
+                guard.worker().conns.put(conn);
+            }
             self.guard = None;
             self.prefill = None;
         }

@@ -17,7 +17,7 @@ use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, 
 use crate::proxy::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
-use crate::upstream::UpstreamClient;
+use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::state::{HealthChange, KvEventsState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
@@ -37,6 +37,8 @@ pub struct ForwardSettings {
     pub eject_after: u32,
     /// Whether answers name their pool and worker (`debug_headers`).
     pub debug_headers: bool,
+    /// Time to open a connection to a worker.
+    pub connect_timeout: Duration,
 }
 
 /// One request on its way upstream.
@@ -86,7 +88,6 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// Sends `out` to `first` (the route phase's pick among `pool`'s workers) and returns its
 /// response with the body streaming through.
 pub async fn forward(
-    client: &UpstreamClient,
     pool: &PoolRuntime,
     first: Routed,
     mut out: Outbound<'_>,
@@ -115,52 +116,52 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
-        let sent =
-            match wait_for_answer(client.request(req), &worker, out.grace_over, settings).await {
-                Waited::Draining => Err(GatewayError::Draining),
-                Waited::Ejected => {
-                    metrics
-                        .upstream_errors
-                        .with_label_values(&[&pool.name, "ejected"])
-                        .inc();
-                    Err(GatewayError::WorkerEjected(worker.url.clone()))
-                }
-                Waited::TimedOut => {
-                    note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
-                    Err(GatewayError::UpstreamTimeout(format!(
-                        "a worker of pool `{}` sent no response within {:?}",
-                        pool.name, settings.first_byte_timeout
-                    )))
-                }
-                // A refused connection, or a pooled keep-alive connection to a worker that just
-                // died (reset before any response).
-                Waited::Failed(e) => {
-                    let kind = if e.is_connect() { "connect" } else { "send" };
-                    note_failure(pool, &worker, settings, metrics, kind);
-                    Err(GatewayError::UpstreamUnavailable(format!(
-                        "a worker of pool `{}` is unreachable: {e}",
-                        pool.name
-                    )))
-                }
-                // The last attempt's 503, or one no other worker could take instead, goes to the
-                // client as the worker sent it.
-                Waited::Answered(res)
-                    if res.status() == StatusCode::SERVICE_UNAVAILABLE
-                        && attempt < settings.retries
-                        && another_worker(pool, &tried, worker.key) =>
-                {
-                    note_failure(pool, &worker, settings, metrics, "status_503");
-                    Err(GatewayError::UpstreamUnavailable(format!(
-                        "the workers of pool `{}` are overloaded",
-                        pool.name
-                    )))
-                }
-                Waited::Answered(res) => Ok(res),
-            };
+        let request = worker.conns.send(req, settings.connect_timeout);
+        let sent = match wait_for_answer(request, &worker, out.grace_over, settings).await {
+            Waited::Draining => Err(GatewayError::Draining),
+            Waited::Ejected => {
+                metrics
+                    .upstream_errors
+                    .with_label_values(&[&pool.name, "ejected"])
+                    .inc();
+                Err(GatewayError::WorkerEjected(worker.url.clone()))
+            }
+            Waited::TimedOut => {
+                note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
+                Err(GatewayError::UpstreamTimeout(format!(
+                    "a worker of pool `{}` sent no response within {:?}",
+                    pool.name, settings.first_byte_timeout
+                )))
+            }
+            // A refused connection, or a pooled keep-alive connection to a worker that just
+            // died (reset before any response).
+            Waited::Failed(e) => {
+                let kind = if e.is_connect() { "connect" } else { "send" };
+                note_failure(pool, &worker, settings, metrics, kind);
+                Err(GatewayError::UpstreamUnavailable(format!(
+                    "a worker of pool `{}` is unreachable: {e}",
+                    pool.name
+                )))
+            }
+            // The last attempt's 503, or one no other worker could take instead, goes to the
+            // client as the worker sent it.
+            Waited::Answered((res, _))
+                if res.status() == StatusCode::SERVICE_UNAVAILABLE
+                    && attempt < settings.retries
+                    && another_worker(pool, &tried, worker.key) =>
+            {
+                note_failure(pool, &worker, settings, metrics, "status_503");
+                Err(GatewayError::UpstreamUnavailable(format!(
+                    "the workers of pool `{}` are overloaded",
+                    pool.name
+                )))
+            }
+            Waited::Answered(res) => Ok(res),
+        };
         // Nothing reached the client yet: the error table says which failures another worker
         // may take.
-        let res = match sent {
-            Ok(res) => res,
+        let (res, conn) = match sent {
+            Ok(answered) => answered,
             Err(e) if e.retryable() => {
                 tried.push(worker.key);
                 last_err = Some(e);
@@ -200,7 +201,8 @@ pub async fn forward(
                 (worker.key, decision),
             )),
         )
-        .with_prefill(prefill);
+        .with_prefill(prefill)
+        .with_conn(conn);
         if !is_stream {
             let ttft = out.started.elapsed();
             pool.series.ttft.observe(ttft.as_secs_f64());
@@ -242,8 +244,8 @@ pub async fn forward(
 
 /// How a wait for a worker's response headers ended.
 enum Waited {
-    Answered(Response<hyper::body::Incoming>),
-    Failed(hyper_util::client::legacy::Error),
+    Answered((Response<hyper::body::Incoming>, Conn)),
+    Failed(SendError),
     TimedOut,
     /// The worker was ejected meanwhile (hung, or dead without closing): it will not answer.
     Ejected,
@@ -260,14 +262,12 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// [`WATCH_AFTER`] on the request alone, the rest also watching for `worker`'s ejection and the
 /// end of the drain's grace.
 async fn wait_for_answer(
-    request: impl Future<
-        Output = Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
-    >,
+    request: impl Future<Output = Result<(Response<hyper::body::Incoming>, Conn), SendError>>,
     worker: &crate::workers::state::WorkerState,
     grace_over: &tokio::sync::watch::Receiver<bool>,
     settings: ForwardSettings,
 ) -> Waited {
-    let answered = |sent: Result<_, hyper_util::client::legacy::Error>| match sent {
+    let answered = |sent: Result<_, SendError>| match sent {
         Ok(res) => Waited::Answered(res),
         Err(e) => Waited::Failed(e),
     };
@@ -367,7 +367,8 @@ fn build_request(
     prefix_keys: bool,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
     let uri = worker
-        .uri(out.path)
+        .conns
+        .target(out.path)
         .map_err(|e| GatewayError::Internal(format!("bad worker URL {}: {e}", worker.url)))?;
     let mut headers = HeaderMap::with_capacity(6);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

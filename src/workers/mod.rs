@@ -1,5 +1,6 @@
 //! Upstream workers: their live state, pools, load polling and discovery.
 
+pub mod conns;
 pub mod kv_events;
 pub mod load_metrics;
 pub mod poller;

@@ -33,6 +33,8 @@ pub async fn poll_worker(
     metrics: &GatewayMetrics,
 ) {
     let pool = pool_rt.name.as_str();
+    // Between polls is as good a time as any to close connections nobody used for a while.
+    worker.conns.evict_idle(std::time::Instant::now());
     let result = tokio::time::timeout(settings.timeout, scrape(client, &worker.url)).await;
     let outcome = match result {
         Ok(Ok(text)) => parse_load(&text, pool_rt.dialect),

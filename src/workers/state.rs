@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::routing::WorkerView;
+use crate::workers::conns::Conns;
 use crate::workers::load_metrics::EngineLoad;
 
 /// One worker, shared by the router, the forwarder and the poller.
@@ -14,9 +15,8 @@ pub struct WorkerState {
     pub url: String,
     /// Stable identity: xxh3 of the URL.
     pub key: u64,
-    /// The URL's scheme and authority when it has no path: request URIs are then assembled
-    /// from parts instead of formatted and parsed per request.
-    origin: Option<(hyper::http::uri::Scheme, hyper::http::uri::Authority)>,
+    /// Its keep-alive connections.
+    pub conns: Conns,
     in_flight: AtomicU32,
     healthy: AtomicBool,
     failures: AtomicU32,
@@ -72,29 +72,12 @@ pub enum HealthChange {
 }
 
 impl WorkerState {
-    /// The URI of `path` (with its query, if any) on this worker.
-    pub fn uri(&self, path: &'static str) -> Result<hyper::Uri, hyper::http::Error> {
-        match &self.origin {
-            Some((scheme, authority)) => hyper::Uri::builder()
-                .scheme(scheme.clone())
-                .authority(authority.clone())
-                .path_and_query(hyper::http::uri::PathAndQuery::from_static(path))
-                .build(),
-            None => Ok(format!("{}{path}", self.url).parse::<hyper::Uri>()?),
-        }
-    }
-
     /// A worker at `url`, healthy until proven otherwise.
     pub fn new(url: &str) -> Self {
         Self {
             url: url.to_string(),
             key: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
-            origin: url.parse::<hyper::Uri>().ok().and_then(|u| {
-                let bare =
-                    u.path_and_query().is_none_or(|p| p.as_str() == "/") && !url.ends_with('/');
-                let parts = u.into_parts();
-                Some((parts.scheme?, parts.authority?)).filter(|_| bare)
-            }),
+            conns: Conns::new(url),
             in_flight: AtomicU32::new(0),
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
@@ -286,30 +269,6 @@ impl Drop for InFlightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn request_uris_join_the_worker_url_and_the_path() {
-        for (url, want) in [
-            (
-                "http://10.0.0.5:8000",
-                "http://10.0.0.5:8000/v1/chat/completions",
-            ),
-            ("http://[::1]:9", "http://[::1]:9/v1/chat/completions"),
-            // A path prefix (a worker behind a path-routing proxy) is kept.
-            (
-                "http://h:1/engine-a",
-                "http://h:1/engine-a/v1/chat/completions",
-            ),
-            ("https://h", "https://h/v1/chat/completions"),
-        ] {
-            let uri = WorkerState::new(url).uri("/v1/chat/completions");
-            assert_eq!(
-                uri.map(|u| u.to_string()).ok().as_deref(),
-                Some(want),
-                "{url}"
-            );
-        }
-    }
 
     #[test]
     fn in_flight_follows_guards() {

@@ -1,0 +1,359 @@
+//! Keep-alive HTTP/1.1 connections to one worker, kept by the worker itself. A checkout pops the
+//! worker's own idle list (no pool map shared by every worker, no key to hash), and a connection
+//! goes back when its answer's body has been read to the end (`ProxyBody`), not from a task
+//! spawned per request to watch it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{HOST, HeaderValue};
+use hyper::{Request, Response, Uri};
+use hyper_util::rt::TokioIo;
+
+/// The sending half of one connection to a worker.
+pub type Conn = SendRequest<Full<Bytes>>;
+
+/// Idle connections kept per worker; one more answer finishing while the list is full closes
+/// its connection.
+const MAX_IDLE: usize = 256;
+
+/// An idle connection unused this long is closed instead of reused (workers close theirs too).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Why a request got no answer from the worker.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be opened: refused, unreachable, timed out, or a URL that is not
+    /// plain `http://`. Says nothing of the worker's address (the client may see it).
+    Connect(String),
+    /// The connection failed before the answer's headers.
+    Send(hyper::Error),
+}
+
+impl SendError {
+    /// Whether no connection could be opened (the request never left).
+    pub fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Connect(why) => write!(f, "connect failed: {why}"),
+            SendError::Send(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Where and how to reach one worker, and its idle connections.
+#[derive(Debug)]
+pub struct Conns {
+    /// `host:port` to connect to; `Err` says why the URL cannot be reached.
+    addr: Result<String, &'static str>,
+    /// The `Host` header of every request.
+    host: Option<HeaderValue>,
+    /// The URL's path (a worker behind a path-routing proxy), prefixed to every request path;
+    /// empty for most workers.
+    base_path: String,
+    /// Oldest at the front; checkouts take the newest (the one least likely closed meanwhile).
+    idle: Mutex<VecDeque<(Instant, Conn)>>,
+}
+
+impl Conns {
+    /// The connections of the worker at `url` (none open yet).
+    pub fn new(url: &str) -> Self {
+        let parsed = url.parse::<Uri>();
+        let addr = match &parsed {
+            Err(_) => Err("the worker URL does not parse"),
+            Ok(u) if u.scheme_str() != Some("http") => Err("the worker URL is not plain http://"),
+            Ok(u) => match u.authority() {
+                None => Err("the worker URL has no host"),
+                Some(a) => Ok(format!("{}:{}", a.host(), a.port_u16().unwrap_or(80))),
+            },
+        };
+        let host = parsed
+            .as_ref()
+            .ok()
+            .and_then(Uri::authority)
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        let base_path = parsed
+            .as_ref()
+            .map(|u| u.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        Self {
+            addr,
+            host,
+            base_path,
+            idle: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The request target (origin form) of `path` on this worker.
+    pub fn target(&self, path: &'static str) -> Result<Uri, hyper::http::Error> {
+        if self.base_path.is_empty() {
+            return Ok(Uri::from_static(path));
+        }
+        Ok(format!("{}{path}", self.base_path).parse::<Uri>()?)
+    }
+
+    /// Sends `req` (its URI in origin form, see [`Conns::target`]) on an idle connection, or on
+    /// a new one opened within `connect_timeout`. A pooled connection that turns out closed
+    /// before the request was written is skipped, the request kept for the next one. The answer
+    /// comes with its connection, for [`Conns::put`] once its body is read.
+    pub async fn send(
+        &self,
+        mut req: Request<Full<Bytes>>,
+        connect_timeout: Duration,
+    ) -> Result<(Response<Incoming>, Conn), SendError> {
+        if let Some(host) = &self.host {
+            req.headers_mut().insert(HOST, host.clone());
+        }
+        while let Some(mut conn) = self.take() {
+            // Not ready yet: its last answer was just read and the connection task has not
+            // caught up. Closed instead: try the next.
+            if conn.ready().await.is_err() {
+                continue;
+            }
+            match conn.try_send_request(req).await {
+                Ok(res) => return Ok((res, conn)),
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(SendError::Send(e.into_error())),
+                },
+            }
+        }
+        let mut conn = self.connect(connect_timeout).await?;
+        match conn.try_send_request(req).await {
+            Ok(res) => Ok((res, conn)),
+            Err(e) => Err(SendError::Send(e.into_error())),
+        }
+    }
+
+    /// Gives back a connection whose last answer was read to the end.
+    pub fn put(&self, conn: Conn) {
+        if conn.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.lock();
+        evict_older(&mut idle, now);
+        if idle.len() < MAX_IDLE {
+            idle.push_back((now, conn));
+        }
+    }
+
+    /// Closes the connections idle longer than [`IDLE_TIMEOUT`] (the poller calls this, so
+    /// a worker without traffic does not keep them open).
+    pub fn evict_idle(&self, now: Instant) {
+        evict_older(&mut self.lock(), now);
+    }
+
+    /// Idle connections kept now.
+    pub fn idle(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn take(&self) -> Option<Conn> {
+        let mut idle = self.lock();
+        while let Some((_, conn)) = idle.pop_back() {
+            if !conn.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self, timeout: Duration) -> Result<Conn, SendError> {
+        let addr = self
+            .addr
+            .as_deref()
+            .map_err(|why| SendError::Connect(why.to_string()))?;
+        let tcp = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(SendError::Connect(e.to_string())),
+            Err(_) => return Err(SendError::Connect(format!("timed out after {timeout:?}"))),
+        };
+        // Requests and answers are small writes each: no Nagle delay.
+        let _ = tcp.set_nodelay(true);
+        let (conn, driver) = http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(SendError::Send)?;
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!(error = %e, "worker connection ended");
+            }
+        });
+        Ok(conn)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, Conn)>> {
+        // The list holds no invariant a panic could break.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn evict_older(idle: &mut VecDeque<(Instant, Conn)>, now: Instant) {
+    while idle
+        .front()
+        .is_some_and(|(at, _)| now.duration_since(*at) > IDLE_TIMEOUT)
+    {
+        idle.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_targets_keep_the_worker_urls_path() {
+        for (url, want) in [
+            ("http://10.0.0.5:8000", "/v1/chat/completions"),
+            ("http://10.0.0.5:8000/", "/v1/chat/completions"),
+            ("http://[::1]:9", "/v1/chat/completions"),
+            // A path prefix (a worker behind a path-routing proxy) is kept.
+            ("http://h:1/engine-a", "/engine-a/v1/chat/completions"),
+            ("http://h:1/engine-a/", "/engine-a/v1/chat/completions"),
+        ] {
+            let uri = Conns::new(url).target("/v1/chat/completions");
+            assert_eq!(
+                uri.map(|u| u.to_string()).ok().as_deref(),
+                Some(want),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn addresses_default_the_port_and_refuse_what_is_not_plain_http() {
+        assert_eq!(
+            Conns::new("http://10.0.0.5:8000").addr.as_deref(),
+            Ok("10.0.0.5:8000")
+        );
+        assert_eq!(Conns::new("http://h").addr.as_deref(), Ok("h:80"));
+        assert_eq!(Conns::new("http://[::1]:9").addr.as_deref(), Ok("[::1]:9"));
+        assert!(Conns::new("https://h").addr.is_err());
+        assert!(Conns::new("not a url").addr.is_err());
+        assert_eq!(
+            Conns::new("http://h:1/x")
+                .host
+                .as_ref()
+                .map(|h| h.as_bytes()),
+            Some(&b"h:1"[..])
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_worker_is_a_connect_error_without_its_address() {
+        // A port just freed: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let conns = Conns::new(&format!("http://127.0.0.1:{port}"));
+        let req = Request::new(Full::new(Bytes::from_static(b"{}")));
+        let err = conns.send(req, Duration::from_secs(2)).await.err().unwrap();
+        assert!(err.is_connect(), "{err}");
+        assert!(!err.to_string().contains(&port.to_string()), "{err}");
+        let https = Conns::new("https://h");
+        let sent = https
+            .send(
+                Request::new(Full::new(Bytes::new())),
+                Duration::from_secs(2),
+            )
+            .await;
+        assert!(sent.err().is_some_and(|e| e.is_connect()));
+    }
+
+    /// A worker on loopback that answers `ok`, closing the connection after each answer when
+    /// `close` is set; returns its URL and its count of accepted connections.
+    async fn worker(close: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                    let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
+                    let host = req.headers().get(HOST).cloned();
+                    if let Some(h) = host {
+                        res.headers_mut().insert("x-host", h);
+                    }
+                    if close {
+                        res.headers_mut()
+                            .insert("connection", HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, std::convert::Infallible>(res)
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc),
+                );
+            }
+        });
+        (url, accepted)
+    }
+
+    /// One request through `conns`, its body read to the end and its connection given back.
+    async fn round_trip(conns: &Conns) -> Response<Bytes> {
+        use http_body_util::BodyExt;
+        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
+        *req.uri_mut() = conns.target("/v1/chat/completions").unwrap();
+        let (res, conn) = conns.send(req, Duration::from_secs(5)).await.unwrap();
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        conns.put(conn);
+        Response::from_parts(parts, body)
+    }
+
+    #[tokio::test]
+    async fn a_connection_read_to_the_end_is_reused_and_one_the_worker_closed_is_not() {
+        use std::sync::atomic::Ordering;
+        let (url, accepted) = worker(false).await;
+        let conns = Conns::new(&url);
+        for _ in 0..5 {
+            let res = round_trip(&conns).await;
+            assert_eq!(res.body().as_ref(), b"ok");
+            assert_eq!(
+                res.headers().get("x-host").map(HeaderValue::as_bytes),
+                Some(url.trim_start_matches("http://").as_bytes())
+            );
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for five"
+        );
+        assert_eq!(conns.idle(), 1);
+
+        // A worker that closes after each answer: every request still gets one, each on a
+        // new connection, and no closed connection is kept.
+        let (url, accepted) = worker(true).await;
+        let conns = Conns::new(&url);
+        for _ in 0..3 {
+            assert_eq!(round_trip(&conns).await.body().as_ref(), b"ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_past_the_timeout_are_closed() {
+        let (url, _) = worker(false).await;
+        let conns = Conns::new(&url);
+        round_trip(&conns).await;
+        assert_eq!(conns.idle(), 1);
+        conns.evict_idle(Instant::now() + IDLE_TIMEOUT / 2);
+        assert_eq!(conns.idle(), 1);
+        conns.evict_idle(Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(conns.idle(), 0);
+    }
+}
