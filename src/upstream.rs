@@ -1,4 +1,6 @@
-//! The pooled HTTP client the gateway uses for workers (proxied requests and metric polls).
+//! The pooled HTTP client the gateway uses for side traffic to workers: metric polls, KV event
+//! streams, mirrored and shadow copies. Proxied requests go on each worker's own connections
+//! ([`crate::workers::conns`]).
 
 use std::time::Duration;
 
