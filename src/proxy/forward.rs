@@ -366,10 +366,11 @@ fn build_request(
     out: &Outbound<'_>,
     prefix_keys: bool,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let uri = worker
-        .conns
-        .target(out.path)
-        .map_err(|e| GatewayError::Internal(format!("bad worker URL {}: {e}", worker.url)))?;
+    let uri = worker.conns.target(out.path).map_err(|e| {
+        // The worker's address goes to the log, never to the client.
+        tracing::warn!(worker = %worker.url, error = %e, "a worker URL makes no request target");
+        GatewayError::Internal(format!("a worker of this pool has a bad URL: {e}"))
+    })?;
     let mut headers = HeaderMap::with_capacity(6);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     // Content-Length: hyper writes it from the body's exact size, without a header value.

@@ -77,11 +77,14 @@ impl Conns {
                 Some(a) => Ok(format!("{}:{}", a.host(), a.port_u16().unwrap_or(80))),
             },
         };
-        let host = parsed
-            .as_ref()
-            .ok()
-            .and_then(Uri::authority)
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        // Host and port only: never the URL's user info, and no port when it is the default.
+        let host = parsed.as_ref().ok().and_then(Uri::authority).and_then(|a| {
+            let host = match a.port_u16() {
+                Some(port) if port != 80 => format!("{}:{port}", a.host()),
+                _ => a.host().to_string(),
+            };
+            HeaderValue::from_str(&host).ok()
+        });
         let base_path = parsed
             .as_ref()
             .map(|u| u.path().trim_end_matches('/').to_string())
@@ -160,8 +163,14 @@ impl Conns {
     }
 
     fn take(&self) -> Option<Conn> {
+        let now = Instant::now();
         let mut idle = self.lock();
-        while let Some((_, conn)) = idle.pop_back() {
+        while let Some((at, conn)) = idle.pop_back() {
+            // The newest is idle too long: so are all the others.
+            if now.duration_since(at) > IDLE_TIMEOUT {
+                idle.clear();
+                return None;
+            }
             if !conn.is_closed() {
                 return Some(conn);
             }
@@ -240,13 +249,18 @@ mod tests {
         assert_eq!(Conns::new("http://[::1]:9").addr.as_deref(), Ok("[::1]:9"));
         assert!(Conns::new("https://h").addr.is_err());
         assert!(Conns::new("not a url").addr.is_err());
-        assert_eq!(
-            Conns::new("http://h:1/x")
-                .host
-                .as_ref()
-                .map(|h| h.as_bytes()),
-            Some(&b"h:1"[..])
-        );
+        for (url, host) in [
+            ("http://h:1/x", "h:1"),
+            ("http://user:secret@h:8000", "h:8000"),
+            ("http://h:80", "h"),
+            ("http://[::1]:9", "[::1]:9"),
+        ] {
+            assert_eq!(
+                Conns::new(url).host.as_ref().map(|h| h.as_bytes()),
+                Some(host.as_bytes()),
+                "{url}"
+            );
+        }
     }
 
     #[tokio::test]
