@@ -164,10 +164,13 @@ impl ProxyBody {
                 });
             }
             let r = &self.report;
-            r.series.e2e.observe(r.started.elapsed().as_secs_f64());
+            let now = Instant::now();
+            r.series
+                .e2e
+                .observe(now.duration_since(r.started).as_secs_f64());
             // Read to its end, the answer left the connection clean for the next request.
             if let (Some(conn), Some(guard), true) = (self.conn.take(), &self.guard, completed) {
-                guard.worker().conns.put(conn);
+                guard.worker().conns.put(conn, now);
             }
             self.guard = None;
             self.prefill = None;

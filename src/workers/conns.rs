@@ -138,12 +138,12 @@ impl Conns {
         }
     }
 
-    /// Gives back a connection whose last answer was read to the end.
-    pub fn put(&self, conn: Conn) {
+    /// Gives back a connection whose last answer was read to the end `now` (the caller's
+    /// clock reading, so the hot path reads the clock once).
+    pub fn put(&self, conn: Conn, now: Instant) {
         if conn.is_closed() {
             return;
         }
-        let now = Instant::now();
         let mut idle = self.lock();
         evict_older(&mut idle, now);
         if idle.len() < MAX_IDLE {
@@ -325,7 +325,7 @@ mod tests {
         let (res, conn) = conns.send(req, Duration::from_secs(5)).await.unwrap();
         let (parts, body) = res.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
-        conns.put(conn);
+        conns.put(conn, Instant::now());
         Response::from_parts(parts, body)
     }
 
