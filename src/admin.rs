@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
+use infergate_engine::edge::{BodyLimits, LimitedBody};
 use serde_json::json;
 
 use crate::error::{GatewayError, ResBody, json_response};
@@ -13,7 +14,7 @@ use crate::usage_api::UsageRoute;
 
 /// `GET /healthz` and `GET /readyz` on the admin listener (no admin key: probes carry none),
 /// answered without leaving the admin thread; `None` for every other route.
-pub fn probe(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<ResBody>> {
+pub fn probe<B>(gw: &Gateway, req: &Request<B>) -> Option<Response<ResBody>> {
     if req.method() != Method::GET {
         return None;
     }
@@ -28,8 +29,20 @@ pub fn probe(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<ResBody>>
     }
 }
 
+/// An admin request as the edge layers pass it on: its body bounded by [`body_limits`].
+pub type AdminRequest = Request<LimitedBody<Incoming>>;
+
+/// The bounds of an admin request's body: 64 KiB (every admin body is a small JSON object),
+/// within the public listener's `limits.body_read_timeout`.
+pub fn body_limits(gw: &Gateway) -> BodyLimits {
+    BodyLimits {
+        max_bytes: 64 * 1024,
+        timeout: gw.live().snapshot.connections.body_read_timeout,
+    }
+}
+
 /// Serves one admin request.
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ResBody> {
+pub async fn handle(gw: Arc<Gateway>, req: AdminRequest) -> Response<ResBody> {
     // The dashboard page is static and holds no data: a browser cannot send the admin key on
     // navigation, so the page asks for it and sends it with every data call.
     if req.method() == Method::GET && req.uri().path() == "/admin/dashboard" {
@@ -112,7 +125,7 @@ fn canary_status(gw: &Gateway) -> Response<ResBody> {
 
 /// `POST /admin/canary/{weights|pause|resume|promote|rollback}` with `{"model", ...}`; the
 /// kill switch (`rollback`) wins over the automated analysis until `resume` or `weights`.
-async fn canary_op(gw: &Gateway, req: Request<Incoming>, op: &str) -> Response<ResBody> {
+async fn canary_op(gw: &Gateway, req: AdminRequest, op: &str) -> Response<ResBody> {
     let v = match read_json(req).await {
         Ok(v) => v,
         Err(e) => return e.into_response(),
@@ -177,13 +190,8 @@ async fn canary_op(gw: &Gateway, req: Request<Incoming>, op: &str) -> Response<R
     }
 }
 
-async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, GatewayError> {
-    use http_body_util::BodyExt;
-    let body = http_body_util::Limited::new(req.into_body(), 64 * 1024)
-        .collect()
-        .await
-        .map_err(|e| GatewayError::bad_request(format!("cannot read the body: {e}"), None))?
-        .to_bytes();
+async fn read_json(req: AdminRequest) -> Result<serde_json::Value, GatewayError> {
+    let body = infergate_engine::edge::body_limit::read_to_bytes(req.into_body()).await?;
     serde_json::from_slice(&body)
         .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))
 }
@@ -214,28 +222,10 @@ fn degradation_status(gw: &Gateway) -> Response<ResBody> {
 
 /// `POST /admin/degradation/force {"pool", "level"}` and `.../release {"pool"}`: the admin
 /// override wins over the automation until released.
-async fn degradation_override(
-    gw: &Gateway,
-    req: Request<Incoming>,
-    release: bool,
-) -> Response<ResBody> {
-    use http_body_util::BodyExt;
-    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return GatewayError::bad_request(format!("cannot read the body: {e}"), None)
-                .into_response();
-        }
-    };
-    let v: serde_json::Value = match serde_json::from_slice(&body) {
+async fn degradation_override(gw: &Gateway, req: AdminRequest, release: bool) -> Response<ResBody> {
+    let v = match read_json(req).await {
         Ok(v) => v,
-        Err(e) => {
-            return GatewayError::bad_request(format!("invalid JSON body: {e}"), None)
-                .into_response();
-        }
+        Err(e) => return e.into_response(),
     };
     let Some(pool_name) = v.get("pool").and_then(|p| p.as_str()) else {
         return GatewayError::bad_request("`pool` is required", Some("pool")).into_response();

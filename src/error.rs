@@ -272,6 +272,17 @@ impl std::fmt::Display for GatewayError {
 
 impl std::error::Error for GatewayError {}
 
+impl From<infergate_engine::edge::BodyError> for GatewayError {
+    fn from(e: infergate_engine::edge::BodyError) -> Self {
+        use infergate_engine::edge::BodyError;
+        match e {
+            BodyError::TooLarge { limit } => Self::PayloadTooLarge(limit),
+            BodyError::TimedOut { limit } => Self::BodyTimeout(limit),
+            BodyError::Read(_) => Self::bad_request(e.to_string(), None),
+        }
+    }
+}
+
 /// One row of the error table (see [`GatewayError::row`]).
 struct Row {
     status: StatusCode,

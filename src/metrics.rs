@@ -56,6 +56,10 @@ pub struct GatewayMetrics {
     pub connections_refused: IntCounterVec,
     /// `infergate_accept_errors_total`: failed `accept()` calls (each followed by a back-off).
     pub accept_errors: IntCounter,
+    /// `infergate_requests_shed_total`: requests refused (503) at `limits.max_requests_in_flight`.
+    pub requests_shed: IntCounter,
+    /// `infergate_requests_in_flight`: public requests in flight, counted while a cap is set.
+    pub requests_in_flight: IntGauge,
     /// `infergate_client_timeouts_total{reason}`: client connections closed by a timer.
     pub client_timeouts: IntCounterVec,
     /// `infergate_worker_in_flight{pool,worker}`.
@@ -344,6 +348,22 @@ impl GatewayMetrics {
                 )?;
                 registry.register(Box::new(c.clone()))?;
                 c
+            },
+            requests_shed: {
+                let c = IntCounter::new(
+                    "infergate_requests_shed_total",
+                    "Requests refused with 503 at limits.max_requests_in_flight, before any work.",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            requests_in_flight: {
+                let g = IntGauge::new(
+                    "infergate_requests_in_flight",
+                    "Public requests in flight, answers still streaming included (counted while limits.max_requests_in_flight is set).",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
             },
             client_timeouts: counter(
                 "infergate_client_timeouts_total",

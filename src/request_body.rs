@@ -8,18 +8,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes};
-use tokio::time::Instant;
+pub use infergate_engine::edge::BodyLimits;
+use infergate_engine::edge::{BodyError, LimitedBody};
 
 use crate::error::GatewayError;
-
-/// Most bytes of an oversized body read and dropped before the 413 is sent.
-pub const DISCARD_LIMIT: usize = 8 * 1024 * 1024;
-/// Longest time spent dropping an oversized body before the 413 is sent.
-const DISCARD_TIME: Duration = Duration::from_secs(2);
 
 /// Bytes of request bodies held gateway-wide; shared by every request.
 #[derive(Debug, Default)]
@@ -73,105 +68,61 @@ impl Drop for BodyHold {
     }
 }
 
-/// The bounds one body is read under.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyLimits {
-    /// Largest body.
-    pub max_bytes: usize,
-    /// Bodies held gateway-wide.
-    pub budget_bytes: usize,
-    /// Time for the whole body.
-    pub timeout: Duration,
-}
-
-impl BodyLimits {
-    /// The limits a snapshot sets (`limits.max_body_bytes`, `max_buffered_body_bytes`,
-    /// `body_read_timeout`).
-    pub fn of(snapshot: &crate::config::Snapshot) -> Self {
-        Self {
-            max_bytes: snapshot.max_body_bytes,
-            budget_bytes: snapshot.max_buffered_body_bytes,
-            timeout: snapshot.connections.body_read_timeout,
-        }
-    }
-
-    /// Whether a body of `len` bytes is over the size limit (refused with 413). Shared with the
-    /// simulator, so both draw the line at the same byte.
-    pub fn too_large(&self, len: usize) -> bool {
-        len > self.max_bytes
+/// The size and time limits of a public request's body as `snapshot` sets them
+/// (`limits.max_body_bytes`, `limits.body_read_timeout`): the edge layer reads them per request,
+/// and the simulator draws the size line at the same byte.
+pub fn body_limits(snapshot: &crate::config::Snapshot) -> BodyLimits {
+    BodyLimits {
+        max_bytes: snapshot.max_body_bytes,
+        timeout: snapshot.connections.body_read_timeout,
     }
 }
 
-/// Reads `body` whole under `limits`, holding its bytes in `budget`. `declared` is the
-/// Content-Length header, when present: a body that declares too much is refused before a byte
-/// is read (after the bounded discard), and one that fits reserves its size up front.
+/// Reads `body` whole (the edge bounds it in size and time), holding its bytes in `budget`
+/// within `budget_bytes` gateway-wide. A body that declares its length reserves it up front,
+/// one that declares too much is refused before a byte is read, and an oversized one is
+/// answered only after the bounded discard.
 pub async fn read_body<B>(
-    mut body: B,
-    declared: Option<u64>,
-    limits: BodyLimits,
+    mut body: LimitedBody<B>,
+    budget_bytes: usize,
     budget: &Arc<BodyBudget>,
 ) -> Result<(Bytes, BodyHold), GatewayError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let deadline = Instant::now() + limits.timeout;
     let mut hold = BodyHold::new(budget.clone());
     let busy = || GatewayError::BodyMemory {
         retry_after_secs: 1,
     };
-    if let Some(len) = declared {
+    if let Some(len) = body.declared() {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if limits.too_large(len) {
-            discard(&mut body, deadline).await;
-            return Err(GatewayError::PayloadTooLarge(limits.max_bytes));
-        }
-        if !hold.grow_to(len, limits.budget_bytes) {
+        // A length over the limit fails at the first read below, with the discard.
+        if !body.limits().too_large(len) && !hold.grow_to(len, budget_bytes) {
             return Err(busy());
         }
     }
     let mut buf = Vec::with_capacity(hold.bytes);
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Err(GatewayError::BodyTimeout(limits.timeout)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                return Err(GatewayError::bad_request(
-                    format!("could not read the request body: {e}"),
-                    None,
-                ));
+        let frame = match body.frame().await {
+            None => break,
+            Some(Err(e)) => {
+                if let BodyError::TooLarge { .. } = e {
+                    body.discard().await;
+                }
+                return Err(e.into());
             }
-            Ok(Some(Ok(frame))) => frame,
+            Some(Ok(frame)) => frame,
         };
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        let total = buf.len() + data.len();
-        if limits.too_large(total) {
-            discard(&mut body, deadline).await;
-            return Err(GatewayError::PayloadTooLarge(limits.max_bytes));
-        }
-        if !hold.grow_to(total, limits.budget_bytes) {
+        if !hold.grow_to(buf.len() + data.len(), budget_bytes) {
             return Err(busy());
         }
         buf.extend_from_slice(&data);
     }
     Ok((Bytes::from(buf), hold))
-}
-
-/// Reads and drops up to [`DISCARD_LIMIT`] bytes (for at most [`DISCARD_TIME`], and never past
-/// the body's own deadline), so a client still sending an oversized body reaches the 413.
-async fn discard<B: Body<Data = Bytes> + Unpin>(body: &mut B, deadline: Instant) {
-    let until = deadline.min(Instant::now() + DISCARD_TIME);
-    let mut dropped = 0usize;
-    while dropped < DISCARD_LIMIT {
-        match tokio::time::timeout_at(until, body.frame()).await {
-            Ok(Some(Ok(frame))) => {
-                dropped += frame.data_ref().map_or(0, Bytes::len);
-            }
-            _ => return,
-        }
-    }
 }
 
 #[cfg(test)]

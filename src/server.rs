@@ -14,6 +14,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use infergate_engine::edge::{self, LimitedBody};
 use notify::Watcher;
 use tokio::net::TcpListener;
 
@@ -278,6 +279,12 @@ async fn accept_loop(
     admin_of: Option<tokio::runtime::Handle>,
 ) {
     let is_admin = admin_of.is_some();
+    // Admin requests are not capped: probes and reloads must get through a flood.
+    let in_flight = if is_admin {
+        Arc::new(edge::InFlight::new(None))
+    } else {
+        gw.in_flight.clone()
+    };
     let counts = Arc::new(Mutex::new(ConnectionCounts::default()));
     let mut backoff = ACCEPT_BACKOFF.0;
     loop {
@@ -320,7 +327,7 @@ async fn accept_loop(
         let main = admin_of.clone();
         let served = Arc::new(AtomicBool::new(false));
         let served_svc = served.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let inner = tower::service_fn(move |req: Request<LimitedBody<Incoming>>| {
             let gw = gw_conn.clone();
             let main = main.clone();
             served_svc.store(true, Ordering::Relaxed);
@@ -341,6 +348,17 @@ async fn accept_loop(
                 Ok::<_, Infallible>(res)
             }
         });
+        // The edge layers shared with the engine server: request id, trace context, the
+        // in-flight cap and the body's bounds, read per request from the live snapshot.
+        let gw_limits = gw.clone();
+        let body_limits = move || {
+            if is_admin {
+                crate::admin::body_limits(&gw_limits)
+            } else {
+                crate::request_body::body_limits(&gw_limits.live().snapshot)
+            }
+        };
+        let svc = edge::hyper_service(inner, body_limits, in_flight.clone());
         let metrics = gw.metrics.clone();
         match &tls {
             None => {

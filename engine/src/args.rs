@@ -93,6 +93,14 @@ pub struct EngineArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Seconds a client has to send a request's whole body once its headers are in (408 past
+    /// it).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_read_timeout: f64,
+    /// Requests in flight (answers still streaming included) past which a new one gets 503 at
+    /// once; none by default (the scheduler's `--max-waiting-requests` bounds generation).
+    #[arg(long)]
+    pub max_in_flight_requests: Option<usize>,
     /// Sim: mean answer length in tokens when EOS may end a sequence.
     #[arg(long, default_value_t = 256.0)]
     pub sim_mean_output_tokens: f64,

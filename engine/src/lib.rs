@@ -10,6 +10,7 @@ pub mod backend;
 pub mod block_manager;
 pub mod clock;
 pub mod core;
+pub mod edge;
 pub mod embeddings;
 pub mod exec_path;
 pub mod generation;

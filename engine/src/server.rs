@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
@@ -17,12 +17,16 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::args::EngineArgs;
+use crate::edge::{self, BodyError, BodyLimits, InFlight, LimitedBody};
 use crate::generation::{ChannelSink, EVENT_BUFFER, Generation, PromptPlan, RequestPlan};
 use crate::kv_events::{KvEventHub, PREFIX_KEYS_HEADER, PrefixKeys, event_line};
 use crate::launch::{Engine, build_engine};
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseFrame, ResponseMeta};
 use crate::request::choice_seed;
 use crate::sequence::NewRequest;
+
+/// A request as the routes get it: its body under the edge's limits.
+type Req = Request<LimitedBody<Incoming>>;
 
 /// Response body type of every route.
 pub type ResBody = BoxBody<Bytes, Infallible>;
@@ -36,7 +40,18 @@ pub struct ServerState {
 
 /// Binds, prints the address, and serves until a shutdown signal; in-flight requests then finish.
 pub async fn serve(args: EngineArgs) -> Result<(), String> {
+    if !(args.body_read_timeout.is_finite() && args.body_read_timeout > 0.0) {
+        return Err(format!(
+            "--body-read-timeout must be a positive number of seconds, not {}",
+            args.body_read_timeout
+        ));
+    }
     let engine = build_engine(&args)?;
+    let body_limits = BodyLimits {
+        max_bytes: engine.max_body_bytes,
+        timeout: Duration::from_secs_f64(args.body_read_timeout),
+    };
+    let in_flight = Arc::new(InFlight::new(args.max_in_flight_requests));
     if args.exit_with_stdin {
         std::thread::Builder::new()
             .name("parent-watch".into())
@@ -89,10 +104,11 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
-                let svc = hyper::service::service_fn(move |req| {
+                let routes = tower::service_fn(move |req: Req| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(route(state, req).await) }
                 });
+                let svc = edge::hyper_service(routes, move || body_limits, in_flight.clone());
                 let builder = auto::Builder::new(TokioExecutor::new());
                 let conn = builder
                     .serve_connection_with_upgrades(TokioIo::new(stream), svc)
@@ -156,7 +172,7 @@ pub const PID_HEADER: &str = "x-infergate-pid";
 
 const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, GET /kv/events";
 
-async fn route(state: Arc<ServerState>, req: Request<Incoming>) -> Response<ResBody> {
+async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/completions") => generate(state, req, Api::Completions)
@@ -230,30 +246,21 @@ enum Api {
     Responses,
 }
 
-/// Reads a request body, refusing one over `--max-body-bytes` with 413.
-async fn read_body(engine: &Engine, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    Ok(Limited::new(req.into_body(), engine.max_body_bytes)
-        .collect()
+/// Reads a request body under the edge's limits: 413 over `--max-body-bytes`, 408 past
+/// `--body-read-timeout`.
+async fn read_body(req: Req) -> Result<Bytes, ApiError> {
+    edge::body_limit::read_to_bytes(req.into_body())
         .await
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                ApiError::payload_too_large(format!(
-                    "request body exceeds {} bytes",
-                    engine.max_body_bytes
-                ))
-            } else {
-                ApiError::bad_request(format!("could not read the request body: {e}"), None)
-            }
-        })?
-        .to_bytes())
+        .map_err(|e| match e {
+            BodyError::TooLarge { .. } => ApiError::payload_too_large(e.to_string()),
+            BodyError::TimedOut { .. } => ApiError::request_timeout(e.to_string()),
+            BodyError::Read(_) => ApiError::bad_request(e.to_string(), None),
+        })
 }
 
 /// `POST /v1/embeddings` (see [`crate::embeddings`]).
-async fn embeddings(
-    state: Arc<ServerState>,
-    req: Request<Incoming>,
-) -> Result<Response<ResBody>, ApiError> {
-    let body = read_body(&state.engine, req).await?;
+async fn embeddings(state: Arc<ServerState>, req: Req) -> Result<Response<ResBody>, ApiError> {
+    let body = read_body(req).await?;
     let answer = crate::embeddings::answer(&state.engine, &body).await?;
     Ok(full(StatusCode::OK, "application/json", answer))
 }
@@ -329,7 +336,7 @@ impl hyper::body::Body for ChannelBody {
 /// Handles a completion or chat request: read, validate, tokenize, admit, answer.
 async fn generate(
     state: Arc<ServerState>,
-    req: Request<Incoming>,
+    req: Req,
     api: Api,
 ) -> Result<Response<ResBody>, ApiError> {
     let engine = &state.engine;
@@ -342,11 +349,6 @@ async fn generate(
         tracing::error!("fault injection: crashing at request {arrival}");
         std::process::exit(70);
     }
-    let request_id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     let prefix_keys = if engine.kv_events.is_some() {
         req.headers()
             .get(PREFIX_KEYS_HEADER)
@@ -356,7 +358,7 @@ async fn generate(
         None
     };
 
-    let body = read_body(engine, req).await?;
+    let body = read_body(req).await?;
     // Responses is a chat request plus the fields its answer echoes.
     let (parsed, responses_echo) = match api {
         Api::Completions => (openai::parse_completion(&body)?, None),
@@ -501,7 +503,7 @@ async fn generate(
     };
     let mut generation =
         Generation::new(meta, rx, plan, &sampling, stops, engine.tokenizer.clone());
-    let mut res = if stream {
+    let res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.
         let first = generation.first_event().await?;
         let mut res = match frame {
@@ -523,9 +525,6 @@ async fn generate(
         }
         res
     };
-    if let Some(v) = request_id.and_then(|r| HeaderValue::from_str(&r).ok()) {
-        res.headers_mut().insert("x-request-id", v);
-    }
     Ok(res)
 }
 

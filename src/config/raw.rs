@@ -170,6 +170,7 @@ pub(super) struct RawLimits {
     pub body_read_timeout: Option<Text>,
     pub max_connections: Option<Spanned<u32>>,
     pub max_connections_per_ip: Option<Spanned<u32>>,
+    pub max_requests_in_flight: Option<Spanned<u32>>,
 }
 
 /// One entry of `models:`.

@@ -116,7 +116,7 @@ pub(super) fn max_buffered_body_bytes(
 }
 
 /// `limits:` for client connections: header read timeout 10 s, 16,384 connections in all and
-/// 4,096 per client IP, body read timeout 30 s.
+/// 4,096 per client IP, body read timeout 30 s, no cap on requests in flight.
 pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: duration(
@@ -143,6 +143,9 @@ pub(super) fn connections(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> Conne
             "limits.max_connections_per_ip",
             4_096,
         ),
+        max_requests_in_flight: raw
+            .and_then(|l| l.max_requests_in_flight.as_ref())
+            .map(|n| at_least_one(sink, Some(n), "limits.max_requests_in_flight", 1)),
     }
 }
 

@@ -221,6 +221,10 @@ pub struct ConnectionLimits {
     /// Open connections from one client IP. Default 4,096 (behind a proxy or NAT every client
     /// shares its address: raise it there).
     pub max_connections_per_ip: u32,
+    /// Requests in flight on the public listener (from arrival until the answer's last byte)
+    /// past which a new one gets 503 at once, before any work; none by default. A reload
+    /// applies it to requests that arrive after it.
+    pub max_requests_in_flight: Option<u32>,
 }
 
 /// Timeouts and retries of forwarded requests.

@@ -22,6 +22,12 @@ impl Gateway {
         mut snapshot: Snapshot,
         previous: Option<&Live>,
     ) -> Live {
+        self.in_flight.set_cap(
+            snapshot
+                .connections
+                .max_requests_in_flight
+                .map(|n| n as usize),
+        );
         if snapshot.tenants.is_empty() {
             snapshot.tenants = self.extra_tenants.clone();
         }

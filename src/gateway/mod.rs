@@ -103,6 +103,8 @@ pub struct Gateway {
     pub limiter: Arc<dyn Limiter>,
     /// Request body bytes held gateway-wide (`limits.max_buffered_body_bytes`).
     pub body_budget: Arc<crate::request_body::BodyBudget>,
+    /// Requests in flight on the public listener, against `limits.max_requests_in_flight`.
+    pub in_flight: Arc<infergate_engine::edge::InFlight>,
     /// The usage ledger, when one is kept.
     pub ledger: Option<Arc<crate::ledger::UsageLedger>>,
     /// Tenants' spend against their budgets.
@@ -162,6 +164,7 @@ impl Gateway {
             client,
             limiter: Arc::new(InProcessLimiter::new()),
             body_budget: Arc::default(),
+            in_flight: Arc::new(infergate_engine::edge::InFlight::new(None)),
             ledger,
             budgets,
             shared,

@@ -22,6 +22,10 @@ impl Gateway {
         self.metrics
             .body_bytes_held
             .set(i64::try_from(self.body_budget.held()).unwrap_or(i64::MAX));
+        catch_up(&self.metrics.requests_shed, self.in_flight.shed());
+        self.metrics
+            .requests_in_flight
+            .set(i64::try_from(self.in_flight.in_flight()).unwrap_or(i64::MAX));
         if let Some(s) = &self.shared {
             let m = &self.metrics;
             m.state_fallback.set(i64::from(!s.is_healthy()));

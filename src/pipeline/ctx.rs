@@ -3,14 +3,12 @@
 //! the context drops).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use hyper::Request;
+use infergate_engine::edge::request_id::{self, REQUEST_ID};
 
 use crate::ledger::UsageRow;
-
-static REQUEST_SEQ: AtomicU64 = AtomicU64::new(1);
 
 /// Who asked: known once authentication passed.
 pub(super) struct Caller {
@@ -116,25 +114,16 @@ impl RequestCtx {
     }
 }
 
-/// Accept: a request id (the client's, or a fresh one) and the arrival time.
+/// Accept: the request id the edge set (the client's, or a fresh one) and the arrival time.
 pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
-    // One wall-clock read serves the ledger's arrival time and a fresh request id.
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let request_id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map(str::to_owned)
-        .unwrap_or_else(|| {
-            let n = REQUEST_SEQ.fetch_add(1, Ordering::Relaxed);
-            let mut id = String::with_capacity(32);
-            push_hex(&mut id, since_epoch.as_nanos() as u64);
-            push_hex(&mut id, xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()));
-            id
-        });
+    let request_id = match req.headers().get(REQUEST_ID) {
+        Some(v) if request_id::usable(v) => v.to_str().unwrap_or_default().to_owned(),
+        // Only a caller that skipped the edge gets here.
+        _ => request_id::fresh().to_str().unwrap_or_default().to_owned(),
+    };
     RequestCtx {
         request_id,
         started: Instant::now(),
@@ -145,14 +134,5 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
         ledger: None,
         row_owned: false,
         counted_at_end: false,
-    }
-}
-
-/// Appends `v` as 16 lowercase hex digits (a request id is made for every request: no
-/// formatting machinery).
-fn push_hex(out: &mut String, v: u64) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..16).rev() {
-        out.push(char::from(DIGITS[((v >> (shift * 4)) & 0xf) as usize]));
     }
 }

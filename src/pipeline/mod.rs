@@ -1,8 +1,11 @@
-//! The request path as one pipeline. [`handle`] accepts a request and sends it to its endpoint;
-//! a generation request then goes through [`run`], which calls the phases in order, each in its
-//! own file and each either passing the request on or answering it:
+//! The request path as one pipeline. [`service`] is the public listener's service: the edge
+//! layers shared with the engine server ([`infergate_engine::edge`]: request id, trace context,
+//! the in-flight cap, the body's size and time bounds) around [`handle`], which accepts a request
+//! and sends it to its endpoint; a generation request then goes through [`run`], which calls the
+//! phases in order, each in its own file and each either passing the request on or answering it:
 //!
-//! 1. **accept** ([`accept`], [`ctx`]): request id, arrival time, header hygiene;
+//! 1. **accept** (the edge layers, then [`accept`], [`ctx`]): request id, trace context, body
+//!    bounds, arrival time, header hygiene;
 //! 2. **authenticate** ([`authenticate`]): bearer key → tenant and tier, and the tenant's
 //!    concurrency slot (taken before the body, so unfinished uploads count against it);
 //! 3. **read and validate** ([`validate`]): the bounded body, the OpenAI request against the
@@ -38,21 +41,19 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use hyper::body::{Body, Bytes};
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
+use infergate_engine::edge::{self, BodyLimits, InFlightBody, LimitedBody};
 
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 use crate::limits::ConcurrencySlot;
 use crate::request::Endpoint;
 use ctx::RequestCtx;
-
-/// `x-request-id` as a header name built at compile time (a `&str` name allocates per insert).
-const REQUEST_ID: hyper::header::HeaderName =
-    hyper::header::HeaderName::from_static("x-request-id");
 
 /// The request bodies the pipeline reads: hyper's from a connection, or any other (tests
 /// drive the phases in-process with `Full<Bytes>`).
@@ -66,8 +67,37 @@ impl<B> RequestBody for B where
 {
 }
 
-/// Serves one request on the public listener.
-pub async fn handle<B: RequestBody>(gw: Arc<Gateway>, req: Request<B>) -> Response<ResBody> {
+/// The public listener's service over `B` bodies: the edge layers around [`handle`] (the
+/// listener adds its own connection bookkeeping to the same stack; tests drive this one with
+/// `tower::ServiceExt::oneshot`).
+pub fn service<B: RequestBody>(
+    gw: Arc<Gateway>,
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<InFlightBody<ResBody>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    let in_flight = gw.in_flight.clone();
+    let limits = public_limits(gw.clone());
+    let inner = tower::service_fn(move |req: Request<LimitedBody<B>>| {
+        let gw = gw.clone();
+        async move { Ok::<_, Infallible>(handle(gw, req).await) }
+    });
+    edge::stack(inner, limits, in_flight)
+}
+
+/// The body bounds of public requests, read from the live snapshot per request (a reload
+/// applies to the next request, on any connection).
+pub fn public_limits(gw: Arc<Gateway>) -> impl Fn() -> BodyLimits + Clone + Send + 'static {
+    move || crate::request_body::body_limits(&gw.live().snapshot)
+}
+
+/// Serves one request on the public listener, behind the edge layers.
+pub async fn handle<B: RequestBody>(
+    gw: Arc<Gateway>,
+    req: Request<LimitedBody<B>>,
+) -> Response<ResBody> {
     let mut ctx = ctx::accept(&req);
     let path = req.uri().path().to_string();
     let res = match accept::hygiene(&req) {
@@ -75,21 +105,18 @@ pub async fn handle<B: RequestBody>(gw: Arc<Gateway>, req: Request<B>) -> Respon
         Ok(()) => dispatch(&gw, req, &path, &mut ctx).await,
     };
     ctx.row_owned = true;
-    let (mut res, err) = match res {
+    let (res, err) = match res {
         Ok(r) => (r, None),
         Err(e) => (e.into_response(), Some(e)),
     };
     account::account(&gw, &ctx, &res, err.as_ref());
-    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
-        res.headers_mut().insert(REQUEST_ID, v);
-    }
     res
 }
 
 /// Sends a request that passed [`accept::hygiene`] to its endpoint.
 async fn dispatch<B: RequestBody>(
     gw: &Arc<Gateway>,
-    req: Request<B>,
+    req: Request<LimitedBody<B>>,
     path: &str,
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
@@ -138,7 +165,7 @@ async fn dispatch<B: RequestBody>(
 /// settles once: when the response body ends, or with a full refund if it never starts.
 async fn run<B: RequestBody>(
     gw: &Arc<Gateway>,
-    req: Request<B>,
+    req: Request<LimitedBody<B>>,
     endpoint: Endpoint,
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
@@ -213,10 +240,8 @@ async fn run<B: RequestBody>(
     };
 
     let shadow = mirror::mirror(gw, &live, &valid, endpoint, &ctx.request_id);
-    let traceparent = parts
-        .headers
-        .get("traceparent")
-        .filter(|v| accept::valid_traceparent(v.as_bytes()));
+    // The edge let only a well-formed one through.
+    let traceparent = parts.headers.get(edge::trace_context::TRACEPARENT);
     let listeners = forward::Listeners {
         version: version.clone(),
         shadow,

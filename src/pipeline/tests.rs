@@ -122,6 +122,25 @@ fn gateway_with(
 
 const GOLD: &str = "tiers:\n  gold:\n    priority: 5\n    requests_per_minute: 100\n    tokens_per_minute: 1000\n    max_tokens: 800\n    models: [\"*\"]\n";
 
+/// `req` through the public listener's whole service (the edge layers, then the phases), in
+/// process, with `tower::ServiceExt::oneshot`.
+async fn serve(
+    gw: &Arc<Gateway>,
+    req: Request<Full<Bytes>>,
+) -> hyper::Response<infergate_engine::edge::InFlightBody<crate::error::ResBody>> {
+    use tower::ServiceExt;
+    let Ok(res) = service(gw.clone()).oneshot(req).await;
+    res
+}
+
+/// `body` under the snapshot's body limits, as the edge passes it on.
+fn limited(
+    body: Full<Bytes>,
+    snapshot: &crate::config::Snapshot,
+) -> infergate_engine::edge::LimitedBody<Full<Bytes>> {
+    infergate_engine::edge::LimitedBody::new(body, None, crate::request_body::body_limits(snapshot))
+}
+
 fn chat(body: &str) -> Request<Full<Bytes>> {
     Request::post("/v1/chat/completions")
         .header("host", "gw")
@@ -172,12 +191,12 @@ async fn accept_refuses_a_request_without_host_or_with_two_keys() {
     let gw = gateway(&[], None, None, None);
     let mut no_host = chat(HELLO);
     no_host.headers_mut().remove("host");
-    let res = handle(gw.clone(), no_host).await;
+    let res = serve(&gw, no_host).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     let mut two = chat(HELLO);
     two.headers_mut()
         .append("authorization", "Bearer other".parse().unwrap());
-    let res = handle(gw.clone(), two).await;
+    let res = serve(&gw, two).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert!(res.headers().contains_key("x-request-id"));
 }
@@ -225,7 +244,7 @@ async fn validate_counts_the_prompt_and_refuses_bad_bodies() {
                 &gw,
                 Endpoint::ChatCompletions,
                 &parts.headers,
-                body,
+                limited(body, &snapshot),
                 &snapshot,
                 &tier,
             )
@@ -267,7 +286,7 @@ async fn validated(gw: &Arc<Gateway>, body: &str) -> validate::Validated {
         gw,
         Endpoint::ChatCompletions,
         &parts.headers,
-        body,
+        limited(body, &live.snapshot),
         &live.snapshot,
         &tier,
     )
@@ -437,7 +456,7 @@ async fn route_picks_a_healthy_worker_and_counts_why() {
 async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     let (addr, calls) = upstream().await;
     let gw = gateway(&[format!("http://{addr}")], Some(GOLD), None, None);
-    let res = handle(gw.clone(), chat(HELLO)).await;
+    let res = serve(&gw, chat(HELLO)).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().contains_key("x-request-id"));
     assert!(res.headers().contains_key("x-ratelimit-remaining-tokens"));
@@ -465,7 +484,7 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     );
 
     // A refusal is accounted at once, by its reason, and never reaches the worker.
-    let bad = handle(gw.clone(), chat(r#"{"model":"nope","messages":[]}"#)).await;
+    let bad = serve(&gw, chat(r#"{"model":"nope","messages":[]}"#)).await;
     assert_eq!(bad.status(), StatusCode::NOT_FOUND);
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(
@@ -489,7 +508,7 @@ async fn metering_runs_before_the_split_and_the_account_prices_the_version_that_
         Some(GOLD),
         (Some(all_canary), None, Some(prices)),
     );
-    let res = handle(gw.clone(), chat(HELLO)).await;
+    let res = serve(&gw, chat(HELLO)).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["x-infergate-version"], "canary");
     let _ = res.into_body().collect().await.unwrap();
@@ -556,7 +575,7 @@ async fn stalled_gateway(head: bool) -> Arc<Gateway> {
 async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
     let gw = stalled_gateway(false).await;
     let start = tokio::time::Instant::now();
-    let res = handle(gw.clone(), chat(HELLO)).await;
+    let res = serve(&gw, chat(HELLO)).await;
     let waited = start.elapsed();
     assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(
@@ -578,7 +597,7 @@ async fn a_worker_that_never_answers_is_a_504_at_the_first_byte_timeout() {
 async fn a_stream_the_worker_stops_feeding_ends_with_an_error_event_at_the_idle_timeout() {
     let gw = stalled_gateway(true).await;
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
-    let res = handle(gw.clone(), chat(body)).await;
+    let res = serve(&gw, chat(body)).await;
     assert_eq!(res.status(), StatusCode::OK);
     let mut body = res.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();

@@ -9,7 +9,8 @@ use crate::config::{Snapshot, TierSpec};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::request::{Endpoint, PromptSize, ValidRequest, check_context, validate};
-use crate::request_body::{BodyHold, BodyLimits, read_body};
+use crate::request_body::{BodyHold, read_body};
+use infergate_engine::edge::LimitedBody;
 
 /// A validated request and what its prompt counts in tokens.
 pub(super) struct Validated {
@@ -27,7 +28,7 @@ pub(super) async fn read_and_validate<B>(
     gw: &Gateway,
     endpoint: Endpoint,
     headers: &HeaderMap,
-    body: B,
+    body: LimitedBody<B>,
     snapshot: &Snapshot,
     tier: &TierSpec,
 ) -> Result<Validated, GatewayError>
@@ -35,11 +36,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let declared = headers
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let (body, body_hold) = read_body(body, declared, BodyLimits::of(snapshot), &gw.body_budget)
+    let (body, body_hold) = read_body(body, snapshot.max_buffered_body_bytes, &gw.body_budget)
         .await
         .inspect_err(|e| {
             if let GatewayError::BodyTimeout(_) = e {

@@ -20,7 +20,7 @@ use hyper::body::Bytes;
 use crate::config::{ModelRoute, Snapshot};
 use crate::error::GatewayError;
 use crate::request::{Endpoint, PromptSize, ValidRequest, check_context, validate};
-use crate::request_body::BodyLimits;
+use crate::request_body::body_limits;
 use crate::tokens::Estimator;
 use crate::workload::{PlannedRequest, request_body};
 use infergate_engine::tokenizer::SimTokenizer;
@@ -157,7 +157,7 @@ impl Gate {
             .saturating_mul(max_token_bytes)
             .saturating_mul(6)
             .saturating_add(BODY_OVERHEAD + self.model.len());
-        if BodyLimits::of(&self.snapshot).too_large(body_bound) {
+        if body_limits(&self.snapshot).too_large(body_bound) {
             return self.check_whole(req);
         }
         let key = (
@@ -228,7 +228,7 @@ impl Gate {
     pub(super) fn check_whole(&self, req: &PlannedRequest) -> Option<Refused> {
         let chat = self.endpoint == Endpoint::ChatCompletions;
         let body = request_body(req, &self.model, chat).to_string();
-        let limits = BodyLimits::of(&self.snapshot);
+        let limits = body_limits(&self.snapshot);
         if limits.too_large(body.len()) {
             let e = GatewayError::PayloadTooLarge(limits.max_bytes);
             return Some(refused(Refusal::Body, &e));

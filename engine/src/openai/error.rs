@@ -66,6 +66,15 @@ impl ApiError {
         )
     }
 
+    /// 408: the request body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            message,
+        )
+    }
+
     /// 405: the route exists but not for this HTTP method.
     pub fn method_not_allowed() -> Self {
         Self::new(
