@@ -12,6 +12,11 @@
 //! `GATEWAY_OVERHEAD_COLUMNS="name;name"` measures only the columns named (their names as printed;
 //! `direct` is always kept), and `GATEWAY_OVERHEAD_STREAMS=0` skips the streaming table: for quick
 //! before/after checks while profiling.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 #![forbid(unsafe_code)]
 
 mod common;

@@ -13,6 +13,11 @@
 //! (`saturated evictions`), `policies=prefix,oracle` to run only those, and `trace` to print each
 //! group's placements. `ROUTING_BENCH_POLICY_YAML` (extra lines under the pool's policy, e.g.
 //! `"    balance_tolerance: 0.5\n"`) tries other knobs.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 #![forbid(unsafe_code)]
 
 mod common;

@@ -1,6 +1,10 @@
 //! Per-request CPU cost of the gateway's front phases with 1,000 tenants: authenticate (API key →
 //! tenant), validate (parse the body, check ranges and tier), estimate prompt tokens, and meter
 //! (GCRA request and token cells, concurrency), then settle the reservation.
+#![expect(
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 use std::fmt::Write as _;
 use std::hint::black_box;

@@ -1,8 +1,5 @@
 //! infergate: an inference gateway and smart load balancer for LLM serving.
 #![forbid(unsafe_code)]
-// A panic on a request path takes a connection down: shipped code returns errors instead
-// (clippy.toml lets tests unwrap).
-#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod account;
 pub mod admin;

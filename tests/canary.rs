@@ -7,6 +7,11 @@
 //! with too little data never moves the weights. Also: a client hanging up is no error of its
 //! version, admin weight changes reach the weight gauge at once, and `sticky: user` keys on the
 //! body's `user` even when an `x-session-id` header is present.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 #[path = "canary_support/mod.rs"]
 mod canary_support;

@@ -6,6 +6,11 @@
 //!
 //! Needs Debian's `chromium` at `/usr/bin/chromium` (`.ci/run` installs it); without it the test
 //! fails rather than pass unseen.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

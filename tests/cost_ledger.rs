@@ -5,6 +5,11 @@
 //! budget that survive a restart, a price reload that changes only later costs (and one that
 //! changes prices without a new version is refused), and 5,000 requests at full speed with every
 //! row written or counted as dropped.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

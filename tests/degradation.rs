@@ -6,6 +6,11 @@
 //! override pins a level and its release steps back down; a reloaded policy takes effect while
 //! serving, `config check` names an unknown tier, and a pool whose policy a reload removes reads
 //! as normal again.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "degradation_support/mod.rs"]

@@ -12,6 +12,11 @@
 //!   structurally (pinned stages, non-root user, healthcheck, entrypoint, every COPY source
 //!   present and let through .dockerignore, every include_str! source copied, the image's
 //!   default config valid). Each test prints which path it took.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 #[path = "common/skip.rs"]
 mod skip;

@@ -10,6 +10,11 @@
 //!   `/metrics` (as a `# HELP` / `# TYPE` line or a sample). The `prometheus` crate leaves a
 //!   labelled family out until a label set is first used, so the test drives each family's
 //!   condition (any it could not would be listed in [`NOT_LIVE`], with why).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

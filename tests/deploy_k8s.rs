@@ -8,6 +8,10 @@
 //!
 //! Tools: `kubectl` (or `$KUBECTL`) and `kubernetes-validate` (PyPI). A missing one fails the
 //! test with what to install; nothing here passes without them.
+#![expect(
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -660,7 +664,7 @@ fn crd_objects_are_well_formed() {
 fn probes_point_at_paths_and_ports_the_code_serves() {
     let gateway_probes = routes(
         "src/admin.rs",
-        "pub fn probe(",
+        "pub fn probe<B>(",
         "pub async fn handle",
         false,
     );

@@ -3,6 +3,11 @@
 //! queue full, or shed); the admin listener's `/healthz` keeps answering within a second
 //! throughout. The clients
 //! come from four loopback addresses, as from four hosts (one address would hit the per-IP cap).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -3,6 +3,11 @@
 //! accept; unfinished uploads hold their tenant's concurrency slots and a gateway-wide body budget;
 //! an oversized body is read out so its client sees the 413. Normal clients keep being served.
 //! Raw sockets on loopback, as an attacker would.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

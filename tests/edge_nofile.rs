@@ -2,6 +2,11 @@
 //! at start, and when even the hard limit runs out, `accept()` errors back off instead of spinning
 //! and the gateway serves again as soon as descriptors free up. One test in its own binary: it
 //! lowers this test process's own soft limit for a moment, which the gateway inherits.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! End-to-end tests of the engine's OpenAI-compatible API: response shapes, streaming, sampling
 //! determinism, stop strings, model names and request validation, over real HTTP to a real process.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! End-to-end tests of the engine's `cpu` backend: a real model (the generated default model, and
 //! SmolLM2-135M-Instruct from GGUF when present) served over real HTTP by a real process.
 //! Greedy output must not depend on streaming, prefix caching, batch company or preemption.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

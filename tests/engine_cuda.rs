@@ -3,6 +3,11 @@
 //! feature) the cuda backend exits 1 naming what is missing, and `--cuda-graph-sizes` /
 //! `--enforce-eager` decide each step's path (`x-infergate-exec-path`,
 //! `infergate_engine_steps_total{path}`) by the rule both backends use.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! End-to-end tests of the engine's `/v1/embeddings` and `/v1/responses` over real HTTP to real
 //! `infergate engine` processes: shapes, determinism, usage, the Responses event stream, and
 //! the 400s.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

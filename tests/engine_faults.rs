@@ -1,6 +1,11 @@
 //! End-to-end tests of the engine under pressure and failure: a full waiting queue answers 503
 //! with Retry-After, injected errors answer 500, an injected crash ends the process, and a model
 //! too large for the GPU is refused at start with advice.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

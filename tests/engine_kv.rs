@@ -1,6 +1,11 @@
 //! End-to-end tests of the engine's KV cache as clients and `/metrics` see it: prefix-cache reuse
 //! (hits, cached tokens, faster first token), preemption under a tiny cache, and blocks freed when
 //! a streaming client goes away.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! End-to-end test of the engine's vLLM metric set: a real `infergate engine --backend sim`
 //! serves streamed and whole completions and chats, then `/metrics` must hold every vLLM family
 //! the vLLM Grafana dashboard reads, with counts and sums that agree with the answers' `usage`.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -2,6 +2,11 @@
 //! parallel choices sharing the prompt's KV blocks, `best_of`, list prompts, `echo`, logprobs
 //! (completions and chat, streamed and not), seeds, and the 400s for bad values; on the `sim`
 //! backend and the `cpu` backend (the default model, and SmolLM2 when present).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -3,6 +3,11 @@
 //! `infergate gateway` replicas write their own batches into one database and both read the same
 //! totals, rollup and rows back; a PostgreSQL crash mid-run never holds up a request, and loses
 //! at most the rows whose flush it interrupted, each counted.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

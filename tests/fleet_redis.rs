@@ -3,6 +3,11 @@
 //! minute, concurrency and tokens per minute once across both; with Redis killed mid-run each
 //! keeps serving from its local share (the limit divided by the replicas it counted) and never
 //! more; both recover when Redis comes back.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

@@ -1,6 +1,11 @@
 //! The gateway in front of real models on the CPU: the shipped config's `infergate-tiny` pool
 //! (the generated default model) through `infergate up`, and a pool serving SmolLM2-135M-Instruct
 //! from GGUF that answers a factual question, streamed and not, identically.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! DNS discovery end to end: a pool whose workers come from a name (as a Kubernetes headless
 //! Service lists its pods) finds the engine behind it and serves through it.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! A worker killed during traffic: the stream in flight on it ends with an SSE error event (never
 //! a silent truncation), requests that have not started are retried on the other worker, the
 //! dead worker is ejected, and a new engine on its port is re-admitted and served again.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

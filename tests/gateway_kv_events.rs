@@ -3,6 +3,11 @@
 //! approximate index. Under evictions the gateway cannot see (traffic straight to a worker), the
 //! precise gateway finds the copy that is really there while the approximate one sends the
 //! request to the worker that evicted it.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Live configuration reload while traffic flows: a policy change and an added worker take effect,
 //! a broken file is rejected with its line (admin status, logs, `config check`) while the old
 //! snapshot keeps serving, and the admin endpoint and SIGHUP reload too. No request may fail.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

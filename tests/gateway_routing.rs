@@ -2,6 +2,11 @@
 //! long system prompt on one worker, spreads unseen prefixes, keeps affinity when every worker is
 //! equally saturated, and spills off a home much busier than its peers; `round_robin` spreads
 //! evenly. Decisions are checked on the response header and the metrics.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Streaming through the gateway: chunks pass through as the worker generates them (no
 //! buffering), and a SIGTERM during a stream lets the stream finish while readiness fails, new
 //! connections are refused, and the process exits 0 within the drain grace.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! TLS termination with a certificate generated in the test (rustls client trusting only that
 //! certificate, and curl over HTTP/2), a drain with a TLS stream in flight, and the admin
 //! listener behind an admin key.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -2,6 +2,11 @@
 //! non-streamed one, `/v1/models`, health endpoints, OpenAI-shaped client errors, the body limit,
 //! and a SIGTERM that stops the gateway and every engine it spawned, within the grace plus a
 //! second whatever its clients do.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -5,6 +5,11 @@
 //!
 //! `.ci/run` installs both SDKs (pip `openai`, `npm ci` in tests/sdk). Without one, its part is
 //! skipped with a `SKIPPED:` notice, except under `CI`, where it fails.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

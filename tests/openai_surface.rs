@@ -2,6 +2,11 @@
 //! shape (404 in its error shape for an unknown model or a canary-only version), `GET /health`
 //! as readiness (what vLLM, SGLang, TGI and tools such as guidellm check first), and a 404 for an
 //! unknown `/v1/` path that names the supported ones. Real gateway and sim worker on loopback.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

@@ -1,6 +1,11 @@
 //! Shadow traffic end to end: a shadow pool that is slow and failing changes nothing for clients
 //! (status, body, latency), while its answers are compared into metrics and excess copies are
 //! dropped at the concurrency bound.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 

@@ -4,6 +4,11 @@
 //! `infergate sim` with the same defaults. Both see the same planned requests, so the 400s
 //! (prompts over the gateway's `max_context`, and prompt + `max_tokens` over the engines'
 //! context) must agree up to tokenizer rounding at the boundary.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tools_support/mod.rs"]

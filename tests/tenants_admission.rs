@@ -1,5 +1,10 @@
 //! Admission under contention: a pool with one slow worker and one request in flight at a time
 //! serves a high-priority tier's queued requests before a low tier's that arrived earlier.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

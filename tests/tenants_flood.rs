@@ -1,5 +1,10 @@
 //! A flood of 10,000 requests against a pool whose admission queue holds 100: the excess is
 //! refused with 429 at once, every refusal is counted, and the gateway's memory stays bounded.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

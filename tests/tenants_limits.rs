@@ -2,6 +2,11 @@
 //! not a second more, a tokens-per-minute tier that throttles long prompts but not short ones,
 //! and reconciliation that refunds the unused part of a `max_tokens` reservation, also for a
 //! stream its worker breaks off (which counts as the failure it is).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

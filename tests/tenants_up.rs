@@ -1,5 +1,10 @@
 //! `infergate up` with the embedded config (no tenants declared) makes a demo tenant with a
 //! fresh key at every start and prints it: requests need that key, and only that start's key.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

@@ -2,6 +2,11 @@
 //! authentication (401), body size (413), JSON and field ranges (400), model routing (404/403),
 //! context length, a request larger than the whole token budget (400, not 429), and a tier's
 //! concurrency cap (429), released when the client goes away.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tenant_support/mod.rs"]

@@ -2,6 +2,11 @@
 //! `plan spec` against hand calculations, `sim` (reports, determinism, policy comparison),
 //! `plan capacity`, `bench` (and `bench diff`) against a live engine, and the simulator against
 //! the live gateway on the same workload.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 mod common;
 #[path = "tools_support/mod.rs"]

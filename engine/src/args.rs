@@ -98,7 +98,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 30.0)]
     pub body_read_timeout: f64,
     /// Requests in flight (answers still streaming included) past which a new one gets 503 at
-    /// once; none by default (the scheduler's `--max-waiting-requests` bounds generation).
+    /// once; reads (GET: health, metrics, models) are never capped. None by default (the
+    /// scheduler's `--max-waiting-requests` bounds generation).
     #[arg(long)]
     pub max_in_flight_requests: Option<usize>,
     /// Sim: mean answer length in tokens when EOS may end a sequence.

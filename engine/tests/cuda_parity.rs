@@ -6,6 +6,10 @@
 //! reason when there is none (CI has none; run it on a GPU machine with
 //! `cargo test -p infergate-engine --features cuda --test cuda_parity`).
 #![cfg(feature = "cuda")]
+#![expect(
+    clippy::unwrap_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

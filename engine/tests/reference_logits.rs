@@ -2,6 +2,10 @@
 //! computed for tiny random checkpoints (`tests/fixtures/reference/*`, made by
 //! `tests/reference/make_fixtures.py`) must match ours, through the real loader (f32, bf16
 //! sharded, f16), for token-by-token decoding, one whole prefill and chunked prefill.
+#![expect(
+    clippy::unwrap_used,
+    reason = "tests and benches stop at the first thing that is not as it should be"
+)]
 
 use std::path::{Path, PathBuf};
 

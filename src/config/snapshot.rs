@@ -222,8 +222,9 @@ pub struct ConnectionLimits {
     /// shares its address: raise it there).
     pub max_connections_per_ip: u32,
     /// Requests in flight on the public listener (from arrival until the answer's last byte)
-    /// past which a new one gets 503 at once, before any work; none by default. A reload
-    /// applies it to requests that arrive after it.
+    /// past which a new one gets 503 at once, before any work; reads (GET: models, health,
+    /// metrics) are never capped. None by default. A reload applies it to requests that arrive
+    /// after it.
     pub max_requests_in_flight: Option<u32>,
 }
 

@@ -15,11 +15,15 @@ use crate::request::Endpoint;
 
 const KEY: &str = "ig-test-key-acme";
 
-/// A worker answering every chat completion at once with 7 completion tokens, counting calls.
-async fn upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+/// The request heads an [`upstream`] received, in order.
+type Seen = Arc<std::sync::Mutex<Vec<HeaderMap>>>;
+
+/// A worker answering every chat completion at once with 7 completion tokens, keeping the
+/// request heads it saw.
+async fn upstream() -> (SocketAddr, Seen) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls = Seen::default();
     let seen = calls.clone();
     tokio::spawn(async move {
         loop {
@@ -32,8 +36,9 @@ async fn upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
                     move |req: Request<hyper::body::Incoming>| {
                         let seen = seen.clone();
                         async move {
-                            let _ = req.into_body().collect().await;
-                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let (head, body) = req.into_parts();
+                            let _ = body.collect().await;
+                            seen.lock().unwrap().push(head.headers);
                             let body = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
                             Ok::<_, std::convert::Infallible>(
                                 hyper::Response::builder()
@@ -465,7 +470,7 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["usage"]["completion_tokens"], 7);
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(calls.lock().unwrap().len(), 1);
     assert_eq!(
         metric(
             &gw,
@@ -486,7 +491,7 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     // A refusal is accounted at once, by its reason, and never reaches the worker.
     let bad = serve(&gw, chat(r#"{"model":"nope","messages":[]}"#)).await;
     assert_eq!(bad.status(), StatusCode::NOT_FOUND);
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(calls.lock().unwrap().len(), 1);
     assert_eq!(
         metric(
             &gw,
@@ -512,7 +517,7 @@ async fn metering_runs_before_the_split_and_the_account_prices_the_version_that_
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["x-infergate-version"], "canary");
     let _ = res.into_body().collect().await.unwrap();
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(calls.lock().unwrap().len(), 1);
     // 5 prompt and 7 completion tokens at the canary's $10 per million, not the stable $1.
     assert_eq!(
         metric(
@@ -626,4 +631,85 @@ async fn a_stream_the_worker_stops_feeding_ends_with_an_error_event_at_the_idle_
     assert_eq!(metric(&gw, "infergate_requests_total", &failed), 1.0);
     let ok = [("tenant", "acme"), ("outcome", "ok")];
     assert_eq!(metric(&gw, "infergate_tenant_requests_total", &ok), 0.0);
+}
+
+#[tokio::test]
+async fn the_edge_gives_every_request_an_id_and_passes_only_well_formed_trace_context_on() {
+    let (addr, seen) = upstream().await;
+    let gw = gateway(&[format!("http://{addr}")], Some(GOLD), None, None);
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut traced = chat(HELLO);
+    traced
+        .headers_mut()
+        .insert("traceparent", parent.parse().unwrap());
+    traced
+        .headers_mut()
+        .insert("x-request-id", "client-7".parse().unwrap());
+    let res = serve(&gw, traced).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-request-id"], "client-7");
+    let _ = res.into_body().collect().await.unwrap();
+    let mut malformed = chat(HELLO);
+    malformed
+        .headers_mut()
+        .insert("traceparent", "00-not-a-trace".parse().unwrap());
+    let res = serve(&gw, malformed).await;
+    let fresh = res.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(fresh.len(), 32, "{fresh}");
+    let _ = res.into_body().collect().await.unwrap();
+    let heads = seen.lock().unwrap();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(heads[0]["traceparent"], parent);
+    assert_eq!(heads[0]["x-request-id"], "client-7");
+    assert!(!heads[1].contains_key("traceparent"), "{:?}", heads[1]);
+    assert_eq!(
+        heads[1]["x-request-id"],
+        fresh.as_str(),
+        "the worker sees the same id"
+    );
+}
+
+#[tokio::test]
+async fn past_the_in_flight_cap_a_request_gets_503_until_an_answer_is_done() {
+    let (addr, seen) = upstream().await;
+    let gw = gateway_with(
+        "limits: {max_requests_in_flight: 1}\n",
+        &[format!("http://{addr}")],
+        Some(GOLD),
+        (None, None, None),
+    );
+    // The first answer's body is not read yet: it holds the one place.
+    let first = serve(&gw, chat(HELLO)).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let shed = serve(&gw, chat(HELLO)).await;
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    assert!(shed.headers().contains_key("x-request-id"));
+    let body = shed.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "service_unavailable", "{json}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the refused one never reached the worker"
+    );
+    let models = serve(
+        &gw,
+        Request::get("/v1/models")
+            .header("host", "gw")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(models.status(), StatusCode::OK, "reads are not capped");
+    let text = gw.render_metrics();
+    assert!(text.contains("infergate_requests_shed_total 1"), "{text}");
+    assert!(text.contains("infergate_requests_in_flight 1"), "{text}");
+    let _ = first.into_body().collect().await.unwrap();
+    let next = serve(&gw, chat(HELLO)).await;
+    assert_eq!(
+        next.status(),
+        StatusCode::OK,
+        "the finished answer gave its place back"
+    );
 }

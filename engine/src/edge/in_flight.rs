@@ -1,5 +1,7 @@
 //! An optional cap on requests in flight, counted from arrival until the answer's body is done
 //! (a stream holds its place until its last event), shared by every connection of a server.
+//! Reads (`GET`, `HEAD`) are neither counted nor refused: health checks, metrics scrapes and
+//! model lists get through a server at its cap.
 //! Past the cap a request gets 503 at once, with a `Retry-After` from what was observed: the
 //! mean time a request holds its place, divided among the places (one frees that often).
 //!
@@ -14,7 +16,7 @@ use std::task::{Context, Poll};
 use http_body_util::Full;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use hyper::{Request, Response};
+use hyper::{Method, Request, Response};
 use tokio::time::Instant;
 
 use crate::openai::ApiError;
@@ -154,7 +156,8 @@ where
     }
 
     fn call(&mut self, req: Request<Q>) -> Self::Future {
-        match self.counter.enter() {
+        let read = matches!(*req.method(), Method::GET | Method::HEAD);
+        match if read { Ok(None) } else { self.counter.enter() } {
             Ok(guard) => InFlightFuture::Served {
                 inner: self.inner.call(req),
                 guard,
@@ -289,17 +292,21 @@ mod tests {
         }))
     }
 
+    fn post() -> Request<()> {
+        Request::post("/v1/chat/completions").body(()).unwrap()
+    }
+
     #[tokio::test]
     async fn answers_hold_their_place_until_their_body_is_dropped() {
         let counter = Arc::new(InFlight::new(Some(2)));
-        let a = served(&counter).oneshot(Request::new(())).await.unwrap();
-        let b = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let a = served(&counter).oneshot(post()).await.unwrap();
+        let b = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(
             counter.in_flight(),
             2,
             "an answer's body still being sent counts"
         );
-        let refused = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let refused = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(refused.status(), 503);
         assert_eq!(refused.headers()[RETRY_AFTER], "1");
         let text = refused.into_body().collect().await.unwrap().to_bytes();
@@ -318,23 +325,27 @@ mod tests {
         assert_eq!(counter.in_flight(), 1);
         drop(b);
         assert_eq!(counter.in_flight(), 0);
-        let c = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let c = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(c.status(), 200);
+        let _held = served(&counter).oneshot(post()).await.unwrap();
+        let get = served(&counter).oneshot(Request::new(())).await.unwrap();
+        assert_eq!(get.status(), 200, "reads pass a server at its cap");
+        assert_eq!(counter.in_flight(), 2, "and take no place");
     }
 
     #[tokio::test]
     async fn without_a_cap_nothing_is_counted_and_a_cap_applies_on_reload() {
         let counter = Arc::new(InFlight::new(None));
-        let a = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let a = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(counter.in_flight(), 0);
         counter.set_cap(Some(1));
-        let b = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let b = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(b.status(), 200, "the uncounted request takes no place");
-        let c = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let c = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(c.status(), 503);
         drop((a, b));
         counter.set_cap(None);
-        let d = served(&counter).oneshot(Request::new(())).await.unwrap();
+        let d = served(&counter).oneshot(post()).await.unwrap();
         assert_eq!(d.status(), 200);
     }
 
