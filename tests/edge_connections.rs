@@ -1,7 +1,8 @@
 //! Edge hardening, client connections: a header trickled byte by byte and an idle keep-alive
 //! connection are closed by the header timer, and connections past the per-IP cap are refused at
 //! accept; unfinished uploads hold their tenant's concurrency slots and a gateway-wide body budget;
-//! an oversized body is read out so its client sees the 413. Normal clients keep being served.
+//! an oversized body is read out so its client sees the 413; past the in-flight cap requests get
+//! 503 until a place frees. Normal clients keep being served.
 //! Raw sockets on loopback, as an attacker would.
 #![expect(
     clippy::unwrap_used,
@@ -456,4 +457,38 @@ async fn an_oversized_body_is_read_out_so_the_client_sees_the_413() {
         assert!(text.contains("exceeds 1048576 bytes"), "{text}");
     }
     healthz_ok(&gw).await;
+}
+
+/// `limits.max_requests_in_flight`: an unfinished upload holds the one place, so a second
+/// request gets 503 at once and reads still pass; the upload's 408 gives the place back. The
+/// refusal is counted. (Its headers are checked in process: src/pipeline/tests.rs.)
+#[tokio::test]
+async fn past_the_in_flight_cap_requests_get_503_until_a_place_frees() {
+    let (_engine, _dir, gw) = gateway(
+        "edge-in-flight",
+        "limits: {max_requests_in_flight: 1, body_read_timeout: 2s}\n",
+    )
+    .await;
+    let mut upload = unfinished_upload(&gw, 100).await;
+    // Once the gateway has the upload's head, it holds the one place.
+    eventually("the upload counted", Duration::from_secs(5), || async {
+        let text = admin_metrics(&gw).await;
+        text.lines()
+            .any(|l| l == "infergate_requests_in_flight 1")
+            .then_some(())
+    })
+    .await;
+    let (status, body) = raw(&gw, &small_chat()).await;
+    assert!(status.starts_with("HTTP/1.1 503"), "{status}");
+    assert!(body.contains("1 requests are in flight"), "{body}");
+    healthz_ok(&gw).await;
+    let (after, text) = answer_then_close(&mut upload, Duration::from_secs(10)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text} after {after:?}");
+    small_chat_until(&gw, "HTTP/1.1 200").await;
+    let text = admin_metrics(&gw).await;
+    let shed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("infergate_requests_shed_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(shed.is_some_and(|n| n >= 1.0), "{text}");
 }

@@ -75,14 +75,17 @@ async fn a_slow_upload_gets_408_and_holds_the_only_place_until_then() {
     .await;
     let started = Instant::now();
     let mut upload = unfinished_upload(&engine).await;
-    // The upload holds the one place: a generation request is refused at once, with the
-    // server's cap in the message; a read passes.
-    let (status, headers, body) =
-        eventually("a 503 at the cap", Duration::from_secs(5), || async {
-            let got = post_raw(&engine.at("/v1/chat/completions"), small_chat()).await;
-            (got.0 == StatusCode::SERVICE_UNAVAILABLE).then_some(got)
-        })
-        .await;
+    // Once the engine has the upload's head, it holds the one place: a generation request is
+    // refused at once, with the server's cap in the message; a read passes.
+    eventually("the upload counted", Duration::from_secs(5), || async {
+        let (_, text) = common::get(&engine.at("/metrics")).await;
+        text.lines()
+            .any(|l| l == "infergate_engine_requests_in_flight 1")
+            .then_some(())
+    })
+    .await;
+    let (status, headers, body) = post_raw(&engine.at("/v1/chat/completions"), small_chat()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body.contains("1 requests are in flight"), "{status} {body}");
     assert_eq!(headers["retry-after"], "1");
     assert!(headers.contains_key("x-request-id"));
@@ -109,6 +112,12 @@ async fn a_slow_upload_gets_408_and_holds_the_only_place_until_then() {
     // The place is free again.
     let (status, _, body) = post_raw(&engine.at("/v1/chat/completions"), small_chat()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, text) = common::get(&engine.at("/metrics")).await;
+    assert!(
+        text.lines()
+            .any(|l| l == "infergate_engine_requests_shed_total 1"),
+        "{text}"
+    );
     // Over --max-body-bytes: 413 in the OpenAI shape.
     let big = format!(
         r#"{{"model":"llama-3-8b","messages":[{{"role":"user","content":"{}"}}]}}"#,

@@ -36,6 +36,8 @@ pub struct ServerState {
     engine: Engine,
     next_id: AtomicU64,
     arrivals: AtomicU64,
+    /// Requests in flight, against `--max-in-flight-requests`.
+    in_flight: Arc<InFlight>,
 }
 
 /// Binds, prints the address, and serves until a shutdown signal; in-flight requests then finish.
@@ -51,7 +53,6 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
         max_bytes: engine.max_body_bytes,
         timeout: Duration::from_secs_f64(args.body_read_timeout),
     };
-    let in_flight = Arc::new(InFlight::new(args.max_in_flight_requests));
     if args.exit_with_stdin {
         std::thread::Builder::new()
             .name("parent-watch".into())
@@ -94,6 +95,7 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
                 ^ u64::from(std::process::id()),
         ),
         arrivals: AtomicU64::new(0),
+        in_flight: Arc::new(InFlight::new(args.max_in_flight_requests)),
     });
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let shutdown = shutdown_signal();
@@ -104,11 +106,12 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
+                let in_flight = state.in_flight.clone();
                 let routes = tower::service_fn(move |req: Req| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(route(state, req).await) }
                 });
-                let svc = edge::hyper_service(routes, move || body_limits, in_flight.clone());
+                let svc = edge::hyper_service(routes, move || body_limits, in_flight);
                 let builder = auto::Builder::new(TokioExecutor::new());
                 let conn = builder
                     .serve_connection_with_upgrades(TokioIo::new(stream), svc)
@@ -216,7 +219,7 @@ async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
         (&Method::GET, "/metrics") => full(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            state.engine.metrics.render(),
+            state.engine.metrics.render() + &edge_metrics(&state.in_flight),
         ),
         (
             _,
@@ -233,6 +236,21 @@ async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
             "no route for {path}; routes: {ROUTES}"
         ))),
     }
+}
+
+/// The edge's counters in Prometheus text: requests in flight (counted while
+/// `--max-in-flight-requests` is set) and requests refused at that cap.
+fn edge_metrics(in_flight: &InFlight) -> String {
+    format!(
+        "# HELP infergate_engine_requests_in_flight Requests in flight, answers still streaming included (counted while --max-in-flight-requests is set).\n\
+         # TYPE infergate_engine_requests_in_flight gauge\n\
+         infergate_engine_requests_in_flight {}\n\
+         # HELP infergate_engine_requests_shed_total Requests refused with 503 at --max-in-flight-requests.\n\
+         # TYPE infergate_engine_requests_shed_total counter\n\
+         infergate_engine_requests_shed_total {}\n",
+        in_flight.in_flight(),
+        in_flight.shed()
+    )
 }
 
 /// The generating endpoints, which share one path from parsing to the scheduler.

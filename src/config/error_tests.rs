@@ -53,6 +53,11 @@ fn value_errors_report_their_line() {
         "max_body_bytes",
     );
     one_error(
+        &format!("limits:\n  max_requests_in_flight: 0\n{MINIMAL}"),
+        2,
+        "limits.max_requests_in_flight must be ≥ 1",
+    );
+    one_error(
         &MINIMAL.replace("http://127.0.0.1:9000/", "ftp://x"),
         6,
         "http or https",
