@@ -327,11 +327,11 @@ async fn accept_loop(
         let main = admin_of.clone();
         let served = Arc::new(AtomicBool::new(false));
         let served_svc = served.clone();
-        let inner = tower::service_fn(move |req: Request<LimitedBody<Incoming>>| {
+        let handler = move |req: Request<LimitedBody<Incoming>>| {
             let gw = gw_conn.clone();
             let main = main.clone();
             served_svc.store(true, Ordering::Relaxed);
-            async move {
+            edge::boxed(move || async move {
                 let res: Response<ResBody> = match main {
                     Some(main) => match crate::admin::probe(&gw, &req) {
                         Some(res) => res,
@@ -346,8 +346,8 @@ async fn accept_loop(
                     None => crate::pipeline::handle(gw, req).await,
                 };
                 Ok::<_, Infallible>(res)
-            }
-        });
+            })
+        };
         // The edge layers shared with the engine server: request id, trace context, the
         // in-flight cap and the body's bounds, read per request from the live snapshot.
         let gw_limits = gw.clone();
@@ -358,7 +358,7 @@ async fn accept_loop(
                 crate::request_body::body_limits(&gw_limits.live().snapshot)
             }
         };
-        let svc = edge::hyper_service(inner, body_limits, in_flight.clone());
+        let svc = edge::hyper_service(handler, body_limits, in_flight.clone());
         let metrics = gw.metrics.clone();
         match &tls {
             None => {

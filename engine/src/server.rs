@@ -107,10 +107,10 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let in_flight = state.in_flight.clone();
-                let routes = tower::service_fn(move |req: Req| {
+                let routes = move |req: Req| {
                     let state = state.clone();
-                    async move { Ok::<_, Infallible>(route(state, req).await) }
-                });
+                    edge::boxed(move || async move { Ok::<_, Infallible>(route(state, req).await) })
+                };
                 let svc = edge::hyper_service(routes, move || body_limits, in_flight);
                 let builder = auto::Builder::new(TokioExecutor::new());
                 let conn = builder
