@@ -6,6 +6,8 @@ use std::borrow::Cow;
 
 use hyper::HeaderMap;
 use hyper::body::Bytes;
+use infergate_engine::openai::ApiError;
+use infergate_engine::openai::fields::{FieldValue, Text, number_field, wrong_type};
 use infergate_engine::openai::params::{check_temperature, check_top_p};
 use serde::Deserialize;
 use serde_json::Value;
@@ -196,10 +198,6 @@ impl<'de> Deserialize<'de> for TextMessage<'de> {
     }
 }
 
-/// A JSON string, borrowed from the body unless it has escapes.
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
 /// A field that is there, `null` included (serde would read a `null` as absent).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&'de RawValue>::deserialize(d).map(Some)
@@ -217,13 +215,9 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn is_null(raw: &RawValue) -> bool {
-    raw.get() == "null"
-}
-
 /// A JSON string's text, borrowed from the body unless it has escapes (one parse either way).
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Text>(raw.get()).ok().map(|t| t.0)
+    raw.as_text()
 }
 
 /// A field as a tree, for the rarer shapes (arrays of parts, token ids, Responses input).
@@ -231,17 +225,14 @@ fn tree(raw: Option<&RawValue>) -> Option<Value> {
     raw.and_then(|r| serde_json::from_str(r.get()).ok())
 }
 
+/// A numeric field, read by the engine's own rule (the same 400 either side).
 fn number(raw: Option<&RawValue>, key: &str) -> Result<Option<f64>, GatewayError> {
-    match raw {
-        None => Ok(None),
-        Some(r) if is_null(r) => Ok(None),
-        Some(r) => serde_json::from_str::<f64>(r.get())
-            .ok()
-            .map(Some)
-            .ok_or_else(|| {
-                GatewayError::bad_request(format!("`{key}` must be a number"), Some(key))
-            }),
-    }
+    number_field(raw, key).map_err(field_error)
+}
+
+/// A field's 400 from the shared reader, as the gateway's error.
+fn field_error(e: ApiError) -> GatewayError {
+    GatewayError::bad_request(e.message, e.param.as_deref())
 }
 
 /// Validates `body` for `endpoint` against the snapshot's models and the caller's tier.
@@ -298,12 +289,7 @@ fn validate_fields(
 ) -> Result<ValidRequest, GatewayError> {
     let model = match fields.model.map(text) {
         Some(Some(m)) => m.into_owned(),
-        Some(None) => {
-            return Err(GatewayError::bad_request(
-                "`model` must be a string",
-                Some("model"),
-            ));
-        }
+        Some(None) => return Err(field_error(wrong_type("model", "a string"))),
         None => {
             return Err(GatewayError::bad_request(
                 "`model` is required",
@@ -434,7 +420,7 @@ fn validate_fields(
         Endpoint::ChatCompletions => asked.is_none().then_some("max_tokens"),
         Endpoint::Completions => fields
             .max_tokens
-            .is_none_or(is_null)
+            .is_none_or(|r| r.is_null())
             .then_some("max_tokens"),
         Endpoint::Responses => asked.is_none().then_some("max_output_tokens"),
         Endpoint::Embeddings => None,

@@ -47,25 +47,27 @@ where
         .service(inner)
 }
 
-/// The stack over a handler, as hyper's service for one connection. hyper calls `&self`: each
-/// request clones the stack (`Arc`s and the limits closure) and calls it at once, without a
-/// `poll_ready` round: every layer is ready when its inner service is, and the handler (a
-/// `service_fn`) always is. A handler whose future is large should return it [`boxed`]: each
-/// wrapper and hyper's slot would otherwise move it by value (callgrind, the gateway's 8.7 KiB
-/// pipeline future: about 18k instructions a request of `memcpy`, against 5.5k boxed in place).
-#[derive(Debug, Clone)]
-pub struct HyperEdge<S>(S);
+/// The stack over a handler, as hyper's service for one connection. hyper calls `&self`, tower
+/// `&mut self`: the connection's one stack sits in a `RefCell`, borrowed only for the
+/// synchronous `call` (never across an await, so never twice at once), which saves cloning the
+/// stack's `Arc`s per request. `call` comes without a `poll_ready` round: every layer is ready
+/// when its inner service is, and the handler (a `service_fn`) always is. A handler whose future
+/// is large should return it [`boxed`]: each wrapper and hyper's slot would otherwise move it by
+/// value (callgrind, the gateway's 8.7 KiB pipeline future: about 18k instructions a request of
+/// `memcpy`, against 5.5k boxed in place).
+#[derive(Debug)]
+pub struct HyperEdge<S>(std::cell::RefCell<S>);
 
 impl<S, R> hyper::service::Service<R> for HyperEdge<S>
 where
-    S: tower::Service<R> + Clone,
+    S: tower::Service<R>,
 {
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
 
     fn call(&self, req: R) -> S::Future {
-        self.0.clone().call(req)
+        self.0.borrow_mut().call(req)
     }
 }
 
@@ -88,5 +90,9 @@ where
     B: Body + Unpin,
     L: Fn() -> BodyLimits + Clone,
 {
-    HyperEdge(stack(tower::service_fn(handler), limits, in_flight))
+    HyperEdge(std::cell::RefCell::new(stack(
+        tower::service_fn(handler),
+        limits,
+        in_flight,
+    )))
 }

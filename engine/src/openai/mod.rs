@@ -3,7 +3,7 @@
 mod chat_template;
 mod embeddings;
 mod error;
-mod fields;
+pub mod fields;
 mod jinja_env;
 mod logprobs;
 pub mod params;
