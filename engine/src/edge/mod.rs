@@ -1,5 +1,5 @@
 //! The HTTP plumbing every request crosses before any endpoint sees it, as tower layers shared by
-//! the gateway's public listener and the engine worker's server:
+//! the gateway's listeners (public and admin) and the engine worker's server:
 //!
 //! 1. [`request_id`]: the client's `x-request-id` when usable, else a fresh one, on the request
 //!    and echoed on every answer;
