@@ -119,10 +119,10 @@ pub(super) fn accept<B>(req: &Request<B>) -> RequestCtx {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let request_id = match req.headers().get(REQUEST_ID) {
-        Some(v) if request_id::usable(v) => v.to_str().unwrap_or_default().to_owned(),
-        // Only a caller that skipped the edge gets here.
-        _ => request_id::fresh().to_str().unwrap_or_default().to_owned(),
+    // The edge set a usable id; a fresh one only for a caller that skipped it.
+    let request_id = match req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        Some(id) => id.to_owned(),
+        None => request_id::fresh().to_str().unwrap_or_default().to_owned(),
     };
     RequestCtx {
         request_id,

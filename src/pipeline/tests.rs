@@ -172,8 +172,9 @@ fn metric(gw: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-#[test]
-fn accept_takes_the_clients_request_id_or_makes_one() {
+#[tokio::test]
+async fn accept_takes_the_clients_request_id_or_makes_one() {
+    use tower::{Layer, ServiceExt};
     let req = |id: Option<&str>| {
         let mut b = Request::get("/v1/models");
         if let Some(id) = id {
@@ -181,14 +182,29 @@ fn accept_takes_the_clients_request_id_or_makes_one() {
         }
         b.body(Full::new(Bytes::new())).unwrap()
     };
-    let id = |r: Option<&str>| ctx::accept(&req(r)).request_id.clone();
-    assert_eq!(id(Some("abc")), "abc");
-    let made = id(None);
+    // The id the accept phase records, behind the edge's request-id layer.
+    let id = |r: Option<&str>| {
+        let svc = infergate_engine::edge::RequestIdLayer.layer(tower::service_fn(
+            |req: Request<Full<Bytes>>| async move {
+                let mut res = hyper::Response::new(());
+                res.extensions_mut()
+                    .insert(ctx::accept(&req).request_id.clone());
+                Ok::<_, std::convert::Infallible>(res)
+            },
+        ));
+        let req = req(r);
+        async move {
+            let Ok(res) = svc.oneshot(req).await;
+            res.extensions().get::<String>().unwrap().clone()
+        }
+    };
+    assert_eq!(id(Some("abc")).await, "abc");
+    let made = id(None).await;
     assert_eq!(made.len(), 32, "{made}");
-    assert_ne!(made, id(None));
+    assert_ne!(made, id(None).await);
     // Too long to be an id: replaced.
     let long = "x".repeat(129);
-    assert_ne!(id(Some(&long)), long);
+    assert_ne!(id(Some(&long)).await, long);
 }
 
 #[tokio::test]

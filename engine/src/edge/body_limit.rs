@@ -139,22 +139,22 @@ where
         if this.failed {
             return Poll::Ready(None);
         }
-        let too_large = BodyError::TooLarge {
-            limit: this.limits.max_bytes,
+        let too_large = |limits: BodyLimits| BodyError::TooLarge {
+            limit: limits.max_bytes,
         };
         if this.declared.is_some_and(|n| {
             this.limits
                 .too_large(usize::try_from(n).unwrap_or(usize::MAX))
         }) {
             this.failed = true;
-            return Poll::Ready(Some(Err(too_large)));
+            return Poll::Ready(Some(Err(too_large(this.limits))));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.read += frame.data_ref().map_or(0, Bytes::len);
                 if this.limits.too_large(this.read) {
                     this.failed = true;
-                    return Poll::Ready(Some(Err(too_large)));
+                    return Poll::Ready(Some(Err(too_large(this.limits))));
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
