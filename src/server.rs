@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -331,9 +333,14 @@ async fn accept_loop(
             let gw = gw_conn.clone();
             let main = main.clone();
             served_svc.store(true, Ordering::Relaxed);
-            edge::boxed(move || async move {
-                let res: Response<ResBody> = match main {
-                    Some(main) => match crate::admin::probe(&gw, &req) {
+            let served: Pin<
+                Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>,
+            > = match main {
+                // The pipeline's future itself, built in place: wrapping it in another would
+                // copy its several KiB into the wrapper.
+                None => edge::boxed(move || crate::pipeline::handle(gw, req)),
+                Some(main) => edge::boxed(move || async move {
+                    Ok(match crate::admin::probe(&gw, &req) {
                         Some(res) => res,
                         None => main
                             .spawn(crate::admin::handle(gw, req))
@@ -342,11 +349,10 @@ async fn accept_loop(
                                 GatewayError::Internal(format!("admin request failed: {e}"))
                                     .into_response()
                             }),
-                    },
-                    None => crate::pipeline::handle(gw, req).await,
-                };
-                Ok::<_, Infallible>(res)
-            })
+                    })
+                }),
+            };
+            served
         };
         // The edge layers shared with the engine server: request id, trace context, the
         // in-flight cap and the body's bounds, read per request from the live snapshot.

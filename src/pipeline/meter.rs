@@ -85,6 +85,7 @@ pub(super) async fn meter(
         })?;
     for (over, spent) in &check.soft_first {
         tracing::warn!(
+            request_id = ctx.request_id,
             tenant = %tenant.name,
             period = over.period.as_str(),
             limit = %crate::pricing::format_usd_cents(over.limit_nano),
@@ -121,10 +122,12 @@ pub(super) async fn meter(
     let reserve = prompt_tokens + valid.max_tokens;
     // Fleet mode: one round trip to Redis for the tenant's shared rate and concurrency.
     let acquired = match &gw.shared {
-        Some(shared) => shared
-            .acquire(&tenant.name, &limits, reserve)
-            .await
-            .map(|(r, held)| (r, Some(held))),
+        // Boxed: its future is large, and without Redis this one's stays small.
+        Some(shared) => {
+            infergate_engine::edge::boxed(|| shared.acquire(&tenant.name, &limits, reserve))
+                .await
+                .map(|(r, held)| (r, Some(held)))
+        }
         None => gw
             .limiter
             .acquire(&tenant.name, &limits, reserve, Instant::now())

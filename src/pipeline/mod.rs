@@ -80,10 +80,7 @@ pub fn service<B: RequestBody>(
 > + Clone {
     let in_flight = gw.in_flight.clone();
     let limits = public_limits(gw.clone());
-    let inner = tower::service_fn(move |req: Request<LimitedBody<B>>| {
-        let gw = gw.clone();
-        async move { Ok::<_, Infallible>(handle(gw, req).await) }
-    });
+    let inner = tower::service_fn(move |req: Request<LimitedBody<B>>| handle(gw.clone(), req));
     edge::stack(inner, limits, in_flight)
 }
 
@@ -97,12 +94,15 @@ pub fn public_limits(gw: Arc<Gateway>) -> impl Fn() -> BodyLimits + Clone + Send
 pub async fn handle<B: RequestBody>(
     gw: Arc<Gateway>,
     req: Request<LimitedBody<B>>,
-) -> Response<ResBody> {
+) -> Result<Response<ResBody>, Infallible> {
     let mut ctx = ctx::accept(&req);
-    let path = req.uri().path().to_string();
-    let res = match accept::hygiene(&req) {
+    let route = accept::hygiene(&req).map(|()| route(&gw, req.method(), req.uri().path()));
+    let res = match route {
         Err(e) => Err(e),
-        Ok(()) => dispatch(&gw, req, &path, &mut ctx).await,
+        Ok(Route::Answer(res)) => res,
+        // On the heap and built in place: the phases' future is several KiB, which awaiting it
+        // here would copy into this one (BENCHMARKS.md, issue 12).
+        Ok(Route::Generate(endpoint)) => edge::boxed(|| run(&gw, req, endpoint, &mut ctx)).await,
     };
     ctx.row_owned = true;
     let (res, err) = match res {
@@ -110,23 +110,27 @@ pub async fn handle<B: RequestBody>(
         Err(e) => (e.into_response(), Some(e)),
     };
     account::account(&gw, &ctx, &res, err.as_ref());
-    res
+    Ok(res)
 }
 
-/// Sends a request that passed [`accept::hygiene`] to its endpoint.
-async fn dispatch<B: RequestBody>(
-    gw: &Arc<Gateway>,
-    req: Request<LimitedBody<B>>,
-    path: &str,
-    ctx: &mut RequestCtx,
-) -> Result<Response<ResBody>, GatewayError> {
-    match (req.method(), path) {
+/// Where a request that passed [`accept::hygiene`] goes.
+enum Route {
+    /// Through the phases ([`run`]).
+    Generate(Endpoint),
+    /// Answered here, at once.
+    Answer(Result<Response<ResBody>, GatewayError>),
+}
+
+/// The endpoint of a request: a generation, or an answer made here (models, health, metrics,
+/// the errors of unknown paths and methods).
+fn route(gw: &Gateway, method: &Method, path: &str) -> Route {
+    let answer = match (method, path) {
         (&Method::POST, "/v1/chat/completions") => {
-            run(gw, req, Endpoint::ChatCompletions, ctx).await
+            return Route::Generate(Endpoint::ChatCompletions);
         }
-        (&Method::POST, "/v1/completions") => run(gw, req, Endpoint::Completions, ctx).await,
-        (&Method::POST, "/v1/embeddings") => run(gw, req, Endpoint::Embeddings, ctx).await,
-        (&Method::POST, "/v1/responses") => run(gw, req, Endpoint::Responses, ctx).await,
+        (&Method::POST, "/v1/completions") => return Route::Generate(Endpoint::Completions),
+        (&Method::POST, "/v1/embeddings") => return Route::Generate(Endpoint::Embeddings),
+        (&Method::POST, "/v1/responses") => return Route::Generate(Endpoint::Responses),
         (&Method::GET, "/v1/models") => Ok(models::models(gw)),
         (&Method::GET, p) if p.starts_with("/v1/models/") => {
             models::model(gw, &p["/v1/models/".len()..])
@@ -158,7 +162,8 @@ async fn dispatch<B: RequestBody>(
             "no route for {p}: this gateway serves POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses, GET /v1/models and GET /v1/models/{{model}}"
         ))),
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
-    }
+    };
+    Route::Answer(answer)
 }
 
 /// One generation request through every phase, in order. The account created by metering
@@ -198,7 +203,10 @@ async fn run<B: RequestBody>(
         version: None,
     });
 
-    let metered = meter::meter(
+    let meter::Metered {
+        mut account,
+        reservation,
+    } = meter::meter(
         gw,
         snapshot,
         (tenant, tier),
@@ -208,7 +216,6 @@ async fn run<B: RequestBody>(
         ctx,
     )
     .await?;
-    let mut account = metered.account;
 
     let (valid, degraded) =
         degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
@@ -246,23 +253,21 @@ async fn run<B: RequestBody>(
         version: version.clone(),
         shadow,
     };
-    let mut res = forward::forward(
-        gw,
-        snapshot,
-        (pool, first),
-        &valid,
-        endpoint,
-        traceparent,
-        (account, listeners),
-        ctx,
-    )
+    // Built in place on the heap, as `run` itself is (see `handle`).
+    let mut res = edge::boxed(|| {
+        forward::forward(
+            gw,
+            snapshot,
+            (pool, first),
+            &valid,
+            endpoint,
+            traceparent,
+            (account, listeners),
+            ctx,
+        )
+    })
     .await?;
-    forward::decorate(
-        &mut res,
-        version.as_ref(),
-        &degraded,
-        &metered.reservation.headers,
-    );
+    forward::decorate(&mut res, version.as_ref(), &degraded, &reservation.headers);
     Ok(res)
 }
 

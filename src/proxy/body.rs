@@ -67,6 +67,8 @@ pub struct BodyReport {
     pub status: u16,
     /// URL of the worker that answered.
     pub worker: String,
+    /// The request's id, for the log line of a failure.
+    pub request_id: String,
 }
 
 /// The idle and total timers of a body that had to wait for its worker.
@@ -243,7 +245,7 @@ impl ProxyBody {
             .with_label_values(&[&r.series.pool, kind])
             .inc();
         if let Some(g) = &self.guard {
-            tracing::warn!(worker = %g.worker().url, error = %err, "upstream failed mid-response");
+            tracing::warn!(request_id = r.request_id, worker = %g.worker().url, error = %err, "upstream failed mid-response");
         }
         let is_stream = self.report.is_stream;
         self.finish(false);

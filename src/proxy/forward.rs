@@ -2,6 +2,7 @@
 //! (routed again, without those tried) on a failure the error table marks retryable (a connect
 //! failure, a 503, an ejection), within the retry budget.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,7 +117,8 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
-        let request = worker.conns.send(req, settings.connect_timeout);
+        // Pinned here and lent to the wait, so the wait's future does not hold a second copy.
+        let request = std::pin::pin!(worker.conns.send(req, settings.connect_timeout));
         let sent = match wait_for_answer(request, &worker, out.grace_over, settings).await {
             Waited::Draining => Err(GatewayError::Draining),
             Waited::Ejected => {
@@ -127,7 +129,13 @@ pub async fn forward(
                 Err(GatewayError::WorkerEjected(worker.url.clone()))
             }
             Waited::TimedOut => {
-                note_failure(pool, &worker, settings, metrics, "first_byte_timeout");
+                note_failure(
+                    pool,
+                    &worker,
+                    (settings, metrics),
+                    out.request_id,
+                    "first_byte_timeout",
+                );
                 Err(GatewayError::UpstreamTimeout(format!(
                     "a worker of pool `{}` sent no response within {:?}",
                     pool.name, settings.first_byte_timeout
@@ -137,7 +145,7 @@ pub async fn forward(
             // died (reset before any response).
             Waited::Failed(e) => {
                 let kind = if e.is_connect() { "connect" } else { "send" };
-                note_failure(pool, &worker, settings, metrics, kind);
+                note_failure(pool, &worker, (settings, metrics), out.request_id, kind);
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "a worker of pool `{}` is unreachable: {e}",
                     pool.name
@@ -150,7 +158,13 @@ pub async fn forward(
                     && attempt < settings.retries
                     && another_worker(pool, &tried, worker.key) =>
             {
-                note_failure(pool, &worker, settings, metrics, "status_503");
+                note_failure(
+                    pool,
+                    &worker,
+                    (settings, metrics),
+                    out.request_id,
+                    "status_503",
+                );
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "the workers of pool `{}` are overloaded",
                     pool.name
@@ -171,7 +185,13 @@ pub async fn forward(
         };
         let status = res.status();
         if status.is_server_error() {
-            note_failure(pool, &worker, settings, metrics, "status_5xx");
+            note_failure(
+                pool,
+                &worker,
+                (settings, metrics),
+                out.request_id,
+                "status_5xx",
+            );
         } else {
             worker.record_success(1);
         }
@@ -192,6 +212,7 @@ pub async fn forward(
                 degrade: pool.degrade.clone(),
                 status: status.as_u16(),
                 worker: worker.url.clone(),
+                request_id: out.request_id.to_owned(),
             },
             UsageTap::new(is_stream, out.hide_usage_chunk),
             Some(with_feedback(
@@ -262,7 +283,9 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// [`WATCH_AFTER`] on the request alone, the rest also watching for `worker`'s ejection and the
 /// end of the drain's grace.
 async fn wait_for_answer(
-    request: impl Future<Output = Result<(Response<hyper::body::Incoming>, Conn), SendError>>,
+    mut request: Pin<
+        &mut impl Future<Output = Result<(Response<hyper::body::Incoming>, Conn), SendError>>,
+    >,
     worker: &crate::workers::state::WorkerState,
     grace_over: &tokio::sync::watch::Receiver<bool>,
     settings: ForwardSettings,
@@ -271,7 +294,6 @@ async fn wait_for_answer(
         Ok(res) => Waited::Answered(res),
         Err(e) => Waited::Failed(e),
     };
-    tokio::pin!(request);
     // Read before the request is first polled: an ejection from now on ends the wait.
     let ejections = worker.ejections();
     let quick = settings.first_byte_timeout.min(WATCH_AFTER);
@@ -344,8 +366,8 @@ fn another_worker(pool: &PoolRuntime, tried: &[u64], current: u64) -> bool {
 fn note_failure(
     pool: &PoolRuntime,
     worker: &crate::workers::state::WorkerState,
-    settings: ForwardSettings,
-    metrics: &GatewayMetrics,
+    (settings, metrics): (ForwardSettings, &GatewayMetrics),
+    request_id: &str,
     kind: &str,
 ) {
     metrics
@@ -353,10 +375,10 @@ fn note_failure(
         .with_label_values(&[&pool.name, kind])
         .inc();
     // The worker's address goes to the log, never to the client.
-    tracing::debug!(pool = %pool.name, worker = %worker.url, kind, "forward attempt failed");
+    tracing::debug!(request_id, pool = %pool.name, worker = %worker.url, kind, "forward attempt failed");
     if worker.record_failure(settings.eject_after) == HealthChange::Ejected {
         metrics.ejections.with_label_values(&[&pool.name]).inc();
-        tracing::warn!(pool = %pool.name, worker = %worker.url, kind, "worker ejected after failed requests");
+        tracing::warn!(request_id, pool = %pool.name, worker = %worker.url, kind, "worker ejected after failed requests");
     }
 }
 
@@ -368,7 +390,7 @@ fn build_request(
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
     let uri = worker.conns.target(out.path).map_err(|e| {
         // The worker's address goes to the log, never to the client.
-        tracing::warn!(worker = %worker.url, error = %e, "a worker URL makes no request target");
+        tracing::warn!(request_id = out.request_id, worker = %worker.url, error = %e, "a worker URL makes no request target");
         GatewayError::Internal(format!("a worker of this pool has a bad URL: {e}"))
     })?;
     let mut headers = HeaderMap::with_capacity(6);

@@ -109,32 +109,36 @@ impl Conns {
     /// a new one opened within `connect_timeout`. A pooled connection that turns out closed
     /// before the request was written is skipped, the request kept for the next one. The answer
     /// comes with its connection, for [`Conns::put`] once its body is read.
-    pub async fn send(
+    /// (A plain function around an `async move` block: an `async fn` would keep its
+    /// argument twice, as argument and as local, and this future is on every request.)
+    pub fn send(
         &self,
         mut req: Request<Full<Bytes>>,
         connect_timeout: Duration,
-    ) -> Result<(Response<Incoming>, Conn), SendError> {
+    ) -> impl Future<Output = Result<(Response<Incoming>, Conn), SendError>> + Send + '_ {
         if let Some(host) = &self.host {
             req.headers_mut().insert(HOST, host.clone());
         }
-        while let Some(mut conn) = self.take() {
-            // Not ready yet: its last answer was just read and the connection task has not
-            // caught up. Closed instead: try the next.
-            if conn.ready().await.is_err() {
-                continue;
+        async move {
+            while let Some(mut conn) = self.take() {
+                // Not ready yet: its last answer was just read and the connection task has not
+                // caught up. Closed instead: try the next.
+                if conn.ready().await.is_err() {
+                    continue;
+                }
+                match conn.try_send_request(req).await {
+                    Ok(res) => return Ok((res, conn)),
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => req = unsent,
+                        None => return Err(SendError::Send(e.into_error())),
+                    },
+                }
             }
+            let mut conn = self.connect(connect_timeout).await?;
             match conn.try_send_request(req).await {
-                Ok(res) => return Ok((res, conn)),
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => req = unsent,
-                    None => return Err(SendError::Send(e.into_error())),
-                },
+                Ok(res) => Ok((res, conn)),
+                Err(e) => Err(SendError::Send(e.into_error())),
             }
-        }
-        let mut conn = self.connect(connect_timeout).await?;
-        match conn.try_send_request(req).await {
-            Ok(res) => Ok((res, conn)),
-            Err(e) => Err(SendError::Send(e.into_error())),
         }
     }
 
