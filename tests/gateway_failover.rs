@@ -14,13 +14,16 @@ use std::time::Duration;
 use common::gateway::{
     Gateway, MODEL, POOL, TempDir, chat, config_yaml, port_of, routing_yaml, send, worker_of,
 };
-use common::{Engine, SseEvent, open_stream, post_json};
+use common::{Engine, SseEvent, open_stream_with, post_json};
 use hyper::{Method, StatusCode};
 
 /// Polls each second, so ejection right after the kill comes from failed requests, not polls.
 const HEALTH: &str = "health: {poll_interval: 1s, timeout: 500ms, eject_after: 2, readmit_after: 2}
 forward: {retries: 2, connect_timeout: 1s}
 ";
+
+/// The id the client gives the stream that breaks.
+const STREAM_ID: &str = "failover-stream-7";
 
 #[tokio::test]
 async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
@@ -41,7 +44,7 @@ async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
         200,
         true,
     );
-    let mut s = open_stream(&url, &body).await;
+    let mut s = open_stream_with(&url, &[("x-request-id", STREAM_ID)], &body).await;
     assert_eq!(s.status, StatusCode::OK);
     let a_url = worker_of(&s.headers);
     let mut events = Vec::new();
@@ -126,6 +129,19 @@ async fn killed_worker_fails_its_stream_cleanly_is_ejected_and_readmitted() {
     };
     gw.wait_metric(&requests("502"), |v| v == 1.0).await;
     assert_eq!(gw.metric(&requests("200")).await, 6.0);
+    // The gateway's log line of the failure names the request, by the id its client gave.
+    let line = common::eventually(
+        "the mid-response failure logged",
+        Duration::from_secs(5),
+        || async {
+            gw.stderr()
+                .lines()
+                .find(|l| l.contains("upstream failed mid-response"))
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    assert!(line.contains(STREAM_ID), "no request id in: {line}");
 
     // A is ejected; the gateway stays ready on B.
     gw.wait_health(&a_url, false, Duration::from_secs(5)).await;
