@@ -96,13 +96,13 @@ pub async fn handle<B: RequestBody>(
     req: Request<LimitedBody<B>>,
 ) -> Result<Response<ResBody>, Infallible> {
     let mut ctx = ctx::accept(&req);
-    let route = accept::hygiene(&req).map(|()| route(&gw, req.method(), req.uri().path()));
-    let res = match route {
+    let dispatched = accept::hygiene(&req).map(|()| dispatch(&gw, req.method(), req.uri().path()));
+    let res = match dispatched {
         Err(e) => Err(e),
-        Ok(Route::Answer(res)) => res,
+        Ok(Dispatch::Answer(res)) => res,
         // On the heap and built in place: the phases' future is several KiB, which awaiting it
         // here would copy into this one (BENCHMARKS.md, issue 12).
-        Ok(Route::Generate(endpoint)) => edge::boxed(|| run(&gw, req, endpoint, &mut ctx)).await,
+        Ok(Dispatch::Generate(endpoint)) => edge::boxed(|| run(&gw, req, endpoint, &mut ctx)).await,
     };
     ctx.row_owned = true;
     let (res, err) = match res {
@@ -113,8 +113,9 @@ pub async fn handle<B: RequestBody>(
     Ok(res)
 }
 
-/// Where a request that passed [`accept::hygiene`] goes.
-enum Route {
+/// Where a request that passed [`accept::hygiene`] goes (not to be confused with the route
+/// phase, which picks a worker).
+enum Dispatch {
     /// Through the phases ([`run`]).
     Generate(Endpoint),
     /// Answered here, at once.
@@ -123,14 +124,14 @@ enum Route {
 
 /// The endpoint of a request: a generation, or an answer made here (models, health, metrics,
 /// the errors of unknown paths and methods).
-fn route(gw: &Gateway, method: &Method, path: &str) -> Route {
+fn dispatch(gw: &Gateway, method: &Method, path: &str) -> Dispatch {
     let answer = match (method, path) {
         (&Method::POST, "/v1/chat/completions") => {
-            return Route::Generate(Endpoint::ChatCompletions);
+            return Dispatch::Generate(Endpoint::ChatCompletions);
         }
-        (&Method::POST, "/v1/completions") => return Route::Generate(Endpoint::Completions),
-        (&Method::POST, "/v1/embeddings") => return Route::Generate(Endpoint::Embeddings),
-        (&Method::POST, "/v1/responses") => return Route::Generate(Endpoint::Responses),
+        (&Method::POST, "/v1/completions") => return Dispatch::Generate(Endpoint::Completions),
+        (&Method::POST, "/v1/embeddings") => return Dispatch::Generate(Endpoint::Embeddings),
+        (&Method::POST, "/v1/responses") => return Dispatch::Generate(Endpoint::Responses),
         (&Method::GET, "/v1/models") => Ok(models::models(gw)),
         (&Method::GET, p) if p.starts_with("/v1/models/") => {
             models::model(gw, &p["/v1/models/".len()..])
@@ -163,7 +164,7 @@ fn route(gw: &Gateway, method: &Method, path: &str) -> Route {
         ))),
         _ => Err(GatewayError::NotFound(format!("no route for {path}"))),
     };
-    Route::Answer(answer)
+    Dispatch::Answer(answer)
 }
 
 /// One generation request through every phase, in order. The account created by metering

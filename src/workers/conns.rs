@@ -109,8 +109,8 @@ impl Conns {
     /// a new one opened within `connect_timeout`. A pooled connection that turns out closed
     /// before the request was written is skipped, the request kept for the next one. The answer
     /// comes with its connection, for [`Conns::put`] once its body is read.
-    /// (A plain function around an `async move` block: an `async fn` would keep its
-    /// argument twice, as argument and as local, and this future is on every request.)
+    // A plain function around an `async move` block: an `async fn` would keep `req` twice, as
+    // argument and as local, in a future built on every request.
     pub fn send(
         &self,
         mut req: Request<Full<Bytes>>,
