@@ -6,6 +6,8 @@
 #   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
 # CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes). Needs valgrind and python3; the
 # upstream and client are small Python servers on loopback.
+# With RELAY=1 the binary is the gateway_overhead bench's (target/release/deps/gateway_overhead-*),
+# run as its bare hyper relay column: the same count for a proxy that does nothing but relay.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$1"; label="${2:-gateway}"; n="${N:-2000}"
@@ -28,9 +30,16 @@ pools:
 YAML
 printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
 python3 "$here/upstream.py" "$up" & upid=$!
-valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/cg.%p" "$bin" gateway --config "$dir/infergate.yaml" \
-  --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$admin" > "$dir/gateway.log" 2>&1 & vpid=$!
-for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$gw/readyz" >/dev/null && break; sleep 0.5; done
+if [ -n "${RELAY:-}" ]; then
+  valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/cg.%p" "$bin" relay "http://127.0.0.1:$up" \
+    > "$dir/gateway.log" 2>&1 & vpid=$!
+  for _ in $(seq 1 240); do grep -q "relay listening" "$dir/gateway.log" && break; sleep 0.5; done
+  gw=$(grep "relay listening" "$dir/gateway.log" | grep -o "127.0.0.1:[0-9]*" | head -1 | cut -d: -f2)
+else
+  valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/cg.%p" "$bin" gateway --config "$dir/infergate.yaml" \
+    --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$admin" > "$dir/gateway.log" 2>&1 & vpid=$!
+  for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$gw/readyz" >/dev/null && break; sleep 0.5; done
+fi
 python3 "$here/client.py" "$gw" 400 >/dev/null     # warm-up: pools filled, caches built
 callgrind_control -z "$vpid" >/dev/null 2>&1
 python3 "$here/client.py" "$gw" "$n"
