@@ -132,7 +132,8 @@ pub async fn forward(
                 note_failure(
                     pool,
                     &worker,
-                    (settings, metrics),
+                    settings,
+                    metrics,
                     out.request_id,
                     "first_byte_timeout",
                 );
@@ -145,7 +146,7 @@ pub async fn forward(
             // died (reset before any response).
             Waited::Failed(e) => {
                 let kind = if e.is_connect() { "connect" } else { "send" };
-                note_failure(pool, &worker, (settings, metrics), out.request_id, kind);
+                note_failure(pool, &worker, settings, metrics, out.request_id, kind);
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "a worker of pool `{}` is unreachable: {e}",
                     pool.name
@@ -161,7 +162,8 @@ pub async fn forward(
                 note_failure(
                     pool,
                     &worker,
-                    (settings, metrics),
+                    settings,
+                    metrics,
                     out.request_id,
                     "status_503",
                 );
@@ -188,7 +190,8 @@ pub async fn forward(
             note_failure(
                 pool,
                 &worker,
-                (settings, metrics),
+                settings,
+                metrics,
                 out.request_id,
                 "status_5xx",
             );
@@ -366,7 +369,8 @@ fn another_worker(pool: &PoolRuntime, tried: &[u64], current: u64) -> bool {
 fn note_failure(
     pool: &PoolRuntime,
     worker: &crate::workers::state::WorkerState,
-    (settings, metrics): (ForwardSettings, &GatewayMetrics),
+    settings: ForwardSettings,
+    metrics: &GatewayMetrics,
     request_id: &str,
     kind: &str,
 ) {
