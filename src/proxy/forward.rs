@@ -117,6 +117,7 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
+        let failed = |kind| note_failure(pool, &worker, settings, metrics, out.request_id, kind);
         // Pinned here and lent to the wait, so the wait's future does not hold a second copy.
         let request = std::pin::pin!(worker.conns.send(req, settings.connect_timeout));
         let sent = match wait_for_answer(request, &worker, out.grace_over, settings).await {
@@ -129,14 +130,7 @@ pub async fn forward(
                 Err(GatewayError::WorkerEjected(worker.url.clone()))
             }
             Waited::TimedOut => {
-                note_failure(
-                    pool,
-                    &worker,
-                    settings,
-                    metrics,
-                    out.request_id,
-                    "first_byte_timeout",
-                );
+                failed("first_byte_timeout");
                 Err(GatewayError::UpstreamTimeout(format!(
                     "a worker of pool `{}` sent no response within {:?}",
                     pool.name, settings.first_byte_timeout
@@ -146,7 +140,7 @@ pub async fn forward(
             // died (reset before any response).
             Waited::Failed(e) => {
                 let kind = if e.is_connect() { "connect" } else { "send" };
-                note_failure(pool, &worker, settings, metrics, out.request_id, kind);
+                failed(kind);
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "a worker of pool `{}` is unreachable: {e}",
                     pool.name
@@ -159,14 +153,7 @@ pub async fn forward(
                     && attempt < settings.retries
                     && another_worker(pool, &tried, worker.key) =>
             {
-                note_failure(
-                    pool,
-                    &worker,
-                    settings,
-                    metrics,
-                    out.request_id,
-                    "status_503",
-                );
+                failed("status_503");
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "the workers of pool `{}` are overloaded",
                     pool.name
@@ -187,14 +174,7 @@ pub async fn forward(
         };
         let status = res.status();
         if status.is_server_error() {
-            note_failure(
-                pool,
-                &worker,
-                settings,
-                metrics,
-                out.request_id,
-                "status_5xx",
-            );
+            failed("status_5xx");
         } else {
             worker.record_success(1);
         }
