@@ -2,4 +2,5 @@
 
 pub mod body;
 pub mod forward;
+pub mod json_members;
 pub mod usage;

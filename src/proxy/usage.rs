@@ -4,7 +4,8 @@
 
 use hyper::body::Bytes;
 use infergate_engine::openai::sse;
-use serde::Deserialize;
+
+use super::json_members;
 use serde::de::IgnoredAny;
 
 /// Token counts reported by the worker.
@@ -43,59 +44,95 @@ pub struct UsageTap {
     pub content_events: u64,
 }
 
-/// What a body or SSE payload says about usage, read without building the whole JSON tree:
-/// serde skips every other field. `usage` of chat, completions and embeddings
+/// What a body or SSE payload says about usage: `usage` of chat, completions and embeddings
 /// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`), or of the
 /// Responses API (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`), at the
-/// top level (a body) or inside `response` (its `response.completed` event).
-#[derive(Deserialize)]
+/// top level (a body) or inside `response` (its `response.completed` event); and whether its
+/// `choices` are empty (a usage-only chunk).
 struct Payload {
-    usage: Option<WireUsage>,
-    response: Option<Inner>,
-    /// Only whether it is empty matters: the elements are skipped, not kept.
-    choices: Option<Vec<IgnoredAny>>,
-}
-
-#[derive(Deserialize)]
-struct Inner {
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-struct WireUsage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    prompt_tokens_details: Option<Details>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    input_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    cached_tokens: Option<u64>,
+    usage: Option<TokenUsage>,
+    empty_choices: bool,
 }
 
 impl Payload {
-    /// The token counts it reports, if any.
-    fn usage(&self) -> Option<TokenUsage> {
-        let u = self
-            .usage
-            .as_ref()
-            .or_else(|| self.response.as_ref()?.usage.as_ref())?;
-        let cached = |d: &Option<Details>| d.as_ref().and_then(|d| d.cached_tokens);
-        if let Some(prompt) = u.prompt_tokens {
-            return Some(TokenUsage {
-                prompt,
-                completion: u.completion_tokens.unwrap_or(0),
-                cached: cached(&u.prompt_tokens_details),
-            });
+    /// Reads `text`: only the members named above are parsed, the rest (the completion text) is
+    /// skipped by [`json_members::find`]. `None` when `text` is not an object of that shape.
+    fn read(text: &[u8]) -> Option<Self> {
+        let [usage, response, choices] =
+            json_members::find(text, ["usage", "response", "choices"])?;
+        let mut usage = parse_usage(usage)?;
+        if let Some(response) = response.filter(|r| *r != b"null") {
+            let [inner] = json_members::find(response, ["usage"])?;
+            let inner = parse_usage(inner)?;
+            usage = usage.or(inner);
         }
-        Some(TokenUsage {
-            prompt: u.input_tokens?,
-            completion: u.output_tokens.unwrap_or(0),
-            cached: cached(&u.input_tokens_details),
+        let empty_choices = match choices {
+            None | Some(b"null") => false,
+            Some(c) => c
+                .strip_prefix(b"[")
+                .and_then(|c| c.strip_suffix(b"]"))?
+                .trim_ascii()
+                .is_empty(),
+        };
+        Some(Payload {
+            usage,
+            empty_choices,
         })
+    }
+}
+
+/// The token counts in a raw `usage` value (absent or `null`: none); `None` when it is not a
+/// usage object (a count that is not a whole number, a key given twice).
+fn parse_usage(raw: Option<&[u8]>) -> Option<Option<TokenUsage>> {
+    let Some(raw) = raw.filter(|r| *r != b"null") else {
+        return Some(None);
+    };
+    let [
+        prompt,
+        completion,
+        prompt_details,
+        input,
+        output,
+        input_details,
+    ] = json_members::find(
+        raw,
+        [
+            "prompt_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+            "input_tokens",
+            "output_tokens",
+            "input_tokens_details",
+        ],
+    )?;
+    let (prompt, completion, details) = match count(prompt)? {
+        Some(p) => (p, count(completion)?, prompt_details),
+        None => match count(input)? {
+            Some(p) => (p, count(output)?, input_details),
+            None => return Some(None),
+        },
+    };
+    let cached = match details.filter(|d| *d != b"null") {
+        None => None,
+        Some(d) => count(json_members::find(d, ["cached_tokens"])?[0])?,
+    };
+    Some(Some(TokenUsage {
+        prompt,
+        completion: completion.unwrap_or(0),
+        cached,
+    }))
+}
+
+/// A token count: absent or `null` is none; `None` when it is not a JSON whole number that fits.
+fn count(raw: Option<&[u8]>) -> Option<Option<u64>> {
+    match raw {
+        None | Some(b"null") => Some(None),
+        // JSON has no `+` and no leading zeros, which `parse` would take.
+        Some(&[d @ b'0'..=b'9']) => Some(Some(u64::from(d - b'0'))),
+        Some(digits @ [b'1'..=b'9', ..]) => {
+            std::str::from_utf8(digits).ok()?.parse().ok().map(Some)
+        }
+        Some(_) => None,
     }
 }
 
@@ -178,8 +215,8 @@ impl UsageTap {
                 Some(first) => first,
                 None => Bytes::from(std::mem::take(&mut self.pending)),
             };
-            if let Ok(p) = serde_json::from_slice::<Payload>(&body) {
-                self.usage = p.usage().or(self.usage);
+            if let Some(p) = Payload::read(&body) {
+                self.usage = p.usage.or(self.usage);
             }
             return Bytes::new();
         }
@@ -235,7 +272,7 @@ impl UsageTap {
         if sse::is_done(payload) {
             return false;
         }
-        let Ok(p) = serde_json::from_slice::<Payload>(payload) else {
+        let Some(p) = Payload::read(payload) else {
             // JSON of another shape (not an object, or a usage of odd types) still carries
             // content; only what is not JSON at all is skipped.
             if serde_json::from_slice::<IgnoredAny>(payload).is_ok() {
@@ -243,8 +280,10 @@ impl UsageTap {
             }
             return false;
         };
-        let usage = p.usage();
-        let empty_choices = p.choices.as_ref().is_some_and(Vec::is_empty);
+        let Payload {
+            usage,
+            empty_choices,
+        } = p;
         if let Some(u) = usage {
             self.usage = Some(u);
         }
@@ -397,6 +436,48 @@ mod tests {
         );
         assert_eq!(
             usage_of(r#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn counts_must_be_json_whole_numbers() {
+        let with = |p: &str| {
+            usage_of(&format!(
+                r#"{{"usage":{{"prompt_tokens":{p},"completion_tokens":2}}}}"#
+            ))
+        };
+        assert_eq!(with("0"), tokens(0, 2, None));
+        assert_eq!(with("18446744073709551615"), tokens(u64::MAX, 2, None));
+        for bad in [
+            "3.0",
+            "1e3",
+            "-1",
+            "+3",
+            "03",
+            "\"3\"",
+            "18446744073709551616",
+            "true",
+            "[]",
+        ] {
+            assert_eq!(with(bad), None, "{bad}");
+        }
+        // `null` counts are absent: the Responses names are read instead, or nothing.
+        assert_eq!(with("null"), None);
+        assert_eq!(
+            usage_of(
+                r#"{"usage":{"prompt_tokens":null,"input_tokens":4,"output_tokens":null,"input_tokens_details":{"cached_tokens":2}}}"#
+            ),
+            tokens(4, 0, Some(2))
+        );
+        assert_eq!(
+            usage_of(r#"{"usage":{"prompt_tokens":4,"prompt_tokens_details":null}}"#),
+            tokens(4, 0, None)
+        );
+        assert_eq!(
+            usage_of(
+                r#"{"usage":{"prompt_tokens":4,"prompt_tokens_details":{"cached_tokens":1.5}}}"#
+            ),
             None
         );
     }
