@@ -9,22 +9,22 @@ use crate::gateway::{Gateway, Live};
 use crate::request::ValidRequest;
 
 /// Applies the pool's degradation actions for `tier`: shed (429), refuse a long prompt (503),
-/// cap `max_tokens`, or send to the fallback model. Returns the request as altered and the labels
-/// of what changed it (for `x-infergate-degraded`).
+/// cap `max_tokens`, or send to the fallback model. Alters the request in place (it is not moved:
+/// a move copies it) and returns the labels of what changed it (for `x-infergate-degraded`).
 pub(super) fn degrade(
     gw: &Gateway,
     live: &Live,
-    mut valid: ValidRequest,
+    valid: &mut ValidRequest,
     tier: &str,
     prompt_tokens: u64,
     ctx: &mut RequestCtx,
-) -> Result<(ValidRequest, Vec<&'static str>), GatewayError> {
+) -> Result<Vec<&'static str>, GatewayError> {
     let Some(pool) = live.pools.get(valid.pool) else {
-        return Ok((valid, Vec::new()));
+        return Ok(Vec::new());
     };
     let (actions, state) = pool.degrade.for_tier(tier);
     let Some((level, name, retry)) = state else {
-        return Ok((valid, Vec::new()));
+        return Ok(Vec::new());
     };
     let count = |action: &str| {
         gw.metrics
@@ -93,5 +93,5 @@ pub(super) fn degrade(
         labels.push("fallback");
         count("fallback");
     }
-    Ok((valid, labels))
+    Ok(labels)
 }

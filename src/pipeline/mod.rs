@@ -218,11 +218,11 @@ async fn run<B: RequestBody>(
     )
     .await?;
 
-    let (valid, degraded) =
-        degrade::degrade(gw, &live, validated.valid, &tier.name, prompt_tokens, ctx)?;
+    let mut valid = validated.valid;
+    let degraded = degrade::degrade(gw, &live, &mut valid, &tier.name, prompt_tokens, ctx)?;
     ctx.move_to_pool(&pool_at(&live, valid.pool)?.name);
 
-    let (valid, version) = split::split(&live, valid, (&tenant.name, &ctx.request_id))?;
+    let version = split::split(&live, &mut valid, (&tenant.name, &ctx.request_id))?;
     let pool = pool_at(&live, valid.pool)?;
     ctx.move_to_pool(&pool.name);
     if let (Some(v), Some(t)) = (&version, &mut ctx.target) {

@@ -46,14 +46,14 @@ impl VersionChoice {
 /// pool.
 pub(super) fn split(
     live: &Live,
-    mut valid: ValidRequest,
+    valid: &mut ValidRequest,
     (tenant, request_id): (&str, &str),
-) -> Result<(ValidRequest, Option<VersionChoice>), GatewayError> {
+) -> Result<Option<VersionChoice>, GatewayError> {
     let (Some(spec), Some(canary)) = (
         live.snapshot.canaries.get(&valid.model),
         live.canaries.get(&valid.model),
     ) else {
-        return Ok((valid, None));
+        return Ok(None);
     };
     let sticky = spec.sticky.pick(
         (valid.session_id.as_deref(), valid.user.as_deref()),
@@ -87,5 +87,5 @@ pub(super) fn split(
         name,
         canary: canary.clone(),
     };
-    Ok((valid, Some(choice)))
+    Ok(Some(choice))
 }

@@ -322,19 +322,19 @@ async fn degrade_caps_at_level_1_and_sheds_at_level_2() {
     let gw = gateway(&[], Some(GOLD), None, Some(SHED_AT_2));
     let live = gw.live();
     let mut ctx = ctx::accept(&chat(HELLO));
-    let v = validated(&gw, HELLO).await;
+    let mut v = validated(&gw, HELLO).await.valid;
     // Level 0: untouched.
-    let (same, labels) = degrade::degrade(&gw, &live, v.valid, "gold", 3, &mut ctx).unwrap();
+    let labels = degrade::degrade(&gw, &live, &mut v, "gold", 3, &mut ctx).unwrap();
     assert!(labels.is_empty());
-    assert_eq!(same.max_tokens, 100);
+    assert_eq!(v.max_tokens, 100);
     live.pools[0].degrade.force(Some(1)).unwrap();
-    let (capped, labels) = degrade::degrade(&gw, &live, same, "gold", 3, &mut ctx).unwrap();
+    let labels = degrade::degrade(&gw, &live, &mut v, "gold", 3, &mut ctx).unwrap();
     assert_eq!(labels, ["cap_max_tokens"]);
-    assert_eq!(capped.max_tokens, 16);
-    let body: serde_json::Value = serde_json::from_slice(&capped.body.bytes()).unwrap();
+    assert_eq!(v.max_tokens, 16);
+    let body: serde_json::Value = serde_json::from_slice(&v.body.bytes()).unwrap();
     assert_eq!(body["max_tokens"], 16, "the upstream body carries the cap");
     live.pools[0].degrade.force(Some(2)).unwrap();
-    let shed = degrade::degrade(&gw, &live, capped, "gold", 3, &mut ctx);
+    let shed = degrade::degrade(&gw, &live, &mut v, "gold", 3, &mut ctx);
     assert!(matches!(
         shed,
         Err(GatewayError::TooManyRequests {
@@ -361,8 +361,9 @@ async fn split_keeps_a_session_on_its_version() {
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..40 {
         let user = format!("user-{i}");
-        let (a, va) = split::split(&live, with_session(&user).await, ("t", "r1")).unwrap();
-        let (_, vb) = split::split(&live, with_session(&user).await, ("t", "r2")).unwrap();
+        let mut a = with_session(&user).await;
+        let va = split::split(&live, &mut a, ("t", "r1")).unwrap();
+        let vb = split::split(&live, &mut with_session(&user).await, ("t", "r2")).unwrap();
         let (va, vb) = (va.unwrap(), vb.unwrap());
         assert_eq!(va.name, vb.name, "{user} moved between versions");
         if va.name == "canary" {
