@@ -54,7 +54,7 @@ pub(super) async fn forward(
     valid: &ValidRequest,
     endpoint: Endpoint,
     traceparent: Option<&HeaderValue>,
-    (account, listeners): (Account, Listeners),
+    (account, listeners): (Box<Account>, Listeners),
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
     let Listeners { version, shadow } = listeners;

@@ -19,8 +19,9 @@ use crate::request_body::BodyHold;
 /// What metering hands on: the account that settles the request, and the limiter's answer
 /// (its `x-ratelimit-*` headers go on the response).
 pub(super) struct Metered {
-    /// Settles the reservation once.
-    pub account: Account,
+    /// Settles the reservation once. Boxed: it is large, and it moves from here through forward
+    /// into the body's end hook (each move of the value a copy of it).
+    pub account: Box<Account>,
     /// The limiter's reservation.
     pub reservation: Reservation,
 }
@@ -147,7 +148,7 @@ pub(super) async fn meter(
             return Err(rejection_error(r, reserve));
         }
     };
-    let mut account = Account::new(
+    let mut account = Box::new(Account::new(
         gw.limiter.clone(),
         gw.metrics.clone(),
         &tenant.name,
@@ -155,7 +156,7 @@ pub(super) async fn meter(
         holds,
         usage,
         ctx.started,
-    );
+    ));
     if let (Some(shared), Some(held)) = (&gw.shared, held) {
         account.shared_by(shared.clone(), limits, held);
     } else if gw.shared.is_none() && !limits.rated() {

@@ -71,10 +71,6 @@ pub struct Outbound<'a> {
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
-/// Headers the gateway adds to most answers (six rate-limit headers, the request id, the
-/// version), reserved once.
-const GATEWAY_HEADERS: usize = 8;
-
 /// Headers that belong to one connection and are never forwarded.
 const HOP_BY_HOP: [HeaderName; 7] = [
     hyper::header::CONNECTION,
@@ -225,10 +221,10 @@ pub async fn forward(
         } else {
             body.boxed()
         };
-        // The worker's header map, reused: hop-by-hop headers out, room for the gateway's own.
+        // The worker's header map, reused: hop-by-hop headers out. Not reserved ahead: the map
+        // hyper parsed has room for the request id, and a reserve rehashes it every time.
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
-        headers.reserve(GATEWAY_HEADERS);
         let mut response = Response::new(body);
         *response.status_mut() = parts.status;
         *response.headers_mut() = headers;
