@@ -4,11 +4,12 @@
 //!
 //! The check is structural: strings must close, brackets must nest and match, and the top level
 //! must be one object of `"key": value` members with nothing after it. Values that are not
-//! wanted are skipped, not parsed (`[1 2]` inside one passes); the caller parses the wanted ones
-//! with serde, so what it reads is checked in full.
+//! wanted are skipped, not parsed (`[1 2]` inside one passes); the caller checks the values it
+//! reads by their own rules.
 
-/// Deepest nesting skipped (serde_json's own recursion limit).
-const MAX_DEPTH: u32 = 128;
+/// Deepest nesting of a member's value: with the top-level object around it, the deepest
+/// serde_json reads (127 levels in all).
+const MAX_DEPTH: u32 = 126;
 /// Bytes of a string searched for its end byte by byte before memchr takes over.
 const SHORT: usize = 32;
 
@@ -243,10 +244,13 @@ mod tests {
 
     #[test]
     fn nesting_past_serdes_limit_is_refused() {
-        let ok = format!("{{\"a\":{}{}}}", "[".repeat(127), "]".repeat(127));
-        assert_eq!(get(&ok, "b"), Some(None));
-        let deep = format!("{{\"a\":{}{}}}", "[".repeat(129), "]".repeat(129));
-        assert_eq!(get(&deep, "b"), None);
+        let nested = |n: usize| format!("{{\"a\":{}{}}}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(get(&nested(126), "b"), Some(None));
+        assert!(serde_json::from_str::<Value>(&nested(126)).is_ok());
+        for n in [127, 128, 129] {
+            assert_eq!(get(&nested(n), "b"), None);
+            assert!(serde_json::from_str::<Value>(&nested(n)).is_err());
+        }
     }
 
     #[test]

@@ -4,9 +4,9 @@
 
 use hyper::body::Bytes;
 use infergate_engine::openai::sse;
+use serde::de::IgnoredAny;
 
 use super::json_members;
-use serde::de::IgnoredAny;
 
 /// Token counts reported by the worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
