@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use hyper::HeaderMap;
 use hyper::body::Bytes;
+use hyper::header::HeaderName;
 use infergate_engine::openai::ApiError;
 use infergate_engine::openai::fields::{FieldValue, Text, number_field, wrong_type};
 use infergate_engine::openai::params::{check_temperature, check_top_p};
@@ -17,13 +18,16 @@ use crate::config::{Snapshot, TierSpec};
 use crate::error::GatewayError;
 use crate::routing::RequestFeatures;
 use crate::routing::features::{
-    DEFAULT_BLOCK_BYTES, canonical_chat, canonical_completion, prefix_hashes, session_hash,
+    DEFAULT_BLOCK_BYTES, Turn, canonical_chat, canonical_completion, prefix_hashes, session_hash,
 };
 use crate::tokens::Estimator;
 use crate::upstream_body::UpstreamBody;
 
 /// Most prefix blocks hashed per request (64 KiB of prompt at the default block size).
 const MAX_PREFIX_BLOCKS: usize = 256;
+
+/// The header that names a client's session (sticky canary versions, session routing).
+const SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 
 /// Which OpenAI endpoint a request targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +199,16 @@ impl<'de> Deserialize<'de> for TextMessage<'de> {
             }
         }
         d.deserialize_map(Fields)
+    }
+}
+
+impl Turn for TextMessage<'_> {
+    fn role(&self) -> &str {
+        self.role.as_deref().unwrap_or_default()
+    }
+
+    fn text(&self) -> &str {
+        self.content.as_deref().unwrap_or_default()
     }
 }
 
@@ -384,7 +398,7 @@ fn validate_fields(
         },
     };
     let session_id = headers
-        .get("x-session-id")
+        .get(SESSION_ID)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let user = fields.user.and_then(text).map(Cow::into_owned);
@@ -462,11 +476,7 @@ fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), Gatewa
         if messages.is_empty() {
             return Err(bad());
         }
-        let turns: Vec<(Cow<'_, str>, Cow<'_, str>)> = messages
-            .into_iter()
-            .map(|m| (m.role.unwrap_or_default(), m.content.unwrap_or_default()))
-            .collect();
-        return Ok(chat_prompt(&turns));
+        return Ok(chat_prompt(&messages));
     }
     let items: Vec<&RawValue> = serde_json::from_str(raw.get())
         .ok()
@@ -600,21 +610,22 @@ fn responses_input(
     Ok(chat_prompt(&flat))
 }
 
-/// A conversation as (role, text) turns: its canonical bytes (prefix hashing) and the text to
-/// meter. Chat and the Responses API share it, so the same turns hash and meter the same.
-fn chat_prompt<S: AsRef<str>>(turns: &[(S, S)]) -> (Vec<u8>, PromptSize) {
-    let pairs: Vec<(&str, &str)> = turns
-        .iter()
-        .map(|(r, c)| (r.as_ref(), c.as_ref()))
-        .collect();
-    let mut text = String::with_capacity(pairs.iter().map(|(r, c)| r.len() + c.len() + 2).sum());
-    for (r, c) in &pairs {
-        text.push_str(r);
+/// A conversation's turns: its canonical bytes (prefix hashing) and the text to meter. Chat and
+/// the Responses API share it, so the same turns hash and meter the same.
+fn chat_prompt<T: Turn>(turns: &[T]) -> (Vec<u8>, PromptSize) {
+    let mut text = String::with_capacity(
+        turns
+            .iter()
+            .map(|t| t.role().len() + t.text().len() + 2)
+            .sum(),
+    );
+    for t in turns {
+        text.push_str(t.role());
         text.push('\n');
-        text.push_str(c);
+        text.push_str(t.text());
         text.push('\n');
     }
-    (canonical_chat(&pairs), PromptSize::Text(text))
+    (canonical_chat(turns), PromptSize::Text(text))
 }
 
 /// Text of a message's `content`: a string, or the text parts of an array.

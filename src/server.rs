@@ -15,7 +15,6 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use infergate_engine::edge::{self, LimitedBody};
 use notify::Watcher;
 use tokio::net::TcpListener;
@@ -91,7 +90,7 @@ pub fn tls_acceptor(t: &TlsConfig) -> Result<tokio_rustls::TlsAcceptor, String> 
 pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String> {
     tokio::spawn(gw.clone().poll_loop());
     spawn_reload_triggers(&gw);
-    let graceful = Arc::new(GracefulShutdown::new());
+    let graceful = Arc::new(edge::Drain::new());
     let public = tokio::spawn(accept_loop(
         gw.clone(),
         listeners.public,
@@ -234,7 +233,7 @@ fn connection_builder(limits: ConnectionLimits, h2: bool) -> auto::Builder<Tokio
 fn spawn_admin_thread(
     gw: Arc<Gateway>,
     listener: TcpListener,
-    graceful: Arc<GracefulShutdown>,
+    graceful: Arc<edge::Drain>,
 ) -> Result<(std::thread::JoinHandle<()>, Arc<tokio::sync::Notify>), String> {
     let main = tokio::runtime::Handle::current();
     let listener = listener
@@ -277,7 +276,7 @@ async fn accept_loop(
     gw: Arc<Gateway>,
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    graceful: Arc<GracefulShutdown>,
+    graceful: Arc<edge::Drain>,
     admin_of: Option<tokio::runtime::Handle>,
 ) {
     let is_admin = admin_of.is_some();

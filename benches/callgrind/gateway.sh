@@ -4,7 +4,8 @@
 # not. It counts user-space instructions only (no syscalls, no cross-core cache traffic), so it
 # ranks CPU changes in our code; benches/gateway_overhead.rs says what they are worth in req/s.
 #   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
-# CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes). Needs valgrind and python3; the
+# CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes); KEEP=path keeps the callgrind file
+# there (for callgrind_annotate). Needs valgrind and python3; the
 # upstream and client are small Python servers on loopback.
 # With RELAY=1 the binary is the gateway_overhead bench's (target/release/deps/gateway_overhead-*),
 # run as its bare hyper relay column: the same count for a proxy that does nothing but relay.
@@ -47,6 +48,7 @@ callgrind_control -d "$vpid" >/dev/null 2>&1
 sleep 1
 file="$(ls -t "$dir"/cg."$vpid"* | head -1)"
 total="$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')"
+[ -n "${KEEP:-}" ] && cp "$file" "$KEEP"
 echo "$label: $((total / n)) instructions per request ($total over $n requests)"
 # With extra options (a cache simulation), every event's total too.
 if [ -n "${CALLGRIND_OPTS:-}" ]; then

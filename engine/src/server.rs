@@ -97,7 +97,7 @@ pub async fn serve(args: EngineArgs) -> Result<(), String> {
         arrivals: AtomicU64::new(0),
         in_flight: Arc::new(InFlight::new(args.max_in_flight_requests)),
     });
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let graceful = edge::Drain::new();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {

@@ -30,16 +30,37 @@ const MESSAGE_END: u8 = 0xFF;
 ///
 /// A conversation that extends another has canonical bytes that extend the other's, so a follow-up
 /// turn shares every full block of the earlier turns.
-pub fn canonical_chat(messages: &[(&str, &str)]) -> Vec<u8> {
-    let len = messages.iter().map(|(r, c)| r.len() + c.len() + 2).sum();
+pub fn canonical_chat<T: Turn>(messages: &[T]) -> Vec<u8> {
+    let len = messages
+        .iter()
+        .map(|m| m.role().len() + m.text().len() + 2)
+        .sum();
     let mut out = Vec::with_capacity(len);
-    for (role, content) in messages {
-        out.extend_from_slice(role.as_bytes());
+    for m in messages {
+        out.extend_from_slice(m.role().as_bytes());
         out.push(ROLE_END);
-        out.extend_from_slice(content.as_bytes());
+        out.extend_from_slice(m.text().as_bytes());
         out.push(MESSAGE_END);
     }
     out
+}
+
+/// One message of a conversation as prompts see it: its role and its text.
+pub trait Turn {
+    /// The role (`system`, `user`, ...).
+    fn role(&self) -> &str;
+    /// The text.
+    fn text(&self) -> &str;
+}
+
+impl<R: AsRef<str>, C: AsRef<str>> Turn for (R, C) {
+    fn role(&self) -> &str {
+        self.0.as_ref()
+    }
+
+    fn text(&self) -> &str {
+        self.1.as_ref()
+    }
 }
 
 /// Canonical bytes of a completion prompt: the prompt itself.
@@ -118,8 +139,8 @@ mod tests {
     #[test]
     fn shared_prefix_shares_leading_hashes() {
         let system = "s".repeat(600);
-        let a = canonical_chat(&[("system", &system), ("user", "question one")]);
-        let b = canonical_chat(&[("system", &system), ("user", "another question")]);
+        let a = canonical_chat(&[("system", system.as_str()), ("user", "question one")]);
+        let b = canonical_chat(&[("system", system.as_str()), ("user", "another question")]);
         let (ha, hb) = (prefix_hashes(&a, 256, 8), prefix_hashes(&b, 256, 8));
         assert_eq!(ha[..2], hb[..2]);
         assert_eq!(prefix_hashes(&a, 256, 8), ha, "deterministic");

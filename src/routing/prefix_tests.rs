@@ -443,9 +443,9 @@ fn a_clearly_longer_hit_wins_over_the_hash_order() {
     let short = route(&p, &turn1, &ws).index;
     // The whole conversation so far is on another worker (its follow-up was routed there).
     let long_conv = canonical_chat(&[
-        ("system", &system),
+        ("system", system.as_str()),
         ("user", "q"),
-        ("assistant", &"a".repeat(8_000)),
+        ("assistant", "a".repeat(8_000).as_str()),
     ]);
     let conv = RequestFeatures {
         prefix_hashes: prefix_hashes(&long_conv, DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS),

@@ -10,9 +10,12 @@
 //! 4. [`body_limit`]: the request body is bounded in size and in time (one deadline for the whole
 //!    body, so a trickling client cannot hold a request open), with typed errors the endpoint maps.
 //!
+//! [`drain`] shuts a listener's connections down gracefully, for both servers too.
+//!
 //! Domain decisions (tenants, admission, routing) stay in plain async code behind the stack.
 
 pub mod body_limit;
+pub mod drain;
 pub mod in_flight;
 pub mod request_id;
 pub mod trace_context;
@@ -23,6 +26,7 @@ use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 
 pub use body_limit::{BodyError, BodyLimitLayer, BodyLimits, LimitedBody};
+pub use drain::Drain;
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use request_id::{REQUEST_ID, RequestIdLayer};
 pub use trace_context::TraceContextLayer;
