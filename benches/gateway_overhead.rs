@@ -42,12 +42,14 @@ use tokio::time::Sleep;
 /// Client connections, each one task running requests back to back.
 const CONNECTIONS: usize = 32;
 /// Discarded at the start of each column (connection pools fill, caches warm).
-const WARMUP: Duration = Duration::from_secs(1);
+const WARMUP: Duration = Duration::from_millis(500);
 /// Measured per column and mode, in all.
 const MEASURE: Duration = Duration::from_secs(10);
 /// The measured time is split into this many rounds, each running every column once in turn, so
-/// that a slow spell of the shared machine falls on all columns rather than on one.
-const ROUNDS: u32 = 3;
+/// that a slow spell of the shared machine falls on all columns rather than on one. Short rounds
+/// interleave the columns finely: this machine's speed drifts within a minute, and with three long
+/// rounds two builds within 2% of each other in instructions differed by up to 8% in req/s.
+const ROUNDS: u32 = 10;
 /// SSE chunks per streamed answer, before `data: [DONE]`.
 const CHUNKS: u32 = 20;
 /// The upstream's spacing between streamed chunks.
@@ -332,8 +334,8 @@ async fn run() -> Result<(), BoxError> {
     }
 
     eprintln!(
-        "{CONNECTIONS} connections, closed loop, {ROUNDS} rounds of {}s warm-up + {:.1}s measured per column",
-        WARMUP.as_secs(),
+        "{CONNECTIONS} connections, closed loop, {ROUNDS} rounds of {:.1}s warm-up + {:.1}s measured per column",
+        WARMUP.as_secs_f64(),
         (MEASURE / ROUNDS).as_secs_f64()
     );
     let mut plain: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
