@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use common::{BoxError, Conn, Proc, SseSplitter, Table, TempDir, ms, percentile, sorted};
+use common::{BoxError, Conn, CpuTimes, Proc, SseSplitter, Table, TempDir, ms, percentile, sorted};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::CONTENT_TYPE;
@@ -96,8 +96,8 @@ struct Samples {
     first_error: Option<String>,
     /// Length of the measured window, seconds.
     window: f64,
-    /// CPU seconds the proxy process used in the measured window (`None` for direct).
-    proxy_cpu: Option<f64>,
+    /// CPU time the proxy process used in the measured window (`None` for direct).
+    proxy_cpu: Option<CpuTimes>,
 }
 
 impl Samples {
@@ -135,9 +135,14 @@ impl Samples {
 
     /// Proxy CPU microseconds per successful request.
     fn cpu_us(&self) -> Option<f64> {
+        self.cpu_us_of(CpuTimes::total)
+    }
+
+    /// The part of the proxy's CPU time that `part` picks, in microseconds per successful request.
+    fn cpu_us_of(&self, part: impl Fn(CpuTimes) -> f64) -> Option<f64> {
         match self.proxy_cpu {
             Some(cpu) if !self.latencies.is_empty() => {
-                Some(cpu * 1e6 / self.latencies.len() as f64)
+                Some(part(cpu) * 1e6 / self.latencies.len() as f64)
             }
             _ => None,
         }
@@ -400,6 +405,7 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
         "p50 × direct",
         "p99 × direct",
         "proxy CPU µs/req",
+        "of which user µs",
         "req/s × nginx",
         "CPU × nginx",
         "errors",
@@ -433,6 +439,8 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
             format!("{:.2}", p50 / b50),
             format!("{:.2}", p99 / b99),
             s.cpu_per_request(),
+            s.cpu_us_of(|c| c.user)
+                .map_or_else(|| "–".into(), |us| format!("{us:.1}")),
             rate_ratio,
             cpu_ratio,
             s.errors.to_string(),
@@ -494,9 +502,9 @@ async fn closed_loop(target: &Target, stream: bool) -> Samples {
     let cpu = tokio::spawn(async move {
         let pid = pid?;
         tokio::time::sleep_until(measure_from.into()).await;
-        let before = common::cpu_seconds(pid)?;
+        let before = common::cpu_times(pid)?;
         tokio::time::sleep_until(end.into()).await;
-        Some(common::cpu_seconds(pid)? - before)
+        Some(common::cpu_times(pid)? - before)
     });
     let tasks: Vec<_> = (0..CONNECTIONS)
         .map(|_| {

@@ -117,22 +117,64 @@ impl Proc {
     }
 }
 
-/// CPU time (user + system, seconds) used so far by process `pid` and its direct children (nginx
-/// workers), from `/proc`; `None` where `/proc` is unreadable.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// CPU seconds a process spent in user space and in the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTimes {
+    /// User-space seconds.
+    pub user: f64,
+    /// Kernel seconds (system calls, and the loopback network stack they run).
+    pub system: f64,
+}
+
+impl CpuTimes {
+    /// User plus system seconds.
+    pub fn total(self) -> f64 {
+        self.user + self.system
+    }
+}
+
+impl std::ops::Add for CpuTimes {
+    type Output = CpuTimes;
+    fn add(self, o: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user + o.user,
+            system: self.system + o.system,
+        }
+    }
+}
+
+impl std::ops::Sub for CpuTimes {
+    type Output = CpuTimes;
+    fn sub(self, o: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user: self.user - o.user,
+            system: self.system - o.system,
+        }
+    }
+}
+
+/// CPU time used so far by process `pid` and its direct children (nginx workers), from `/proc`;
+/// `None` where `/proc` is unreadable.
+pub fn cpu_times(pid: u32) -> Option<CpuTimes> {
     /// Clock ticks per second of `/proc/*/stat` (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
     const TICKS: f64 = 100.0;
     // Fields after the `(comm)`: state ppid ... utime (12th) stime (13th).
-    let read = |path: &Path| -> Option<(u32, f64)> {
+    let read = |path: &Path| -> Option<(u32, CpuTimes)> {
         let text = std::fs::read_to_string(path).ok()?;
         let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
         let ppid = fields.get(1)?.parse().ok()?;
         let utime: f64 = fields.get(11)?.parse().ok()?;
         let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((ppid, (utime + stime) / TICKS))
+        Some((
+            ppid,
+            CpuTimes {
+                user: utime / TICKS,
+                system: stime / TICKS,
+            },
+        ))
     };
     let (_, own) = read(&PathBuf::from(format!("/proc/{pid}/stat")))?;
-    let children: f64 = std::fs::read_dir("/proc")
+    let children = std::fs::read_dir("/proc")
         .ok()?
         .flatten()
         .filter(|e| {
@@ -143,8 +185,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
         })
         .filter_map(|e| read(&e.path().join("stat")))
         .filter(|(ppid, _)| *ppid == pid)
-        .map(|(_, cpu)| cpu)
-        .sum();
+        .fold(CpuTimes::default(), |sum, (_, cpu)| sum + cpu);
     Some(own + children)
 }
 
