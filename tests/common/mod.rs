@@ -11,6 +11,7 @@ pub mod http;
 pub mod metrics;
 pub mod poll;
 pub mod process;
+pub mod rogue;
 pub mod skip;
 pub mod sse;
 pub mod tempdir;

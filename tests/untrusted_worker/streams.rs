@@ -1,0 +1,1 @@
+//! (cases are added here)
