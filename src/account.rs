@@ -14,6 +14,7 @@ use crate::limits::{ConcurrencySlot, Limiter};
 use crate::metrics::GatewayMetrics;
 use crate::pricing::{Prices, TokenCounts};
 use crate::proxy::body::EndReport;
+use crate::proxy::usage_check::{self, UsageBounds, UsageCheckConfig};
 use crate::request_body::BodyHold;
 
 /// What the account needs to price a request and write its ledger row.
@@ -34,6 +35,10 @@ pub struct Usage {
     pub budget_periods: Vec<Period>,
     /// Nano-USD reserved against the budgets.
     pub budget_estimate: u64,
+    /// What the request made possible, to check the worker's usage against.
+    pub bounds: UsageBounds,
+    /// How far the worker's usage may stray from it.
+    pub check: UsageCheckConfig,
 }
 
 /// One request's open account.
@@ -47,6 +52,10 @@ pub struct Account {
     body: Option<BodyHold>,
     permit: Option<Permit>,
     usage: Option<Usage>,
+    /// The request's bounds on usage and the check's settings (kept when `usage` is taken).
+    bounds: (UsageBounds, UsageCheckConfig),
+    /// The pool that served it, for the usage check's counter.
+    pool: String,
     /// Where the rate reservation is held when fleet mode admitted it.
     shared: Option<(
         Arc<crate::limits::SharedLimiter>,
@@ -80,6 +89,8 @@ impl Account {
             slot: Some(slot),
             body: Some(body),
             permit: None,
+            bounds: (usage.bounds, usage.check),
+            pool: usage.row.pool.clone(),
             usage: Some(usage),
             shared: None,
             started,
@@ -105,6 +116,9 @@ impl Account {
         (model, pool, version): (&str, &str, Option<&str>),
         served_model: &str,
     ) {
+        if self.pool != pool {
+            self.pool = pool.to_string();
+        }
         if let Some(u) = &mut self.usage {
             u.row.model = model.to_string();
             if u.ledger.is_some() {
@@ -128,15 +142,13 @@ impl Account {
         self.permit = Some(permit);
     }
 
-    /// Settles with what the response reported: real usage when the worker sent it, else the
-    /// prompt estimate plus one token per streamed content chunk (cached tokens then 0).
+    /// Settles with what the response reported: the worker's usage when it sent one within
+    /// what the request made possible (each field outside it replaced by the gateway's own
+    /// count), else the prompt estimate plus one token per streamed content chunk (cached
+    /// tokens then 0).
     pub fn settle(mut self, end: EndReport) {
         let tokens = match end.usage {
-            Some(u) => TokenCounts {
-                prompt: u.prompt,
-                cached: u.cached.unwrap_or(0).min(u.prompt),
-                completion: u.completion,
-            },
+            Some(u) => self.checked(u, &end),
             // An error answer without usage (a worker's 4xx/5xx) did no billable work.
             None if !(200..300).contains(&end.status) => TokenCounts::default(),
             None => TokenCounts {
@@ -159,6 +171,32 @@ impl Account {
             }
         }
         self.close(tokens.prompt.saturating_add(tokens.completion));
+    }
+
+    /// The worker's usage `u` as checked against the request's bounds; a rejection is counted
+    /// per pool and reason, and logged once per worker.
+    fn checked(&self, u: crate::proxy::usage::TokenUsage, end: &EndReport) -> TokenCounts {
+        let (bounds, cfg) = &self.bounds;
+        let own_completion = (end.content_events > 0).then_some(end.content_events);
+        let checked = usage_check::check(u, bounds, cfg, own_completion);
+        for reason in checked.rejections() {
+            self.metrics
+                .usage_rejected
+                .with_label_values(&[&self.pool, reason.as_str()])
+                .inc();
+            if self.metrics.first_usage_lie(&end.worker) {
+                tracing::warn!(
+                    worker = %end.worker,
+                    pool = %self.pool,
+                    reason = reason.as_str(),
+                    reported_prompt = u.prompt,
+                    reported_completion = u.completion,
+                    reported_cached = ?u.cached,
+                    "a worker reported usage the request cannot have used: billing the gateway's own count (logged once per worker)"
+                );
+            }
+        }
+        checked.tokens
     }
 
     /// Prices the request, counts it, settles its budgets and writes its row.

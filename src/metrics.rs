@@ -25,6 +25,11 @@ pub struct GatewayMetrics {
     pub e2e: HistogramVec,
     /// `infergate_upstream_errors_total{pool,kind}`.
     pub upstream_errors: IntCounterVec,
+    /// `infergate_upstream_usage_rejected_total{pool,reason}`: usage numbers a worker reported
+    /// that the request cannot have used (see [`crate::proxy::usage_check`]).
+    pub usage_rejected: IntCounterVec,
+    /// Workers whose first usage lie was logged (each is logged once).
+    usage_liars: Mutex<std::collections::HashSet<String>>,
     /// `infergate_retries_total{pool}`.
     pub retries: IntCounterVec,
     /// `infergate_worker_ejections_total{pool}`.
@@ -281,6 +286,12 @@ impl GatewayMetrics {
                 "Upstream failures by kind.",
                 &["pool", "kind"],
             )?,
+            usage_rejected: counter(
+                "infergate_upstream_usage_rejected_total",
+                "Usage numbers from workers outside what the request made possible, replaced by the gateway's own count.",
+                &["pool", "reason"],
+            )?,
+            usage_liars: Mutex::default(),
             retries: counter(
                 "infergate_retries_total",
                 "Requests retried on another worker before the first byte.",
@@ -559,6 +570,16 @@ impl GatewayMetrics {
             tenant_models: Mutex::default(),
             registry,
         })
+    }
+
+    /// True the first time `worker` is seen reporting impossible usage (so it is logged once);
+    /// the set is bounded, past it nothing more is logged.
+    pub fn first_usage_lie(&self, worker: &str) -> bool {
+        const MAX_REMEMBERED: usize = 4096;
+        let Ok(mut seen) = self.usage_liars.lock() else {
+            return false;
+        };
+        seen.len() < MAX_REMEMBERED && seen.insert(worker.to_owned())
     }
 
     /// The series of `tenant`'s requests to `model` (labels bounded like the metrics': tenants

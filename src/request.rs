@@ -88,6 +88,10 @@ pub struct ValidRequest {
     /// Completion tokens to reserve: the request's `max_tokens`, or the tier's default (which
     /// is then also sent upstream).
     pub max_tokens: u64,
+    /// Choices asked for (`n`, default 1): the worker may produce `max_tokens` for each.
+    pub n: u32,
+    /// Image, audio and file parts of the prompt, which the gateway's text count leaves out.
+    pub media_parts: u32,
     /// What to count prompt tokens of.
     pub prompt: PromptSize,
     /// Tokenizer for the estimate.
@@ -143,6 +147,8 @@ struct Fields<'a> {
     instructions: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     user: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    n: Option<&'a RawValue>,
 }
 
 /// One chat message's fields the gateway reads.
@@ -359,6 +365,22 @@ fn validate_fields(
         true => asked.unwrap_or(u64::from(tier.default_max_tokens)),
         false => 0,
     };
+    // OpenAI's range; the worker would produce up to `max_tokens` for each choice.
+    let n = match number(fields.n, "n")? {
+        None => 1,
+        Some(n) if endpoint.generates() && (!(1.0..=128.0).contains(&n) || n.fract() != 0.0) => {
+            return Err(GatewayError::bad_request(
+                format!("n must be a whole number from 1 to 128, got {n}"),
+                Some("n"),
+            ));
+        }
+        Some(n) => (n as u32).max(1),
+    };
+    let media_parts = match endpoint {
+        Endpoint::ChatCompletions => media_parts(fields.messages),
+        Endpoint::Responses => media_parts(fields.input),
+        Endpoint::Completions | Endpoint::Embeddings => 0,
+    };
     let client_wants_usage = tree(fields.stream_options)
         .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
@@ -456,6 +478,8 @@ fn validate_fields(
         body: upstream,
         features,
         max_tokens,
+        n,
+        media_parts,
         prompt,
         estimator: route.tokenizer,
         max_context: route.max_context,
@@ -626,6 +650,29 @@ fn chat_prompt<T: Turn>(turns: &[T]) -> (Vec<u8>, PromptSize) {
         text.push('\n');
     }
     (canonical_chat(turns), PromptSize::Text(text))
+}
+
+/// Parts of the messages' `content` arrays that are not text (images, audio, files), which the
+/// usage check allows prompt tokens for. Only bodies with typed parts are parsed again.
+fn media_parts(messages: Option<&RawValue>) -> u32 {
+    let Some(raw) = messages.filter(|r| r.get().contains("\"type\"")) else {
+        return 0;
+    };
+    let Some(Value::Array(items)) = tree(Some(raw)) else {
+        return 0;
+    };
+    let is_media = |part: &Value| {
+        part.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| !matches!(t, "text" | "input_text" | "output_text" | "refusal"))
+    };
+    let count = items
+        .iter()
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter(|p| is_media(p))
+        .count();
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// Text of a message's `content`: a string, or the text parts of an array.

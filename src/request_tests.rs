@@ -774,3 +774,26 @@ fn edits_are_spliced_into_the_clients_bytes_once() {
         1
     );
 }
+
+#[test]
+fn n_bounds_the_completion_and_media_parts_are_counted() {
+    let v = chat(r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#).unwrap();
+    assert_eq!((v.n, v.media_parts), (1, 0));
+    let v = chat(r#"{"model":"m","n":4,"messages":[{"role":"user","content":"a"}]}"#).unwrap();
+    assert_eq!(v.n, 4);
+    for bad in [
+        r#"{"model":"m","n":0,"messages":[{"role":"user","content":"a"}]}"#,
+        r#"{"model":"m","n":129,"messages":[{"role":"user","content":"a"}]}"#,
+        r#"{"model":"m","n":1.5,"messages":[{"role":"user","content":"a"}]}"#,
+        r#"{"model":"m","n":"2","messages":[{"role":"user","content":"a"}]}"#,
+    ] {
+        let err = chat(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
+        assert_eq!(err.status(), hyper::StatusCode::BAD_REQUEST, "n = {bad}");
+    }
+    let images = r#"{"model":"m","messages":[
+        {"role":"user","content":[{"type":"text","text":"what is this?"},
+            {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},
+            {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
+        {"role":"assistant","content":"a cat"}]}"#;
+    assert_eq!(chat(images).unwrap().media_parts, 2);
+}

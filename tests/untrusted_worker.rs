@@ -8,6 +8,8 @@
 )]
 
 mod common;
+#[path = "tenant_support/mod.rs"]
+mod tenant_support;
 
 #[path = "untrusted_worker/usage.rs"]
 mod usage;

@@ -23,6 +23,11 @@ fn schema_errors_report_their_line() {
     one_error(&format!("health: {{eject_after: -1}}\n{MINIMAL}"), 1, "u32");
     one_error(&format!("log: {{format: xml}}\n{MINIMAL}"), 1, "xml");
     one_error("pools: []\n", 1, "models");
+    one_error(
+        &format!("usage_check:\n  prompt_ratio: 0.5\n{MINIMAL}"),
+        2,
+        "usage_check.prompt_ratio must be a number ≥ 1",
+    );
 }
 
 #[test]

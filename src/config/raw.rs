@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub policies: Option<Text>,
     pub health: Option<RawHealth>,
     pub forward: Option<RawForward>,
+    pub usage_check: Option<RawUsageCheck>,
     pub drain: Option<RawDrain>,
     pub limits: Option<RawLimits>,
     pub metrics: Option<RawMetrics>,
@@ -151,6 +152,16 @@ pub(super) struct RawForward {
     pub idle_timeout: Option<Text>,
     pub total_timeout: Option<Text>,
     pub retries: Option<u32>,
+}
+
+/// `usage_check:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUsageCheck {
+    pub prompt_ratio: Option<Spanned<f64>>,
+    pub prompt_slack: Option<u64>,
+    pub media_part_tokens: Option<u64>,
+    pub completion_slack: Option<u64>,
 }
 
 /// `drain:`

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 
 use super::error::Sink;
-use super::raw::{RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawTls, Text};
+use super::raw::{
+    RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawTls, RawUsageCheck, Text,
+};
 use super::snapshot::{
     AdminConfig, ConnectionLimits, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig,
 };
@@ -64,6 +66,38 @@ pub(super) fn forward(sink: &mut Sink<'_>, raw: Option<&RawForward>) -> ForwardC
         idle_timeout: field(|f| f.idle_timeout.as_ref(), "forward.idle_timeout", 30),
         total_timeout: field(|f| f.total_timeout.as_ref(), "forward.total_timeout", 600),
         retries: raw.and_then(|f| f.retries).unwrap_or(2),
+    }
+}
+
+/// `usage_check:` with defaults ratio 2, prompt slack 256, 8,192 tokens a media part,
+/// completion slack 16; the ratio must be a number of at least 1.
+pub(super) fn usage_check(
+    sink: &mut Sink<'_>,
+    raw: Option<&RawUsageCheck>,
+) -> crate::proxy::usage_check::UsageCheckConfig {
+    let default = crate::proxy::usage_check::UsageCheckConfig::default();
+    let Some(raw) = raw else {
+        return default;
+    };
+    let prompt_ratio = match &raw.prompt_ratio {
+        None => default.prompt_ratio,
+        Some(r) if !r.value.is_finite() || r.value < 1.0 => {
+            sink.at(
+                &r.referenced,
+                format!(
+                    "usage_check.prompt_ratio must be a number ≥ 1, got {}",
+                    r.value
+                ),
+            );
+            default.prompt_ratio
+        }
+        Some(r) => r.value,
+    };
+    crate::proxy::usage_check::UsageCheckConfig {
+        prompt_ratio,
+        prompt_slack: raw.prompt_slack.unwrap_or(default.prompt_slack),
+        media_part_tokens: raw.media_part_tokens.unwrap_or(default.media_part_tokens),
+        completion_slack: raw.completion_slack.unwrap_or(default.completion_slack),
     }
 }
 

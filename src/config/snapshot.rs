@@ -25,6 +25,8 @@ pub struct Snapshot {
     pub health: HealthConfig,
     /// Upstream timeouts and retries.
     pub forward: ForwardConfig,
+    /// How far a worker's reported usage may stray from what the request made possible.
+    pub usage_check: crate::proxy::usage_check::UsageCheckConfig,
     /// How long streams in flight may run after SIGTERM. Default 30 s.
     pub drain_grace: Duration,
     /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).

@@ -76,6 +76,13 @@ pub struct UsageRow {
     pub total_ms: u64,
 }
 
+/// Most cost one ledger row records: $1,000 (a request past it is a worker's bad number, already
+/// refused by the usage check). At this ceiling `SUM(cost_nanousd)` of 9 million rows still fits
+/// an `i64`.
+pub const ROW_COST_CEILING_NANOUSD: u64 = 1_000_000_000_000;
+/// Most tokens of one kind one ledger row records (a billion).
+pub const ROW_TOKENS_CEILING: u64 = 1_000_000_000;
+
 /// A storage failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerError(pub String);
@@ -290,7 +297,17 @@ impl UsageLedger {
     }
 
     /// Queues `row`; when the queue is full the oldest row is dropped (and counted).
-    pub fn record(&self, row: UsageRow) {
+    pub fn record(&self, mut row: UsageRow) {
+        // Whatever a worker reported, one row stays small enough that sums over millions of
+        // rows fit the stores' signed 64-bit integers.
+        row.cost_nanousd = row.cost_nanousd.min(ROW_COST_CEILING_NANOUSD);
+        for tokens in [
+            &mut row.prompt_tokens,
+            &mut row.cached_tokens,
+            &mut row.completion_tokens,
+        ] {
+            *tokens = (*tokens).min(ROW_TOKENS_CEILING);
+        }
         let Ok(mut q) = self.queue.rows.lock() else {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;

@@ -257,3 +257,35 @@ fn query_parameters_are_checked() {
     assert!(p(&[("from", "2026-12-02"), ("to", "2026-12-01")]).is_err());
     assert!(p(&[("bogus", "1")]).is_err());
 }
+
+#[test]
+fn absurd_rows_are_capped_so_sums_stay_in_range() {
+    let file = TempFile::new("ceiling");
+    let absurd = |i: u64| UsageRow {
+        cost_nanousd: u64::MAX,
+        prompt_tokens: u64::MAX,
+        cached_tokens: u64::MAX,
+        completion_tokens: 1_000_000_000_000_000_000,
+        ..row(i, "acme", "a", T0 + 1_000)
+    };
+    {
+        let ledger = UsageLedger::open(&settings(&file.0, 100)).expect("open");
+        for i in 0..20 {
+            ledger.record(absurd(i));
+        }
+        ledger.close();
+    }
+    let reader = SqliteStore::open_reader(&file.0).expect("reopen");
+    let dims = [Dimension::Tenant];
+    let sums = reader.usage(&query(&dims)).expect("sums answer");
+    assert_eq!(
+        sums.totals.cost_nanousd,
+        20 * super::ROW_COST_CEILING_NANOUSD
+    );
+    assert_eq!(
+        sums.totals.completion_tokens,
+        20 * super::ROW_TOKENS_CEILING
+    );
+    let daily = reader.daily(&query(&dims)).expect("rollup answers");
+    assert_eq!(daily.totals.cost_nanousd, sums.totals.cost_nanousd);
+}

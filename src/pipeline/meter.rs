@@ -13,7 +13,8 @@ use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::ledger::UsageRow;
 use crate::limits::{ConcurrencySlot, Rejection, Reservation, TierLimits};
-use crate::request::ValidRequest;
+use crate::proxy::usage_check::UsageBounds;
+use crate::request::{PromptSize, ValidRequest};
 use crate::request_body::BodyHold;
 
 /// What metering hands on: the account that settles the request, and the limiter's answer
@@ -51,13 +52,15 @@ pub(super) async fn meter(
     ctx: &RequestCtx,
 ) -> Result<Metered, GatewayError> {
     let budgets = snapshot.budgets_of(&tenant.name, tier);
+    // The worker may produce `max_tokens` for each of the `n` choices.
+    let completion_max = valid.max_tokens.saturating_mul(u64::from(valid.n));
     let budget_estimate = if budgets.is_empty() {
         0
     } else {
         let reserved = crate::pricing::TokenCounts {
             prompt: prompt_tokens,
             cached: 0,
-            completion: valid.max_tokens,
+            completion: completion_max,
         };
         let cost = |served: &str| {
             snapshot
@@ -108,6 +111,12 @@ pub(super) async fn meter(
         } else {
             UsageRow {
                 model: valid.model.clone(),
+                // The pool names the usage check's counter.
+                pool: ctx
+                    .target
+                    .as_ref()
+                    .map(|t| t.pool.clone())
+                    .unwrap_or_default(),
                 ..UsageRow::default()
             }
         },
@@ -118,9 +127,16 @@ pub(super) async fn meter(
         budgets: gw.budgets.clone(),
         budget_periods: budget_periods.clone(),
         budget_estimate,
+        bounds: UsageBounds {
+            prompt_estimate: prompt_tokens,
+            prompt_exact: matches!(valid.prompt, PromptSize::Tokens(_)),
+            media_parts: valid.media_parts,
+            completion_max,
+        },
+        check: snapshot.usage_check,
     };
     let limits = tier_limits(tier);
-    let reserve = prompt_tokens + valid.max_tokens;
+    let reserve = prompt_tokens.saturating_add(completion_max);
     // Fleet mode: one round trip to Redis for the tenant's shared rate and concurrency.
     let acquired = match &gw.shared {
         // Boxed: its future is large, and without Redis this one's stays small.

@@ -4,3 +4,4 @@ pub mod body;
 pub mod forward;
 pub mod json_members;
 pub mod usage;
+pub mod usage_check;
