@@ -10,6 +10,7 @@
     reason = "tests and benches stop at the first thing that is not as it should be"
 )]
 
+#[path = "e2e/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -7,8 +7,9 @@
     reason = "tests stop at the first thing that is not as it should be"
 )]
 
+#[path = "e2e/common/mod.rs"]
 mod common;
-#[path = "tenant_support/mod.rs"]
+#[path = "e2e/tenant_support/mod.rs"]
 mod tenant_support;
 
 #[path = "untrusted_worker/usage.rs"]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
 
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../tests/e2e/common/mod.rs"]
 mod kit;
 
 use kit::process::{self, Kept};

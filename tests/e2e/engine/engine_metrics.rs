@@ -1,0 +1,290 @@
+//! End-to-end test of the engine's vLLM metric set: a real `infergate engine --backend sim`
+//! serves streamed and whole completions and chats, then `/metrics` must hold every vLLM family
+//! the vLLM Grafana dashboard reads, with counts and sums that agree with the answers' `usage`.
+
+use crate::common;
+
+use common::{Engine, find_metric, get, post_json, stream};
+use hyper::StatusCode;
+use infergate::workers::load_metrics::{Dialect, parse_load};
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+const MODEL: &str = "llama-3-8b";
+
+/// What one answer reported.
+#[derive(Debug)]
+struct Answer {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cached_tokens: u64,
+    max_tokens: u64,
+    finish_reason: String,
+}
+
+/// Sends `body` to `url` (streamed when `body.stream`) and reads its usage and finish reason.
+async fn send(url: String, body: Value) -> Answer {
+    let max_tokens = body["max_tokens"].as_u64().expect("max_tokens");
+    let (usage, finish) = if body["stream"] == true {
+        let s = stream(&url, &body).await;
+        assert_eq!(s.status, StatusCode::OK);
+        let chunks = s.chunks();
+        let usage = chunks
+            .iter()
+            .rev()
+            .find_map(|c| c.get("usage").filter(|u| !u.is_null()))
+            .unwrap_or_else(|| panic!("no usage chunk in {chunks:?}"))
+            .clone();
+        let finish = chunks
+            .iter()
+            .rev()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+            .unwrap_or_else(|| panic!("no finish_reason in {chunks:?}"))
+            .to_owned();
+        (usage, finish)
+    } else {
+        let (status, _, res) = post_json(&url, &body).await;
+        assert_eq!(status, StatusCode::OK, "{res}");
+        let finish = res["choices"][0]["finish_reason"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no finish_reason in {res}"))
+            .to_owned();
+        (res["usage"].clone(), finish)
+    };
+    let count = |v: &Value| {
+        v.as_u64()
+            .unwrap_or_else(|| panic!("not a count in {usage}"))
+    };
+    Answer {
+        prompt_tokens: count(&usage["prompt_tokens"]),
+        completion_tokens: count(&usage["completion_tokens"]),
+        cached_tokens: count(&usage["prompt_tokens_details"]["cached_tokens"]),
+        max_tokens,
+        finish_reason: finish,
+    }
+}
+
+/// The value of `selector` in `text`, failing the test when the series is missing.
+fn value(text: &str, selector: &str) -> f64 {
+    find_metric(text, selector).unwrap_or_else(|| panic!("no {selector} in:\n{text}"))
+}
+
+/// The value of label `name` on the first `vllm:cache_config_info` sample.
+fn cache_label<'a>(text: &'a str, name: &str) -> &'a str {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))
+        .unwrap_or_else(|| panic!("no vllm:cache_config_info in:\n{text}"));
+    let key = format!("{name}=\"");
+    let start = line
+        .find(&key)
+        .unwrap_or_else(|| panic!("no label {name} in {line}"))
+        + key.len();
+    let len = line[start..].find('"').expect("closing quote");
+    &line[start..start + len]
+}
+
+#[tokio::test]
+async fn every_vllm_metric_agrees_with_the_answers() {
+    // Short answers when EOS may end them, so both finish reasons occur.
+    let e = Engine::start(&["--sim-mean-output-tokens", "4"]).await;
+    let completions = e.at("/v1/completions");
+    let chats = e.at("/v1/chat/completions");
+    let prompt = |i: usize| format!("Request number {i} asks about rivers and stones");
+    let chat = |i: usize| json!([{"role": "user", "content": prompt(i)}]);
+    let usage = json!({"include_usage": true});
+    let bodies = [
+        (
+            &completions,
+            json!({"prompt": prompt(0), "max_tokens": 8, "ignore_eos": true}),
+        ),
+        (
+            &completions,
+            json!({"prompt": prompt(1), "max_tokens": 64, "seed": 1}),
+        ),
+        (
+            &completions,
+            json!({"prompt": prompt(2), "max_tokens": 64, "seed": 3}),
+        ),
+        (
+            &chats,
+            json!({"messages": chat(3), "max_tokens": 6, "ignore_eos": true}),
+        ),
+        (
+            &completions,
+            json!({"prompt": prompt(4), "max_tokens": 12, "ignore_eos": true,
+                   "stream": true, "stream_options": usage.clone()}),
+        ),
+        (
+            &chats,
+            json!({"messages": chat(5), "max_tokens": 64, "seed": 2,
+                   "stream": true, "stream_options": usage.clone()}),
+        ),
+    ];
+    // All at once, so steps batch several requests.
+    let mut set = JoinSet::new();
+    for (url, mut body) in bodies {
+        body["model"] = json!(MODEL);
+        set.spawn(send(url.clone(), body));
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = set.join_next().await {
+        answers.push(a.expect("request task"));
+    }
+    let n = answers.len() as f64;
+    let sum = |f: fn(&Answer) -> u64| answers.iter().map(f).sum::<u64>() as f64;
+    let reasons = |r: &str| answers.iter().filter(|a| a.finish_reason == r).count() as f64;
+
+    // The engine records a request before its client hears it finished.
+    let (status, text) = get(&e.at("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    for name in [
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_max_num_generation_tokens",
+        "vllm:request_params_max_tokens",
+        "vllm:request_params_n",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram")),
+            "{name} in:\n{text}"
+        );
+        assert_eq!(value(&text, &format!("{name}_count")), n, "{name}_count");
+    }
+    for name in [
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_to_first_token_seconds",
+        "vllm:iteration_tokens_total",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram")),
+            "{name} in:\n{text}"
+        );
+    }
+
+    // Token counts are the answers' usage.
+    let prompt_tokens = sum(|a| a.prompt_tokens);
+    let completion_tokens = sum(|a| a.completion_tokens);
+    assert_eq!(
+        value(&text, "vllm:request_prompt_tokens_sum"),
+        prompt_tokens
+    );
+    assert_eq!(
+        value(&text, "vllm:request_generation_tokens_sum"),
+        completion_tokens
+    );
+    assert_eq!(
+        value(&text, "vllm:request_max_num_generation_tokens_sum"),
+        completion_tokens,
+        "n is 1: the longest completion is the only one"
+    );
+    assert_eq!(
+        value(&text, "vllm:request_params_max_tokens_sum"),
+        sum(|a| a.max_tokens)
+    );
+    assert_eq!(value(&text, "vllm:request_params_n_sum"), n);
+    assert_eq!(value(&text, "vllm:prompt_tokens_total"), prompt_tokens);
+    assert_eq!(
+        value(&text, "vllm:generation_tokens_total"),
+        completion_tokens
+    );
+
+    // Finish reasons under vLLM's label values; every reason exists, at 0 when unused.
+    for reason in ["stop", "length", "abort"] {
+        assert_eq!(
+            value(
+                &text,
+                &format!("vllm:request_success_total{{finished_reason=\"{reason}\"}}")
+            ),
+            reasons(reason),
+            "{reason}: {answers:?}"
+        );
+    }
+    assert_eq!(reasons("stop") + reasons("length"), n, "{answers:?}");
+    assert!(
+        reasons("stop") >= 1.0 && reasons("length") >= 3.0,
+        "{answers:?}"
+    );
+
+    // The phases add up: inference = prefill + decode, within an end-to-end latency.
+    let (prefill, decode, inference) = (
+        value(&text, "vllm:request_prefill_time_seconds_sum"),
+        value(&text, "vllm:request_decode_time_seconds_sum"),
+        value(&text, "vllm:request_inference_time_seconds_sum"),
+    );
+    assert!(prefill > 0.0, "{prefill}");
+    assert!(
+        (inference - (prefill + decode)).abs() < 1e-6,
+        "{inference} vs {prefill} + {decode}"
+    );
+    let queue = value(&text, "vllm:request_queue_time_seconds_sum");
+    let e2e = value(&text, "vllm:e2e_request_latency_seconds_sum");
+    assert!(
+        queue + inference <= e2e + 1e-6,
+        "{queue} + {inference} > {e2e}"
+    );
+
+    // One inter-token sample per token after a request's first; the deprecated name has the
+    // same samples.
+    let gaps = answers
+        .iter()
+        .map(|a| a.completion_tokens.saturating_sub(1))
+        .sum::<u64>() as f64;
+    assert_eq!(value(&text, "vllm:inter_token_latency_seconds_count"), gaps);
+    assert_eq!(
+        value(&text, "vllm:time_per_output_token_seconds_count"),
+        gaps
+    );
+    let started = answers.iter().filter(|a| a.completion_tokens > 0).count() as f64;
+    assert_eq!(
+        value(&text, "vllm:time_to_first_token_seconds_count"),
+        started
+    );
+
+    // One iteration sample per engine step, summing every token computed: the prompt less its
+    // cached prefix, then each generated token but the last of a request cut by max_tokens
+    // (EOS is sampled after computing the last one).
+    let steps = value(&text, "infergate_engine_steps_total{path=\"graph\"}")
+        + value(&text, "infergate_engine_steps_total{path=\"eager\"}");
+    assert_eq!(value(&text, "vllm:iteration_tokens_total_count"), steps);
+    let computed: u64 = answers
+        .iter()
+        .map(|a| {
+            let cut = u64::from(a.finish_reason == "length");
+            a.prompt_tokens - a.cached_tokens + a.completion_tokens - cut
+        })
+        .sum();
+    assert_eq!(
+        value(&text, "vllm:iteration_tokens_total_sum"),
+        computed as f64,
+        "{answers:?}"
+    );
+
+    // vLLM's cache-config labels, and the gateway still reads its capacity and protected cap.
+    assert_eq!(cache_label(&text, "block_size"), "16");
+    assert_eq!(cache_label(&text, "enable_prefix_caching"), "True");
+    assert_eq!(cache_label(&text, "cache_dtype"), "auto");
+    assert_eq!(cache_label(&text, "gpu_memory_utilization"), "0.9");
+    assert_eq!(cache_label(&text, "num_gpu_blocks_override"), "None");
+    let blocks: u64 = cache_label(&text, "num_gpu_blocks")
+        .parse()
+        .expect("blocks");
+    let protected: u64 = cache_label(&text, "kv_protected_blocks")
+        .parse()
+        .expect("protected blocks");
+    assert_eq!(
+        cache_label(&text, "kv_cache_size_tokens"),
+        (blocks * 16).to_string()
+    );
+    let load = parse_load(&text, Dialect::Infergate).expect("gateway parses the scrape");
+    assert_eq!(load.kv_capacity, Some(blocks * 16));
+    assert_eq!(load.kv_protected, Some(protected * 16));
+}

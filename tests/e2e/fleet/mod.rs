@@ -1,0 +1,4 @@
+//! Fleet mode: shared limits in Redis and the ledger in PostgreSQL, several replicas.
+
+mod fleet_postgres;
+mod fleet_redis;

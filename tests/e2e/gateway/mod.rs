@@ -1,0 +1,11 @@
+//! The gateway against real engines: routing, failover, streaming, reloads, TLS and admin, DNS discovery, `up`.
+
+mod gateway_cpu;
+mod gateway_dns;
+mod gateway_failover;
+mod gateway_kv_events;
+mod gateway_reload;
+mod gateway_routing;
+mod gateway_streaming;
+mod gateway_tls_admin;
+mod gateway_up;
