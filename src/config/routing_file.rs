@@ -92,7 +92,7 @@ fn check(entry: &RoutingEntry, places: &HashMap<String, Location>, sink: &mut Si
             for key in extra {
                 fail(
                     key,
-                    format!("`{key}` does not apply to policy {}", name(other)),
+                    format!("`{key}` does not apply to policy {}", other.name()),
                 );
             }
         }
@@ -163,14 +163,4 @@ fn prefix_problems(config: &PrefixConfig) -> Vec<(&'static str, String)> {
         ));
     }
     problems
-}
-
-/// The YAML name of a policy.
-fn name(policy: &PolicyConfig) -> &'static str {
-    match policy {
-        PolicyConfig::RoundRobin => "round_robin",
-        PolicyConfig::LeastLoad => "least_load",
-        PolicyConfig::Session => "session",
-        PolicyConfig::Prefix(_) => "prefix",
-    }
 }

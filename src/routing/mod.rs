@@ -210,6 +210,28 @@ pub trait RoutingPolicy: Send + Sync {
     }
 }
 
+impl PolicyConfig {
+    /// Every policy with its default settings, in the order the docs list them.
+    pub fn defaults() -> [PolicyConfig; 4] {
+        [
+            PolicyConfig::Prefix(PrefixConfig::default()),
+            PolicyConfig::RoundRobin,
+            PolicyConfig::LeastLoad,
+            PolicyConfig::Session,
+        ]
+    }
+
+    /// The policy's name, as `policies/routing.yaml` and `infergate sim --policy` write it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyConfig::RoundRobin => "round_robin",
+            PolicyConfig::LeastLoad => "least_load",
+            PolicyConfig::Session => "session",
+            PolicyConfig::Prefix(_) => "prefix",
+        }
+    }
+}
+
 /// Per-pool policy settings from `policies/routing.yaml`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "policy", rename_all = "snake_case", deny_unknown_fields)]

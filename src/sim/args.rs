@@ -36,9 +36,14 @@ pub struct SimArgs {
     /// under the configured tenant's tier, else the tier of its name, else `default_tier`.
     #[arg(long)]
     pub gateway_config: Option<PathBuf>,
-    /// Routing policy: prefix, round_robin, least_load or session.
-    #[arg(long, default_value = "prefix")]
-    pub policy: String,
+    /// The pool of --gateway-config to simulate (its routing policy and settings, admission and
+    /// degradation). Default: the pool serving --model, else the only pool.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Routing policy: prefix, round_robin, least_load or session (with default settings).
+    /// Default: the --gateway-config pool's policy with its settings, else prefix.
+    #[arg(long)]
+    pub policy: Option<String>,
     /// Comma-separated policies to run on the same seeded workload and show side by side.
     #[arg(long, value_delimiter = ',')]
     pub compare_policies: Vec<String>,
@@ -83,21 +88,25 @@ pub struct SimArgs {
     pub num_gpu_blocks_override: Option<usize>,
     /// Most requests queued over the fleet before new ones get 429; 0 = unbounded. With
     /// --admission-per-worker, the bound of the admission queue (engine queues are then unbounded).
-    #[arg(long, default_value_t = 0)]
-    pub max_queue: usize,
+    /// Default: the --gateway-config pool's `max_queue`, else 0.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
     /// Admission stage as in the gateway: requests in flight per worker before arrivals wait in a
-    /// fleet-wide priority queue (priority, then arrival); 0 = off.
-    #[arg(long, default_value_t = 0)]
-    pub admission_per_worker: usize,
+    /// fleet-wide priority queue (priority, then arrival); 0 = off. Default: the --gateway-config
+    /// pool's `max_in_flight_per_worker`, else 0.
+    #[arg(long)]
+    pub admission_per_worker: Option<usize>,
     /// Longest wait in the admission queue before a 429, e.g. 30s (with --admission-per-worker).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    pub max_wait: Duration,
+    /// Default: the --gateway-config pool's `max_wait`, else 30s.
+    #[arg(long, value_parser = parse_duration)]
+    pub max_wait: Option<Duration>,
     /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
     /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
     #[arg(long = "tier", value_parser = parse_tier)]
     pub tiers: Vec<(String, u32)>,
     /// A degradation.yaml: the policy of pool `local` (or of the only pool) degrades requests by
-    /// tier (the tenant's name) on virtual time. Fallback actions are not simulated.
+    /// tier (the tenant's name) on virtual time. Fallback actions are not simulated. Default: the
+    /// --gateway-config pool's degradation policy, if any.
     #[arg(long)]
     pub degradation: Option<PathBuf>,
     /// Write the JSON report (an object keyed by policy with --compare-policies) here.
@@ -122,9 +131,9 @@ impl SimArgs {
             chat_template: self.endpoint == "chat",
             latency_multiplier: self.fault_latency_multiplier,
             num_gpu_blocks_override: self.num_gpu_blocks_override,
-            max_queue: self.max_queue,
-            admission_per_worker: self.admission_per_worker,
-            max_wait: self.max_wait,
+            max_queue: self.max_queue.unwrap_or(0),
+            admission_per_worker: self.admission_per_worker.unwrap_or(0),
+            max_wait: self.max_wait.unwrap_or(Duration::from_secs(30)),
             priorities: self.tiers.iter().cloned().collect(),
             ..SimConfig::default()
         }
@@ -147,27 +156,87 @@ fn parse_tier(text: &str) -> Result<(String, u32), String> {
     Ok((tenant.to_owned(), priority))
 }
 
-/// The policy a name stands for (prefix with its default settings).
+/// The policy a name stands for (prefix with its default settings): the names are the routing
+/// file's own (`PolicyConfig::name`).
 pub fn policy_config(name: &str) -> Result<PolicyConfig, String> {
-    match name.trim() {
-        "prefix" => Ok(PolicyConfig::Prefix(PrefixConfig::default())),
-        "round_robin" => Ok(PolicyConfig::RoundRobin),
-        "least_load" => Ok(PolicyConfig::LeastLoad),
-        "session" => Ok(PolicyConfig::Session),
-        other => Err(format!(
-            "unknown policy `{other}`; known: prefix, round_robin, least_load, session"
+    let name = name.trim();
+    PolicyConfig::defaults()
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = PolicyConfig::defaults().iter().map(|p| p.name()).collect();
+            format!("unknown policy `{name}`; known: {}", known.join(", "))
+        })
+}
+
+/// The pool of `snapshot` to simulate: `--pool`, else the one serving `model`, else the only one.
+fn sim_pool<'a>(
+    snapshot: &'a crate::config::Snapshot,
+    pool: Option<&str>,
+    model: &str,
+) -> Result<&'a crate::config::PoolSpec, String> {
+    let names = || {
+        snapshot
+            .pools
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let by_name = |name: &str| snapshot.pools.iter().find(|p| p.name == name);
+    if let Some(name) = pool {
+        return by_name(name).ok_or_else(|| {
+            format!(
+                "--pool {name}: the gateway config has no such pool (pools: {})",
+                names()
+            )
+        });
+    }
+    if let Some(p) = snapshot
+        .model(model)
+        .and_then(|m| snapshot.pools.get(m.pool))
+    {
+        return Ok(p);
+    }
+    match snapshot.pools.as_slice() {
+        [only] => Ok(only),
+        _ => Err(format!(
+            "the gateway config serves no model `{model}` and has several pools: name one with --pool ({})",
+            names()
         )),
     }
 }
 
-/// The name of a policy, as `policy_config` reads it.
-pub fn policy_name(policy: &PolicyConfig) -> &'static str {
-    match policy {
-        PolicyConfig::Prefix(_) => "prefix",
-        PolicyConfig::RoundRobin => "round_robin",
-        PolicyConfig::LeastLoad => "least_load",
-        PolicyConfig::Session => "session",
+/// The fleet and the routing policy to simulate: the flags, over the --gateway-config pool's
+/// policy with its settings, admission and degradation (what the live gateway would apply)
+/// when a gateway config is given.
+pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), String> {
+    let mut cfg = args.config();
+    // Without a flag, the gateway config's pool decides what the live gateway would do.
+    let mut default_policy = PolicyConfig::Prefix(PrefixConfig::default());
+    if let Some(path) = &args.gateway_config {
+        let snapshot = crate::config::load(path).map_err(|e| e.to_string())?;
+        let pool = sim_pool(&snapshot, args.pool.as_deref(), &args.model)?;
+        default_policy = pool.policy.clone();
+        let a = &pool.admission;
+        cfg.admission_per_worker = args
+            .admission_per_worker
+            .unwrap_or(a.max_in_flight_per_worker);
+        cfg.max_queue = args.max_queue.unwrap_or(a.max_queue);
+        cfg.max_wait = args.max_wait.unwrap_or(a.max_wait);
+        cfg.degradation = snapshot.degradation.get(&pool.name).cloned();
+        cfg.gateway = Some(Box::new(snapshot));
+    } else if args.pool.is_some() {
+        return Err("--pool names a pool of --gateway-config: give that too".into());
     }
+    if let Some(path) = &args.degradation {
+        cfg.degradation = Some(load_policy(path)?);
+    }
+    let policy = match &args.policy {
+        Some(name) => policy_config(name)?,
+        None => default_policy,
+    };
+    Ok((cfg, policy))
 }
 
 /// Runs the simulation(s) the flags ask for; returns the text to print and writes `--out`.
@@ -178,16 +247,8 @@ pub fn run(args: &SimArgs) -> Result<String, String> {
         rate: args.rate,
         seed: args.seed,
     };
-    let mut cfg = args.config();
-    if let Some(path) = &args.degradation {
-        cfg.degradation = Some(load_policy(path)?);
-    }
-    if let Some(path) = &args.gateway_config {
-        let snapshot = crate::config::load(path).map_err(|e| e.to_string())?;
-        cfg.gateway = Some(Box::new(snapshot));
-    }
+    let (cfg, policy) = resolve(args)?;
     if args.compare_policies.is_empty() {
-        let policy = policy_config(&args.policy)?;
         let result = simulate(&cfg, &workload, &overrides, &policy)?;
         let mut text = result.report.render_text();
         let _ = writeln!(text, "\n{}", speed_line(&result));
@@ -218,7 +279,7 @@ pub fn run(args: &SimArgs) -> Result<String, String> {
     });
     let mut named = Vec::new();
     for (policy, result) in policies.iter().zip(results) {
-        named.push((policy_name(policy), result?));
+        named.push((policy.name(), result?));
     }
     let mut text = compare_table(&named);
     if let Some(path) = &args.out {

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use admit::Admission;
-pub use args::{SimArgs, policy_config, policy_name, run};
+pub use args::{SimArgs, policy_config, run};
 pub use degradation::load_policy;
 
 use crate::config::Snapshot;
@@ -190,7 +190,7 @@ pub fn simulate(
         workload.name,
         cfg.workers,
         cfg.model,
-        policy_name(policy)
+        policy.name()
     );
     let slo = workload.slo;
     let mut report = report::summarize(&title, &outcome.records, outcome.end, slo.ttft, slo.itl);

@@ -395,3 +395,64 @@ fn tensor_parallel_shards_the_model_as_the_engine_does() {
         2
     );
 }
+
+/// `--gateway-config` brings its pool's policy settings, admission and degradation; flags win.
+#[test]
+fn gateway_config_pool_settings_are_simulated_unless_flags_override_them() {
+    let dir = std::env::temp_dir().join(format!("infergate-sim-gw-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("policies")).expect("mkdir");
+    let config = dir.join("infergate.yaml");
+    std::fs::write(
+        &config,
+        "policies: policies\nmodels:\n  - {name: llama-3-8b, pool: tuned}\n  - {name: other, pool: plain}\n\
+         pools:\n  - name: tuned\n    workers: [{url: \"http://127.0.0.1:9\"}]\n    \
+         admission: {max_in_flight_per_worker: 4, max_queue: 7, max_wait: 2s}\n  \
+         - name: plain\n    workers: [{url: \"http://127.0.0.1:10\"}]\n",
+    )
+    .expect("write config");
+    std::fs::write(
+        dir.join("policies/routing.yaml"),
+        "pools:\n  tuned:\n    policy: prefix\n    balance_tolerance: 0.9\n  plain:\n    policy: least_load\n",
+    )
+    .expect("write routing");
+    std::fs::write(
+        dir.join("policies/degradation.yaml"),
+        "pools:\n  tuned:\n    levels:\n      - name: shed\n        enter: {queue_depth: 5}\n        \
+         exit: {queue_depth: 1}\n        actions: [{shed: {tiers: [default]}}]\n",
+    )
+    .expect("write degradation");
+    let path = config.to_string_lossy().into_owned();
+
+    let (cfg, policy) = args::resolve(&args(&["--gateway-config", &path])).expect("resolves");
+    match policy {
+        PolicyConfig::Prefix(p) => assert_eq!(p.balance_tolerance, 0.9),
+        other => panic!("the pool's prefix settings, got {other:?}"),
+    }
+    assert_eq!(
+        (cfg.admission_per_worker, cfg.max_queue, cfg.max_wait),
+        (4, 7, Duration::from_secs(2))
+    );
+    assert!(cfg.degradation.is_some(), "the pool's degradation policy");
+
+    let flags = args(&[
+        "--gateway-config",
+        &path,
+        "--policy",
+        "round_robin",
+        "--max-queue",
+        "0",
+    ]);
+    let (cfg, policy) = args::resolve(&flags).expect("resolves");
+    assert_eq!(policy, PolicyConfig::RoundRobin);
+    assert_eq!((cfg.admission_per_worker, cfg.max_queue), (4, 0));
+
+    let (cfg, policy) =
+        args::resolve(&args(&["--gateway-config", &path, "--pool", "plain"])).expect("resolves");
+    assert_eq!(policy, PolicyConfig::LeastLoad);
+    assert!(cfg.degradation.is_none());
+    let err = args::resolve(&args(&["--gateway-config", &path, "--pool", "nope"])).unwrap_err();
+    assert!(err.contains("plain") && err.contains("tuned"), "{err}");
+    let err = args::resolve(&args(&["--pool", "plain"])).unwrap_err();
+    assert!(err.contains("--gateway-config"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,6 +8,7 @@
 pub mod engine;
 pub mod gateway;
 pub mod http;
+pub mod machine;
 pub mod metrics;
 pub mod poll;
 pub mod process;

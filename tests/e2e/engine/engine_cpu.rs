@@ -53,6 +53,7 @@ async fn streamed_chat(url: &str, body: &Value) -> String {
 
 #[tokio::test]
 async fn default_model_is_generated_loaded_and_served() {
+    let _machine = crate::common::machine::whole_machine().await;
     let (e, dir) = default_engine("default", &[]).await;
     let (status, models) = common::get(&e.at("/v1/models")).await;
     let models: Value = serde_json::from_str(&models).unwrap();
@@ -112,6 +113,7 @@ async fn default_model_is_generated_loaded_and_served() {
 
 #[tokio::test]
 async fn smollm2_answers_the_capital_of_france() {
+    let _machine = crate::common::machine::whole_machine().await;
     let Some(path) = smollm2() else { return };
     let e = Engine::start_with(
         "cpu",
@@ -226,6 +228,7 @@ fn smollm2_quiet() -> Option<String> {
 
 #[tokio::test]
 async fn greedy_output_is_the_same_with_prefix_caching_on_and_off() {
+    let _machine = crate::common::machine::whole_machine().await;
     let prompts = shared_prefix_prompts();
     let (on, model) = invariance_engine("cache-on", &[]).await;
     let with_cache = greedy_answers(&on, &model, &prompts, false).await;
@@ -273,6 +276,7 @@ async fn greedy_completions(e: &Engine, model: &str, concurrent: bool) -> Vec<St
 
 #[tokio::test]
 async fn greedy_output_is_the_same_alone_and_in_a_preempted_batch_of_8() {
+    let _machine = crate::common::machine::whole_machine().await;
     let (solo, model) = invariance_engine("solo", &[]).await;
     let alone = greedy_completions(&solo, &model, false).await;
     drop(solo);
@@ -291,6 +295,7 @@ async fn greedy_output_is_the_same_alone_and_in_a_preempted_batch_of_8() {
 
 #[tokio::test]
 async fn bad_models_and_bad_prompts_get_clear_errors() {
+    let _machine = crate::common::machine::whole_machine().await;
     let within = std::time::Duration::from_secs(60);
     let (status, _, err) =
         run_backend_to_exit("cpu", &["--model", "/nonexistent/model"], within).await;
@@ -352,6 +357,7 @@ async fn bad_models_and_bad_prompts_get_clear_errors() {
 /// the time; neither a streamed delta nor the whole answer may show them as U+FFFD.
 #[tokio::test]
 async fn streamed_text_never_contains_replacement_characters() {
+    let _machine = crate::common::machine::whole_machine().await;
     let (e, dir) = default_engine("utf8", &["--served-model-name", "m"]).await;
     let url = e.at("/v1/completions");
     let prompts = [

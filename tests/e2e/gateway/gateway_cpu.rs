@@ -17,6 +17,7 @@ async fn post(url: &str, key: Option<&str>, body: &Value) -> (StatusCode, Value)
 
 #[tokio::test]
 async fn up_serves_the_default_cpu_model_through_the_gateway() {
+    let _machine = crate::common::machine::whole_machine().await;
     let cache = std::env::temp_dir().join(format!("infergate-gw-cpu-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let gw = Gateway::up_with(None, &[("INFERGATE_CACHE_DIR", cache.to_str().unwrap())]).await;
@@ -43,6 +44,7 @@ async fn up_serves_the_default_cpu_model_through_the_gateway() {
 
 #[tokio::test]
 async fn a_gguf_cpu_pool_answers_through_the_gateway() {
+    let _machine = crate::common::machine::whole_machine().await;
     let Some(path) = common::smollm2_gguf(false) else {
         return;
     };
@@ -97,6 +99,7 @@ async fn a_gguf_cpu_pool_answers_through_the_gateway() {
 
 #[tokio::test]
 async fn a_spawn_model_path_resolves_against_the_config_file() {
+    let _machine = crate::common::machine::whole_machine().await;
     // The model sits beside the config as `./tiny`; the gateway runs from another directory.
     let dir = TempDir::new("gw-cpu-relative");
     let elsewhere = TempDir::new("gw-cpu-elsewhere");

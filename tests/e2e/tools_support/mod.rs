@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use infergate::report::Report;
 use serde_json::Value;
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// What a finished `infergate` run left behind.
 #[derive(Debug)]
@@ -126,16 +125,4 @@ impl ShortWorkload {
     }
 }
 
-/// Tests that load the CPU share it (read); the live-vs-sim comparison, whose latencies the
-/// other tests' CPU use would distort on a small machine, runs alone (write).
-static MACHINE: RwLock<()> = RwLock::const_new(());
-
-/// A share of the machine, taken by tests whose numbers do not depend on wall-clock timing.
-pub async fn shared_machine() -> RwLockReadGuard<'static, ()> {
-    MACHINE.read().await
-}
-
-/// The whole machine, for the timing-sensitive comparison.
-pub async fn whole_machine() -> RwLockWriteGuard<'static, ()> {
-    MACHINE.write().await
-}
+pub use crate::common::machine::{shared_machine, whole_machine};
