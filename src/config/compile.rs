@@ -161,6 +161,7 @@ pub(super) fn compile(
         log: sections::log(&mut sink, raw.log.as_ref()),
         health: sections::health(&mut sink, raw.health.as_ref()),
         forward: sections::forward(&mut sink, raw.forward.as_ref()),
+        outlier: sections::outlier(&mut sink, raw.outlier.as_ref()),
         drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
         max_body_bytes,
         max_buffered_body_bytes: sections::max_buffered_body_bytes(

@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub policies: Option<Text>,
     pub health: Option<RawHealth>,
     pub forward: Option<RawForward>,
+    pub outlier: Option<RawOutlier>,
     pub drain: Option<RawDrain>,
     pub limits: Option<RawLimits>,
     pub metrics: Option<RawMetrics>,
@@ -151,6 +152,15 @@ pub(super) struct RawForward {
     pub idle_timeout: Option<Text>,
     pub total_timeout: Option<Text>,
     pub retries: Option<u32>,
+}
+
+/// `outlier:` (passive health).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOutlier {
+    pub eject_after: Option<Spanned<u32>>,
+    pub base_ejection_time: Option<Text>,
+    pub max_ejection_time: Option<Text>,
 }
 
 /// `drain:`

@@ -35,7 +35,7 @@ fn settings(snapshot: &Snapshot) -> ForwardSettings {
         idle_timeout: f.idle_timeout,
         total_timeout: f.total_timeout,
         retries: f.retries,
-        eject_after: snapshot.health.eject_after,
+        outlier: snapshot.outlier,
         debug_headers: snapshot.debug_headers,
         connect_timeout: f.connect_timeout,
     }
@@ -64,6 +64,9 @@ pub(super) async fn forward(
         // The one place the upstream body is built, after every phase has had its say.
         body: valid.body.bytes(),
         stream: valid.stream,
+        // OpenAI's chat and completions streams end with `data: [DONE]`; Responses streams end
+        // with their `response.completed` event instead.
+        expects_done: matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions),
         by_load: !endpoint.generates(),
         features: &valid.features,
         request_id: &ctx.request_id,

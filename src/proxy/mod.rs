@@ -2,5 +2,7 @@
 
 pub mod body;
 pub mod forward;
+pub mod hold;
 pub mod json_members;
+pub mod stream_end;
 pub mod usage;
