@@ -77,6 +77,13 @@ pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (StatusCode, &
     }
 }
 
+/// Whether a relayed answer counts as a success of the version that served it (the canary's
+/// analysis sample): read to its end, whole, with a 2xx. A stream that carried an error event
+/// or stopped before `[DONE]` is a failure whatever its head said.
+pub(super) fn served_well(end: &crate::proxy::body::EndReport) -> bool {
+    end.completed && (200..300).contains(&end.status)
+}
+
 /// nginx's 499: the client closed the connection before the answer ended.
 const CLIENT_CLOSED: StatusCode = match StatusCode::from_u16(499) {
     Ok(s) => s,
@@ -114,6 +121,9 @@ mod tests {
             (StatusCode::GATEWAY_TIMEOUT, "upstream_error")
         );
         assert_eq!(end_outcome(&end(200, false, true)).1, "cancelled");
+        assert!(served_well(&end(200, true, false)));
+        assert!(!served_well(&end(200, false, false)), "a broken stream");
+        assert!(!served_well(&end(503, true, false)));
         assert_eq!(
             end_outcome(&end(429, true, false)),
             (StatusCode::TOO_MANY_REQUESTS, "client_error")

@@ -6,7 +6,7 @@
 use hyper::Response;
 use hyper::header::HeaderValue;
 
-use super::account::end_outcome;
+use super::account::{end_outcome, served_well};
 use super::ctx::RequestCtx;
 use super::route::Routed;
 use super::split::VersionChoice;
@@ -109,8 +109,7 @@ pub(super) async fn forward(
                     if end.client_gone {
                         v.count(&metrics, "cancelled");
                     } else {
-                        let ok = end.completed && (200..300).contains(&end.status);
-                        v.record(&metrics, ok, end.ttft, end.max_gap);
+                        v.record(&metrics, served_well(&end), end.ttft, end.max_gap);
                     }
                 }
                 account.settle(end);

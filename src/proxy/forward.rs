@@ -103,7 +103,8 @@ pub async fn forward(
     let no_worker = || GatewayError::NoHealthyWorker(pool.name.clone());
     let mut next = Some(first);
     for attempt in 0..=settings.retries {
-        let Some((worker, decision, turn)) = claim(pool, &mut next, &out, &mut tried, settings, metrics)
+        let Some((worker, decision, turn)) =
+            claim(pool, &mut next, &out, &mut tried, settings, metrics)
         else {
             return Err(last_err.unwrap_or_else(no_worker));
         };
@@ -415,7 +416,11 @@ pub(crate) fn judge(
         Some(_) => turn.failed(),
     };
     if probe {
-        let result = if failure.is_none() { "passed" } else { "failed" };
+        let result = if failure.is_none() {
+            "passed"
+        } else {
+            "failed"
+        };
         metrics.probes.with_label_values(&[pool, result]).inc();
     }
     match change {

@@ -119,19 +119,26 @@ mod tests {
         assert_eq!(at_end(true, false, false), Some(Fault::NoDone));
         assert_eq!(at_end(true, true, true), Some(Fault::ErrorEvent));
         assert_eq!(at_end(false, true, false), Some(Fault::ErrorEvent));
-        assert_eq!(Fault::NoDone.error().status(), hyper::StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            Fault::NoDone.error().status(),
+            hyper::StatusCode::BAD_GATEWAY
+        );
         assert_ne!(Fault::ErrorEvent.kind(), Fault::NoDone.kind());
     }
 
     #[test]
     fn only_a_top_level_error_is_an_error() {
-        assert!(is_error_payload(br#"{"error":{"message":"boom","code":500}}"#));
+        assert!(is_error_payload(
+            br#"{"error":{"message":"boom","code":500}}"#
+        ));
         assert!(is_error_payload(br#"{"object":"x", "error" : "boom"}"#));
         assert!(!is_error_payload(br#"{"error":null,"choices":[]}"#));
         assert!(!is_error_payload(
             br#"{"choices":[{"delta":{"content":"{\"error\":1}"}}]}"#
         ));
-        assert!(!is_error_payload(br#"{"choices":[{"error":{"message":"x"}}]}"#));
+        assert!(!is_error_payload(
+            br#"{"choices":[{"error":{"message":"x"}}]}"#
+        ));
         assert!(!is_error_payload(b"[DONE]"));
         assert!(!is_error_payload(b"not json"));
     }
@@ -147,14 +154,20 @@ mod tests {
         assert_eq!(error_event_at(format!("{ok}{after}").as_bytes()), None);
         // An event with a name and an error split over two data lines.
         let split = "event: x\ndata: {\"error\":\ndata: {\"message\":\"m\"}}\n\n";
-        assert_eq!(error_event_at(format!("{ok}{split}").as_bytes()), Some(ok.len()));
+        assert_eq!(
+            error_event_at(format!("{ok}{split}").as_bytes()),
+            Some(ok.len())
+        );
     }
 
     #[test]
     fn an_unterminated_last_event_is_read_too() {
         assert_eq!(tail(b"data: [DONE]\n"), Tail::Done);
         assert_eq!(tail(b"data: [DONE]"), Tail::Done);
-        assert_eq!(tail(b"data: {\"error\":{\"message\":\"m\"}}\n"), Tail::Error);
+        assert_eq!(
+            tail(b"data: {\"error\":{\"message\":\"m\"}}\n"),
+            Tail::Error
+        );
         assert_eq!(tail(b"data: {\"choices\":[]}\n"), Tail::Other);
         assert_eq!(tail(b""), Tail::Other);
     }

@@ -420,7 +420,10 @@ mod tests {
         let probe = w.admit(OutlierSettings::default()).expect("the probe");
         assert!(w.admit(OutlierSettings::default()).is_none());
         drop(probe);
-        assert!(w.admit(OutlierSettings::default()).is_some_and(|a| a.is_probe()));
+        assert!(
+            w.admit(OutlierSettings::default())
+                .is_some_and(|a| a.is_probe())
+        );
     }
 
     #[test]

@@ -190,7 +190,9 @@ async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<RogueReq
     let header = |name: &str| {
         head.split("\r\n").find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     };
     let body = if let Some(len) = header("content-length") {

@@ -33,7 +33,8 @@ const TENANT: &str = "acme";
 /// How long the ledger may take to hold a test's rows (it flushes every second).
 const FLUSHED: Duration = Duration::from_secs(30);
 /// What the rogue says in its own error event: the client must not see it.
-const ROGUE_ERROR: &str = r#"{"error":{"message":"rogue: CUDA out of memory","type":"InternalServerError","code":500}}"#;
+const ROGUE_ERROR: &str =
+    r#"{"error":{"message":"rogue: CUDA out of memory","type":"InternalServerError","code":500}}"#;
 
 /// A rogue that looks healthy to the poller and answers every other request with `steps`.
 async fn rogue(steps: fn() -> Vec<Step>) -> Rogue {
@@ -122,7 +123,10 @@ fn assert_ends_in_gateway_error(events: &[SseEvent], content: usize) {
     assert_eq!(content_chunks(events), content, "{events:?}");
     let last = json.last().expect("JSON events");
     let error = &last["error"];
-    assert!(error["message"].is_string(), "last event is no error: {events:?}");
+    assert!(
+        error["message"].is_string(),
+        "last event is no error: {events:?}"
+    );
     assert_eq!(error["type"], "server_error", "{error}");
     assert!(
         !events
@@ -177,16 +181,26 @@ async fn broken_stream_case(name: &str, steps: fn() -> Vec<Step>, content: usize
             assert_eq!(worker, engine.url);
             assert!(content_chunks(&events) >= 4, "{events:?}");
             assert!(
-                events.iter().filter_map(SseEvent::json).all(|c| c.get("error").is_none()),
+                events
+                    .iter()
+                    .filter_map(SseEvent::json)
+                    .all(|c| c.get("error").is_none()),
                 "{events:?}"
             );
-            assert_eq!(events.last().and_then(|e| e.data.as_deref()), Some("[DONE]"));
+            assert_eq!(
+                events.last().and_then(|e| e.data.as_deref()),
+                Some("[DONE]")
+            );
         }
         by_worker.entry(worker).or_default().push(id);
     }
     let broken = by_worker.get(&rogue.url).cloned().unwrap_or_default();
     let served = by_worker.get(&engine.url).cloned().unwrap_or_default();
-    assert_eq!((broken.len(), served.len()), (2, 2), "round robin: {by_worker:?}");
+    assert_eq!(
+        (broken.len(), served.len()),
+        (2, 2),
+        "round robin: {by_worker:?}"
+    );
     assert_eq!(rogue.requests(), 2);
     assert_counted(&gw, broken.len(), served.len(), kind).await;
 
@@ -272,7 +286,10 @@ async fn a_body_shorter_than_its_content_length_is_a_502_never_a_clean_200() {
             &chat("Be brief.", &format!("Question {i}."), 4, false),
         )
         .await;
-        let id = reply.header("x-request-id").expect("x-request-id").to_owned();
+        let id = reply
+            .header("x-request-id")
+            .expect("x-request-id")
+            .to_owned();
         match reply.status {
             StatusCode::BAD_GATEWAY => {
                 let error = &reply.json()["error"];
@@ -299,7 +316,10 @@ async fn a_body_shorter_than_its_content_length_is_a_502_never_a_clean_200() {
         assert_eq!(row["status"], "502", "{row:?}");
         // Nothing reached the client: nothing is billed.
         assert_eq!(
-            (row["prompt_tokens"].as_str(), row["completion_tokens"].as_str()),
+            (
+                row["prompt_tokens"].as_str(),
+                row["completion_tokens"].as_str()
+            ),
             ("0", "0"),
             "{row:?}"
         );
@@ -355,8 +375,10 @@ async fn a_worker_that_hangs_on_requests_is_ejected_probed_once_and_ejected_agai
         i += 1;
     }
     assert!(rogue.metrics_polls() > 0);
-    gw.wait_metric(&ejected("first_byte_timeout"), |v| v == 1.0).await;
-    gw.wait_health(&rogue.url, false, Duration::from_secs(2)).await;
+    gw.wait_metric(&ejected("first_byte_timeout"), |v| v == 1.0)
+        .await;
+    gw.wait_health(&rogue.url, false, Duration::from_secs(2))
+        .await;
     let timeouts = gw
         .metric(&format!(
             "infergate_upstream_errors_total{{pool=\"{pool}\",kind=\"first_byte_timeout\"}}"
@@ -372,7 +394,8 @@ async fn a_worker_that_hangs_on_requests_is_ejected_probed_once_and_ejected_agai
 
     // Its time up, it may take one probe, and only one: of four requests at once, one goes to
     // it (and on to the engine after its timeout), the others to the engine.
-    gw.wait_health(&rogue.url, true, Duration::from_secs(10)).await;
+    gw.wait_health(&rogue.url, true, Duration::from_secs(10))
+        .await;
     let burst: Vec<_> = (0..4).map(|k| tokio::spawn(ask(i + k))).collect();
     i += 4;
     for task in burst {
@@ -386,8 +409,10 @@ async fn a_worker_that_hangs_on_requests_is_ejected_probed_once_and_ejected_agai
     .await;
     // The failed probe ejected it again, at once (not after three more failures).
     assert_eq!(
-        gw.metric(&format!("infergate_worker_ejections_total{{pool=\"{pool}\"}}"))
-            .await,
+        gw.metric(&format!(
+            "infergate_worker_ejections_total{{pool=\"{pool}\"}}"
+        ))
+        .await,
         2.0
     );
     assert_eq!(gw.worker_status(&rogue.url).await["ejections"], 2);
