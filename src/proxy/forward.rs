@@ -410,6 +410,11 @@ pub(crate) fn judge(
     request_id: &str,
 ) {
     let probe = turn.is_probe();
+    if failure.is_none() && !probe {
+        // Most requests: a success that changes nothing worth counting.
+        turn.succeeded();
+        return;
+    }
     let worker = turn.worker().clone();
     let change = match failure {
         None => turn.succeeded(),

@@ -44,7 +44,7 @@ pub async fn hold(body: ProxyBody, max: usize) -> Held {
                     if held > max {
                         return Held::Ready(HeldBody {
                             frames,
-                            rest: Some(body),
+                            rest: Some(Box::new(body)),
                         });
                     }
                 }
@@ -62,7 +62,8 @@ pub async fn hold(body: ProxyBody, max: usize) -> Held {
 /// A held answer: its frames, then the rest of the upstream body when it outgrew the bound.
 pub struct HeldBody {
     frames: VecDeque<Bytes>,
-    rest: Option<ProxyBody>,
+    /// Boxed: only an answer past the bound has one.
+    rest: Option<Box<ProxyBody>>,
 }
 
 impl Body for HeldBody {
@@ -77,13 +78,13 @@ impl Body for HeldBody {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         match self.rest.as_mut() {
-            Some(rest) => Pin::new(rest).poll_frame(cx),
+            Some(rest) => Pin::new(rest.as_mut()).poll_frame(cx),
             None => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
