@@ -32,8 +32,15 @@ pub struct GatewayMetrics {
     usage_liars: Mutex<std::collections::HashSet<String>>,
     /// `infergate_retries_total{pool}`.
     pub retries: IntCounterVec,
-    /// `infergate_worker_ejections_total{pool}`.
+    /// `infergate_worker_ejections_total{pool}`: every ejection, by polls or by requests.
     pub ejections: IntCounterVec,
+    /// `infergate_worker_outlier_ejections_total{pool,kind}`: ejections by failed requests
+    /// (passive health), by the failure that tipped them (`first_byte_timeout`, `connect`,
+    /// `send`, `status_503`, `status_5xx`, `mid_stream`, `idle_timeout`, `error_event`, `no_done`).
+    pub outlier_ejections: IntCounterVec,
+    /// `infergate_worker_probes_total{pool,result}`: probe requests to workers back from an
+    /// ejection, `passed` (full share again) or `failed` (ejected again, for longer).
+    pub probes: IntCounterVec,
     /// `infergate_routing_decisions_total{pool,reason}`.
     pub decisions: IntCounterVec,
     /// `infergate_routing_prefix_lost_total{pool,reason}`: picks where the worker holding the
@@ -299,8 +306,18 @@ impl GatewayMetrics {
             )?,
             ejections: counter(
                 "infergate_worker_ejections_total",
-                "Workers ejected after consecutive failures.",
+                "Workers ejected after consecutive failures (polls or requests).",
                 &["pool"],
+            )?,
+            outlier_ejections: counter(
+                "infergate_worker_outlier_ejections_total",
+                "Workers ejected after consecutive failed requests, by the last failure's kind.",
+                &["pool", "kind"],
+            )?,
+            probes: counter(
+                "infergate_worker_probes_total",
+                "Probe requests to workers back from an ejection, by result.",
+                &["pool", "result"],
             )?,
             decisions: counter(
                 "infergate_routing_decisions_total",

@@ -162,6 +162,7 @@ pub(super) fn compile(
         health: sections::health(&mut sink, raw.health.as_ref()),
         forward: sections::forward(&mut sink, raw.forward.as_ref()),
         usage_check: sections::usage_check(&mut sink, raw.usage_check.as_ref()),
+        outlier: sections::outlier(&mut sink, raw.outlier.as_ref()),
         drain_grace: sections::drain_grace(&mut sink, raw.drain.as_ref()),
         max_body_bytes,
         max_buffered_body_bytes: sections::max_buffered_body_bytes(

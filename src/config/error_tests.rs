@@ -216,3 +216,31 @@ pools:
     ];
     assert_eq!(lines, expected, "{errs:#?}");
 }
+
+#[test]
+fn outlier_settings_default_and_are_checked() {
+    use crate::workers::state::OutlierSettings;
+    use std::time::Duration;
+    let snap = load_both(MINIMAL, None).expect("valid");
+    assert_eq!(snap.outlier, OutlierSettings::default());
+    let set = "outlier: {eject_after: 2, base_ejection_time: 1s, max_ejection_time: 4s}\n";
+    let snap = load_both(&format!("{set}{MINIMAL}"), None).expect("valid");
+    assert_eq!(
+        snap.outlier,
+        OutlierSettings {
+            eject_after: 2,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(4),
+        }
+    );
+    one_error(
+        &format!("outlier: {{max_ejection_time: 1s}}\n{MINIMAL}"),
+        1,
+        "at least outlier.base_ejection_time",
+    );
+    one_error(
+        &format!("outlier: {{eject_after: 0}}\n{MINIMAL}"),
+        1,
+        "outlier.eject_after must be ≥ 1",
+    );
+}

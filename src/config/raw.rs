@@ -25,6 +25,7 @@ pub(super) struct RawConfig {
     pub health: Option<RawHealth>,
     pub forward: Option<RawForward>,
     pub usage_check: Option<RawUsageCheck>,
+    pub outlier: Option<RawOutlier>,
     pub drain: Option<RawDrain>,
     pub limits: Option<RawLimits>,
     pub metrics: Option<RawMetrics>,
@@ -162,6 +163,15 @@ pub(super) struct RawUsageCheck {
     pub prompt_slack: Option<u64>,
     pub media_part_tokens: Option<u64>,
     pub completion_slack: Option<u64>,
+}
+
+/// `outlier:` (passive health).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOutlier {
+    pub eject_after: Option<Spanned<u32>>,
+    pub base_ejection_time: Option<Text>,
+    pub max_ejection_time: Option<Text>,
 }
 
 /// `drain:`

@@ -9,12 +9,14 @@ use serde_saphyr::Spanned;
 
 use super::error::Sink;
 use super::raw::{
-    RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawTls, RawUsageCheck, Text,
+    RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawOutlier, RawTls,
+    RawUsageCheck, Text,
 };
 use super::snapshot::{
     AdminConfig, ConnectionLimits, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig,
 };
 use super::values::{parse_duration, parse_socket_addr};
+use crate::workers::state::OutlierSettings;
 
 /// `health:` with defaults 250ms / 1s / 3 / 2.
 pub(super) fn health(sink: &mut Sink<'_>, raw: Option<&RawHealth>) -> HealthConfig {
@@ -98,6 +100,38 @@ pub(super) fn usage_check(
         prompt_slack: raw.prompt_slack.unwrap_or(default.prompt_slack),
         media_part_tokens: raw.media_part_tokens.unwrap_or(default.media_part_tokens),
         completion_slack: raw.completion_slack.unwrap_or(default.completion_slack),
+    }
+}
+
+/// `outlier:` (passive health) with defaults 5 / 10s / 5m; the cap may not be below the base.
+pub(super) fn outlier(sink: &mut Sink<'_>, raw: Option<&RawOutlier>) -> OutlierSettings {
+    let d = OutlierSettings::default();
+    let base_ejection = duration(
+        sink,
+        raw.and_then(|o| o.base_ejection_time.as_ref()),
+        "outlier.base_ejection_time",
+        d.base_ejection,
+    );
+    let max_field = raw.and_then(|o| o.max_ejection_time.as_ref());
+    let mut max_ejection = duration(sink, max_field, "outlier.max_ejection_time", d.max_ejection);
+    if max_ejection < base_ejection {
+        if let Some(text) = max_field {
+            sink.at(
+                &text.referenced,
+                "outlier.max_ejection_time must be at least outlier.base_ejection_time",
+            );
+        }
+        max_ejection = base_ejection;
+    }
+    OutlierSettings {
+        eject_after: at_least_one(
+            sink,
+            raw.and_then(|o| o.eject_after.as_ref()),
+            "outlier.eject_after",
+            d.eject_after,
+        ),
+        base_ejection,
+        max_ejection,
     }
 }
 

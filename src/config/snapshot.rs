@@ -27,6 +27,8 @@ pub struct Snapshot {
     pub forward: ForwardConfig,
     /// How far a worker's reported usage may stray from what the request made possible.
     pub usage_check: crate::proxy::usage_check::UsageCheckConfig,
+    /// Passive health: failed requests in a row that eject a worker, and ejection times.
+    pub outlier: crate::workers::state::OutlierSettings,
     /// How long streams in flight may run after SIGTERM. Default 30 s.
     pub drain_grace: Duration,
     /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).
@@ -202,9 +204,11 @@ pub struct HealthConfig {
     pub poll_interval: Duration,
     /// Time allowed for one poll. Default 1 s.
     pub timeout: Duration,
-    /// Consecutive failures (polls, connect errors, 5xx) that eject a worker. Default 3.
+    /// Consecutive failed polls that eject a worker (failed requests count apart, see
+    /// `Snapshot::outlier`). Default 3.
     pub eject_after: u32,
-    /// Consecutive successful polls that re-admit an ejected worker. Default 2.
+    /// Consecutive successful polls that end a poll ejection (the worker then serves one probe
+    /// request before its full share). Default 2.
     pub readmit_after: u32,
 }
 

@@ -57,19 +57,31 @@ pub(super) fn account(
         .inc();
 }
 
-/// The `status` label and tenant outcome of a relayed answer, from how its body ended: a stream
-/// the worker broke off is a 502 whatever status its headers had, and a client that left is
-/// nginx's 499.
+/// The `status` label and tenant outcome of a relayed answer, from how its body ended: a body
+/// the worker broke off (a reset, an error event, a stream cut before `[DONE]`, a short body) is
+/// a 502 whatever status its headers had (a held whole answer: the 5xx its client got), and a
+/// client that left is nginx's 499.
 pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (StatusCode, &'static str) {
     if end.client_gone {
         (CLIENT_CLOSED, "cancelled")
     } else if !end.completed {
-        (StatusCode::BAD_GATEWAY, "upstream_error")
+        let status = StatusCode::from_u16(end.status)
+            .ok()
+            .filter(StatusCode::is_server_error)
+            .unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, "upstream_error")
     } else {
         // A status hyper accepted from the worker is a valid code.
         let status = StatusCode::from_u16(end.status).unwrap_or(StatusCode::BAD_GATEWAY);
         (status, outcome_of(end.status))
     }
+}
+
+/// Whether a relayed answer counts as a success of the version that served it (the canary's
+/// analysis sample): read to its end, whole, with a 2xx. A stream that carried an error event
+/// or stopped before `[DONE]` is a failure whatever its head said.
+pub(super) fn served_well(end: &crate::proxy::body::EndReport) -> bool {
+    end.completed && (200..300).contains(&end.status)
 }
 
 /// nginx's 499: the client closed the connection before the answer ended.
@@ -84,5 +96,37 @@ pub(super) fn outcome_of(status: u16) -> &'static str {
         200..=399 => "ok",
         400..=499 => "client_error",
         _ => "upstream_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::body::EndReport;
+
+    #[test]
+    fn a_body_the_worker_broke_is_an_upstream_error_whatever_its_head_said() {
+        let end = |status, completed, client_gone| EndReport {
+            status,
+            completed,
+            client_gone,
+            ..EndReport::default()
+        };
+        assert_eq!(end_outcome(&end(200, true, false)), (StatusCode::OK, "ok"));
+        let broken = (StatusCode::BAD_GATEWAY, "upstream_error");
+        assert_eq!(end_outcome(&end(200, false, false)), broken);
+        assert_eq!(end_outcome(&end(404, false, false)), broken);
+        assert_eq!(
+            end_outcome(&end(504, false, false)),
+            (StatusCode::GATEWAY_TIMEOUT, "upstream_error")
+        );
+        assert_eq!(end_outcome(&end(200, false, true)).1, "cancelled");
+        assert!(served_well(&end(200, true, false)));
+        assert!(!served_well(&end(200, false, false)), "a broken stream");
+        assert!(!served_well(&end(503, true, false)));
+        assert_eq!(
+            end_outcome(&end(429, true, false)),
+            (StatusCode::TOO_MANY_REQUESTS, "client_error")
+        );
     }
 }

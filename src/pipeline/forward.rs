@@ -6,7 +6,7 @@
 use hyper::Response;
 use hyper::header::HeaderValue;
 
-use super::account::end_outcome;
+use super::account::{end_outcome, served_well};
 use super::ctx::RequestCtx;
 use super::route::Routed;
 use super::split::VersionChoice;
@@ -35,7 +35,7 @@ fn settings(snapshot: &Snapshot) -> ForwardSettings {
         idle_timeout: f.idle_timeout,
         total_timeout: f.total_timeout,
         retries: f.retries,
-        eject_after: snapshot.health.eject_after,
+        outlier: snapshot.outlier,
         debug_headers: snapshot.debug_headers,
         connect_timeout: f.connect_timeout,
     }
@@ -64,6 +64,9 @@ pub(super) async fn forward(
         // The one place the upstream body is built, after every phase has had its say.
         body: valid.body.bytes(),
         stream: valid.stream,
+        // OpenAI's chat and completions streams end with `data: [DONE]`; Responses streams end
+        // with their `response.completed` event instead.
+        expects_done: matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions),
         by_load: !endpoint.generates(),
         features: &valid.features,
         request_id: &ctx.request_id,
@@ -106,8 +109,7 @@ pub(super) async fn forward(
                     if end.client_gone {
                         v.count(&metrics, "cancelled");
                     } else {
-                        let ok = end.completed && (200..300).contains(&end.status);
-                        v.record(&metrics, ok, end.ttft, end.max_gap);
+                        v.record(&metrics, served_well(&end), end.ttft, end.max_gap);
                     }
                 }
                 account.settle(end);

@@ -482,8 +482,9 @@ async fn the_whole_pipeline_forwards_and_accounts_once_at_the_end() {
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().contains_key("x-request-id"));
     assert!(res.headers().contains_key("x-ratelimit-remaining-tokens"));
-    // Counted when the body ends, not when the headers are ready.
-    assert_eq!(metric(&gw, "infergate_requests_total", &[]), 0.0);
+    // Counted when the body ends: a whole answer is held until its end, before its head goes
+    // out (a body the worker breaks off is then a 502, not a truncated 200).
+    assert_eq!(metric(&gw, "infergate_requests_total", &[]), 1.0);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["usage"]["completion_tokens"], 7);

@@ -1,7 +1,8 @@
 //! The proxied response body: passes each upstream frame through the moment it arrives, measures
 //! time to first byte and the gaps between chunks, enforces the idle and total timeouts, ends a
-//! failed stream with an SSE error event instead of a silent truncation, and holds the worker's
-//! in-flight guard until the body ends or the client goes away.
+//! failed stream (a broken connection, an error event, no `[DONE]`: [`stream_end`]) with an SSE
+//! error event instead of a silent truncation, holds the worker's in-flight guard until the body
+//! ends or the client goes away, and then tells the worker's health how the request went.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,9 +15,10 @@ use tokio::time::{Sleep, sleep_until};
 use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
+use crate::proxy::stream_end::{self, Fault, Tail};
 use crate::proxy::usage::{TokenUsage, UsageTap};
 use crate::workers::conns::Conn;
-use crate::workers::state::{InFlightGuard, PrefillGuard};
+use crate::workers::state::{Attempt, InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,11 +27,13 @@ pub struct EndReport {
     pub worker: String,
     /// Usage reported by the worker, when it arrived.
     pub usage: Option<TokenUsage>,
-    /// Streamed content events seen (fallback measure of completion tokens).
+    /// Streamed content events that reached the client (fallback measure of completion
+    /// tokens; a worker's error event is none).
     pub content_events: u64,
     /// True when the body ended normally (not an upstream failure or a client that left).
     pub completed: bool,
-    /// HTTP status the worker answered.
+    /// HTTP status the worker answered; for a whole answer held back and failed before it was
+    /// sent, the status the client got instead (502, 504).
     pub status: u16,
     /// Time from the request's arrival to the first body bytes.
     pub ttft: Option<std::time::Duration>,
@@ -71,6 +75,17 @@ pub struct BodyReport {
     pub request_id: String,
 }
 
+/// How a body ended, for the account and the worker's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Read to its end, and whole.
+    Complete,
+    /// The worker failed it (the `kind` of `infergate_upstream_errors_total`).
+    Failed(&'static str),
+    /// The client went away: says nothing about the worker.
+    ClientGone,
+}
+
 /// The idle and total timers of a body that had to wait for its worker.
 struct Timers {
     idle: Pin<Box<Sleep>>,
@@ -101,6 +116,13 @@ pub struct ProxyBody {
     /// The worker connection the answer came on, given back to the worker once the body has
     /// been read to its end (closed otherwise).
     conn: Option<Conn>,
+    /// The request's turn on the worker, judged when the body ends.
+    turn: Option<Attempt>,
+    /// The endpoint's streams end with `data: [DONE]`: one that stops before it is cut short.
+    expects_done: bool,
+    /// The whole answer is held back until it is complete: a failure still becomes the
+    /// client's status.
+    held: bool,
 }
 
 impl ProxyBody {
@@ -129,7 +151,28 @@ impl ProxyBody {
             max_gap: None,
             done: false,
             conn: None,
+            turn: None,
+            expects_done: false,
+            held: false,
         }
+    }
+
+    /// Judges `turn` (the worker's health) when the body ends.
+    pub fn with_turn(mut self, turn: Option<Attempt>) -> Self {
+        self.turn = turn;
+        self
+    }
+
+    /// A stream that must end with `data: [DONE]` (OpenAI's chat and completions streams).
+    pub fn expecting_done(mut self, expects_done: bool) -> Self {
+        self.expects_done = expects_done;
+        self
+    }
+
+    /// Marks the answer as held back until complete (see [`crate::proxy::hold`]).
+    pub fn held(mut self) -> Self {
+        self.held = true;
+        self
     }
 
     /// Holds `prefill` until the first data frame (or the end).
@@ -144,13 +187,15 @@ impl ProxyBody {
         self
     }
 
-    fn finish(&mut self, completed: bool) {
-        self.finish_with(completed, false);
-    }
-
-    fn finish_with(&mut self, completed: bool, client_gone: bool) {
+    fn finish(&mut self, ending: Ending) {
         if !self.done {
             self.done = true;
+            let (completed, client_gone) = match ending {
+                Ending::Complete => (true, false),
+                Ending::Failed(_) => (false, false),
+                Ending::ClientGone => (false, true),
+            };
+            self.judge(ending);
             if let Some(on_end) = self.on_end.take() {
                 on_end(EndReport {
                     worker: std::mem::take(&mut self.report.worker),
@@ -177,6 +222,19 @@ impl ProxyBody {
             self.guard = None;
             self.prefill = None;
         }
+    }
+
+    /// Tells the worker's health how its request went. A client that left, or a request that
+    /// ran into its own total deadline (a long answer), says nothing about the worker.
+    fn judge(&mut self, ending: Ending) {
+        let Some(turn) = self.turn.take() else { return };
+        let failure = match ending {
+            Ending::Complete => None,
+            Ending::Failed(kind) if kind != "total_timeout" => Some(kind),
+            Ending::Failed(_) | Ending::ClientGone => return,
+        };
+        let r = &self.report;
+        crate::proxy::forward::judge(turn, failure, &r.metrics, &r.series.pool, &r.request_id);
     }
 
     /// Records the timing of a data frame and pushes the idle deadline back.
@@ -237,7 +295,18 @@ impl ProxyBody {
     fn fail(
         &mut self,
         err: GatewayError,
-        kind: &str,
+        kind: &'static str,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.fail_after(Bytes::new(), err, kind)
+    }
+
+    /// Ends a stream with `sent` (what came before the failure, still the client's) and the
+    /// error event of `err`; any other body with `err`.
+    fn fail_after(
+        &mut self,
+        sent: Bytes,
+        err: GatewayError,
+        kind: &'static str,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let r = &self.report;
         r.metrics
@@ -248,12 +317,55 @@ impl ProxyBody {
             tracing::warn!(request_id = r.request_id, worker = %g.worker().url, error = %err, "upstream failed mid-response");
         }
         let is_stream = self.report.is_stream;
-        self.finish(false);
+        if self.held {
+            self.report.status = err.status().as_u16();
+        }
+        self.finish(Ending::Failed(kind));
         if is_stream {
-            Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
+            let event = err.sse_event();
+            if sent.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(event))));
+            }
+            let mut out = Vec::with_capacity(sent.len() + event.len());
+            out.extend_from_slice(&sent);
+            out.extend_from_slice(&event);
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
         } else {
             Poll::Ready(Some(Err(Box::new(err))))
         }
+    }
+}
+
+impl ProxyBody {
+    /// The bytes the tap held back at the worker's end of the body (an unterminated last
+    /// event), and the stream's fault if it ended broken: an error event (then dropped) or no
+    /// `[DONE]`.
+    fn last_bytes(&mut self) -> (Bytes, Option<Fault>) {
+        let rest = self.tap.flush();
+        if !self.report.is_stream {
+            return (rest, None);
+        }
+        let (rest, saw_error, saw_done) = match stream_end::tail(&rest) {
+            Tail::Error => (Bytes::new(), true, self.tap.saw_done),
+            Tail::Done => (rest, self.tap.saw_error, true),
+            Tail::Other => (rest, self.tap.saw_error, self.tap.saw_done),
+        };
+        (
+            rest,
+            stream_end::at_end(self.expects_done, saw_error, saw_done),
+        )
+    }
+
+    /// Ends a stream whose frame `data` holds an error event: what came before it goes to the
+    /// client, then the gateway's own error event; the worker's event and the rest do not.
+    fn cut_at_error(&mut self, data: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let at = stream_end::error_event_at(&data).unwrap_or(data.len());
+        let sent = data.slice(..at);
+        if !sent.is_empty() {
+            self.on_data();
+        }
+        let fault = Fault::ErrorEvent;
+        self.fail_after(sent, fault.error(), fault.kind())
     }
 }
 
@@ -275,11 +387,16 @@ impl Body for ProxyBody {
                     let frame = match frame.into_data() {
                         Ok(data) => {
                             let mut data = this.tap.feed(data);
+                            if this.tap.saw_error {
+                                return this.cut_at_error(data);
+                            }
                             // A body with a content-length is complete now: hyper stops
                             // polling once it has written that many bytes, so settle here.
                             let end = this.inner.is_end_stream();
+                            let mut fault = None;
                             if end {
-                                let rest = this.tap.flush();
+                                let (rest, f) = this.last_bytes();
+                                fault = f;
                                 if !rest.is_empty() {
                                     let mut joined = data.to_vec();
                                     joined.extend_from_slice(&rest);
@@ -290,8 +407,11 @@ impl Body for ProxyBody {
                             if !data.is_empty() {
                                 this.on_data();
                             }
+                            if let Some(f) = fault {
+                                return this.fail_after(data, f.error(), f.kind());
+                            }
                             if end {
-                                this.finish(true);
+                                this.finish(Ending::Complete);
                             }
                             if data.is_empty() {
                                 continue;
@@ -311,8 +431,14 @@ impl Body for ProxyBody {
                     );
                 }
                 Poll::Ready(None) => {
-                    let rest = this.tap.flush();
-                    this.finish(true);
+                    let (rest, fault) = this.last_bytes();
+                    if !rest.is_empty() {
+                        this.on_data();
+                    }
+                    if let Some(f) = fault {
+                        return this.fail_after(rest, f.error(), f.kind());
+                    }
+                    this.finish(Ending::Complete);
                     if rest.is_empty() {
                         return Poll::Ready(None);
                     }
@@ -424,6 +550,6 @@ impl Body for ClientPaced {
 impl Drop for ProxyBody {
     fn drop(&mut self) {
         // The client went away (or the response was discarded): account what happened.
-        self.finish_with(false, true);
+        self.finish(Ending::ClientGone);
     }
 }

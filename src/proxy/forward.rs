@@ -1,6 +1,8 @@
 //! Forwards a routed request to its worker: send, and before the first byte retry another worker
 //! (routed again, without those tried) on a failure the error table marks retryable (a connect
-//! failure, a 503, an ejection), within the retry budget.
+//! failure, a 503, an ejection), within the retry budget. Each request is a turn on its worker
+//! (one probe at a time for a worker back from an ejection), judged when it fails or its body
+//! ends: passive health. A whole answer is held until complete ([`crate::proxy::hold`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,12 +17,13 @@ use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
 use crate::pipeline::route::Routed;
 use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
+use crate::proxy::hold::{HOLD_MAX_BYTES, Held, hold};
 use crate::proxy::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
-use crate::workers::state::{HealthChange, KvEventsState};
+use crate::workers::state::{Attempt, HealthChange, KvEventsState, OutlierSettings, WorkerState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 
 /// Timeouts and retry budget of forwarding.
@@ -34,8 +37,8 @@ pub struct ForwardSettings {
     pub total_timeout: Duration,
     /// Extra attempts on other workers before the first byte.
     pub retries: u32,
-    /// Consecutive failures that eject a worker.
-    pub eject_after: u32,
+    /// Passive health: failed requests in a row that eject a worker, and for how long.
+    pub outlier: OutlierSettings,
     /// Whether answers name their pool and worker (`debug_headers`).
     pub debug_headers: bool,
     /// Time to open a connection to a worker.
@@ -50,6 +53,8 @@ pub struct Outbound<'a> {
     pub body: Bytes,
     /// Whether the client asked for a stream.
     pub stream: bool,
+    /// The endpoint's streams end with `data: [DONE]` (chat and completions; not Responses).
+    pub expects_done: bool,
     /// Route by load even in a cache-aware pool (embeddings leave no KV to reuse).
     pub by_load: bool,
     /// Routing inputs.
@@ -98,11 +103,9 @@ pub async fn forward(
     let no_worker = || GatewayError::NoHealthyWorker(pool.name.clone());
     let mut next = Some(first);
     for attempt in 0..=settings.retries {
-        let routed = match next.take() {
-            Some(r) => Some(r),
-            None => crate::pipeline::route::pick(pool, out.features, &tried, out.by_load, metrics),
-        };
-        let Some((worker, decision)) = routed else {
+        let Some((worker, decision, turn)) =
+            claim(pool, &mut next, &out, &mut tried, settings, metrics)
+        else {
             return Err(last_err.unwrap_or_else(no_worker));
         };
         if attempt > 0 {
@@ -113,10 +116,20 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
-        let failed = |kind| note_failure(pool, &worker, settings, metrics, out.request_id, kind);
+        let mut turn = Some(turn);
+        let mut failed = |kind| {
+            if let Some(turn) = turn.take() {
+                note_failure(pool, &worker, turn, metrics, out.request_id, kind);
+            }
+        };
         // Pinned here and lent to the wait, so the wait's future does not hold a second copy.
         let request = std::pin::pin!(worker.conns.send(req, settings.connect_timeout));
-        let sent = match wait_for_answer(request, &worker, out.grace_over, settings).await {
+        let waited = wait_for_answer(request, &worker, out.grace_over, settings).await;
+        // A worker silent past the first-byte timeout is left (its connection closed, which
+        // cancels the request on the engine), so another may take the request, within the
+        // retry budget and the total deadline: nothing reached the client yet.
+        let silent = matches!(waited, Waited::TimedOut);
+        let sent = match waited {
             Waited::Draining => Err(GatewayError::Draining),
             Waited::Ejected => {
                 metrics
@@ -161,7 +174,7 @@ pub async fn forward(
         // may take.
         let (res, conn) = match sent {
             Ok(answered) => answered,
-            Err(e) if e.retryable() => {
+            Err(e) if e.retryable() || silent => {
                 tried.push(worker.key);
                 last_err = Some(e);
                 continue;
@@ -171,8 +184,6 @@ pub async fn forward(
         let status = res.status();
         if status.is_server_error() {
             failed("status_5xx");
-        } else {
-            worker.record_success(1);
         }
         let (parts, body) = res.into_parts();
         let is_stream = out.stream && status.is_success();
@@ -202,14 +213,18 @@ pub async fn forward(
             )),
         )
         .with_prefill(prefill)
-        .with_conn(conn);
+        .with_conn(conn)
+        // Anything but a 5xx is judged by how its body ends.
+        .with_turn(turn)
+        .expecting_done(is_stream && out.expects_done);
         if !is_stream {
             let ttft = out.started.elapsed();
             pool.series.ttft.observe(ttft.as_secs_f64());
             pool.degrade.record_ttft(ttft);
         }
         // A stream must be paced by its client (one that stops reading would pin the worker);
-        // a whole answer is one or a few frames that fit the socket buffers, so it goes direct.
+        // a whole answer is held until complete, so a body the worker breaks off is a 502, not
+        // a truncated 200 (its end already accounted it with that status).
         let body = if is_stream {
             ClientPaced::new(
                 body,
@@ -219,7 +234,10 @@ pub async fn forward(
             )
             .boxed()
         } else {
-            body.boxed()
+            match hold(body, HOLD_MAX_BYTES).await {
+                Held::Ready(held) => held.boxed(),
+                Held::Failed(e) => return Ok(e.into_response()),
+            }
         };
         // The worker's header map, reused: hop-by-hop headers out. Not reserved ahead: the map
         // hyper parsed has room for the request id, and a reserve rehashes it every time.
@@ -342,13 +360,36 @@ fn another_worker(pool: &PoolRuntime, tried: &[u64], current: u64) -> bool {
         .any(|w| w.key != current && !tried.contains(&w.key) && w.is_healthy())
 }
 
-fn note_failure(
+/// The next worker that takes the request: the route phase's pick first, then the policy's,
+/// without those tried; a worker that may not take it now (ejected meanwhile, or on probation
+/// with its probe in flight) is passed over without spending a retry. `None` when none is left.
+fn claim(
     pool: &PoolRuntime,
-    worker: &crate::workers::state::WorkerState,
+    next: &mut Option<Routed>,
+    out: &Outbound<'_>,
+    tried: &mut Vec<u64>,
     settings: ForwardSettings,
     metrics: &GatewayMetrics,
+) -> Option<(Arc<WorkerState>, Decision, Attempt)> {
+    loop {
+        let (worker, decision) = match next.take() {
+            Some(routed) => routed,
+            None => crate::pipeline::route::pick(pool, out.features, tried, out.by_load, metrics)?,
+        };
+        match worker.admit(settings.outlier) {
+            Some(turn) => return Some((worker, decision, turn)),
+            None => tried.push(worker.key),
+        }
+    }
+}
+
+fn note_failure(
+    pool: &PoolRuntime,
+    worker: &WorkerState,
+    turn: Attempt,
+    metrics: &GatewayMetrics,
     request_id: &str,
-    kind: &str,
+    kind: &'static str,
 ) {
     metrics
         .upstream_errors
@@ -356,9 +397,51 @@ fn note_failure(
         .inc();
     // The worker's address goes to the log, never to the client.
     tracing::debug!(request_id, pool = %pool.name, worker = %worker.url, kind, "forward attempt failed");
-    if worker.record_failure(settings.eject_after) == HealthChange::Ejected {
-        metrics.ejections.with_label_values(&[&pool.name]).inc();
-        tracing::warn!(request_id, pool = %pool.name, worker = %worker.url, kind, "worker ejected after failed requests");
+    judge(turn, Some(kind), metrics, &pool.name, request_id);
+}
+
+/// Judges a request's `turn` on its worker (a `failure` of that kind, or a success) and counts
+/// what that did: an ejection by the failure that tipped it, a probe's result.
+pub(crate) fn judge(
+    turn: Attempt,
+    failure: Option<&'static str>,
+    metrics: &GatewayMetrics,
+    pool: &str,
+    request_id: &str,
+) {
+    let probe = turn.is_probe();
+    if failure.is_none() && !probe {
+        // Most requests: a success that changes nothing worth counting.
+        turn.succeeded();
+        return;
+    }
+    let worker = turn.worker().clone();
+    let change = match failure {
+        None => turn.succeeded(),
+        Some(_) => turn.failed(),
+    };
+    if probe {
+        let result = if failure.is_none() {
+            "passed"
+        } else {
+            "failed"
+        };
+        metrics.probes.with_label_values(&[pool, result]).inc();
+    }
+    match change {
+        HealthChange::Ejected => {
+            let kind = failure.unwrap_or("unknown");
+            metrics.ejections.with_label_values(&[pool]).inc();
+            metrics
+                .outlier_ejections
+                .with_label_values(&[pool, kind])
+                .inc();
+            tracing::warn!(request_id, pool, worker = %worker.url, kind, probe, "worker ejected after failed requests");
+        }
+        HealthChange::Readmitted => {
+            tracing::info!(pool, worker = %worker.url, "worker passed its probe: back to its full share");
+        }
+        HealthChange::None => {}
     }
 }
 

@@ -42,6 +42,10 @@ pub struct UsageTap {
     pub usage: Option<TokenUsage>,
     /// SSE data events with content seen so far (a fallback count when no usage arrives).
     pub content_events: u64,
+    /// The stream carried an error event: it, and anything after it, is no content.
+    pub saw_error: bool,
+    /// The stream carried `data: [DONE]`.
+    pub saw_done: bool,
 }
 
 /// What a body or SSE payload says about usage: `usage` of chat, completions and embeddings
@@ -269,7 +273,15 @@ impl UsageTap {
                 &joined
             }
         };
+        if self.saw_error {
+            return false;
+        }
         if sse::is_done(payload) {
+            self.saw_done = true;
+            return false;
+        }
+        if super::stream_end::is_error_payload(payload) {
+            self.saw_error = true;
             return false;
         }
         let Some(p) = Payload::read(payload) else {

@@ -1,8 +1,14 @@
 //! Live state of one upstream worker: the gateway's own in-flight count (always fresh), the load
-//! last polled from its `/metrics`, and its health with ejection after consecutive failures.
+//! last polled from its `/metrics`, and its health ([`outlier`]): ejection after failed polls or
+//! failed requests in a row, each counted on its own, and re-admission through a probe request.
 
-use std::sync::Arc;
+mod outlier;
+
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+pub use outlier::{HealthChange, OutlierSettings, Phase, ejection_time};
 
 use crate::routing::WorkerView;
 use crate::workers::conns::Conns;
@@ -18,9 +24,10 @@ pub struct WorkerState {
     /// Its keep-alive connections.
     pub conns: Conns,
     in_flight: AtomicU32,
-    healthy: AtomicBool,
-    failures: AtomicU32,
-    successes: AtomicU32,
+    /// In service at full share with no failed request pending: the hot path's lock-free
+    /// answer; anything else asks [`Self::health`].
+    clean: AtomicBool,
+    health: Mutex<outlier::Outlier>,
     waiting: AtomicU64,
     running: AtomicU64,
     /// `in_flight` when `waiting` and `running` were stored.
@@ -60,17 +67,6 @@ pub enum KvEventsState {
 /// Polls between two asks of a worker that had no KV events.
 const KV_EVENTS_RETRY_POLLS: u32 = 30;
 
-/// What a health event did to a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthChange {
-    /// Nothing changed.
-    None,
-    /// The worker was ejected just now.
-    Ejected,
-    /// The worker was re-admitted just now.
-    Readmitted,
-}
-
 impl WorkerState {
     /// A worker at `url`, healthy until proven otherwise.
     pub fn new(url: &str) -> Self {
@@ -79,9 +75,8 @@ impl WorkerState {
             key: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
             conns: Conns::new(url),
             in_flight: AtomicU32::new(0),
-            healthy: AtomicBool::new(true),
-            failures: AtomicU32::new(0),
-            successes: AtomicU32::new(0),
+            clean: AtomicBool::new(true),
+            health: Mutex::new(outlier::Outlier::default()),
             waiting: AtomicU64::new(0f64.to_bits()),
             running: AtomicU64::new(0f64.to_bits()),
             polled_in_flight: AtomicU32::new(0),
@@ -143,7 +138,7 @@ impl WorkerState {
     pub fn view(&self) -> WorkerView {
         WorkerView {
             key: self.key,
-            healthy: self.healthy.load(Ordering::Acquire),
+            healthy: self.routable(),
             in_flight: self.in_flight.load(Ordering::Acquire),
             waiting: f64::from_bits(self.waiting.load(Ordering::Relaxed)),
             running: f64::from_bits(self.running.load(Ordering::Relaxed)),
@@ -155,9 +150,59 @@ impl WorkerState {
         }
     }
 
-    /// True unless ejected.
+    /// True unless ejected (in service, or on probation).
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.clean.load(Ordering::Acquire) || self.health().phase(Instant::now()) != Phase::Ejected
+    }
+
+    /// Where the worker stands now.
+    pub fn phase(&self) -> Phase {
+        if self.clean.load(Ordering::Acquire) {
+            return Phase::InService;
+        }
+        self.health().phase(Instant::now())
+    }
+
+    /// Whether routing may pick it now: in service, or on probation with no probe in flight.
+    fn routable(&self) -> bool {
+        self.clean.load(Ordering::Acquire) || self.health().routable(Instant::now())
+    }
+
+    /// The health machine, locked (a panic elsewhere leaves it usable: it holds plain counts).
+    fn health(&self) -> MutexGuard<'_, outlier::Outlier> {
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs `event` on the health machine, then publishes what it changed: the lock-free flag,
+    /// and an ejection's count and wake-up.
+    fn on_health(&self, event: impl FnOnce(&mut outlier::Outlier) -> HealthChange) -> HealthChange {
+        let mut health = self.health();
+        let change = event(&mut health);
+        self.clean.store(health.clean(), Ordering::Release);
+        drop(health);
+        if change == HealthChange::Ejected {
+            self.ejections.fetch_add(1, Ordering::Relaxed);
+            self.ejected.notify_waiters();
+        }
+        change
+    }
+
+    /// A request may go here now: its [`Attempt`] reports how it went. `None` when the worker
+    /// is ejected, or on probation with its probe in flight.
+    pub fn admit(self: &Arc<Self>, settings: OutlierSettings) -> Option<Attempt> {
+        let probe = if self.clean.load(Ordering::Acquire) {
+            false
+        } else {
+            self.health().admit(Instant::now())?
+        };
+        Some(Attempt {
+            worker: self.clone(),
+            probe,
+            settings,
+            judged: false,
+        })
     }
 
     /// Requests this gateway has in flight here.
@@ -211,28 +256,70 @@ impl WorkerState {
             || (old_started != 0 && old_started != started)
     }
 
-    /// A successful poll or request: re-admits after `readmit_after` in a row.
+    /// A successful poll: after `readmit_after` in a row, polls no longer hold the worker out
+    /// (`Readmitted`: it is on probation, and its first request is a probe). Requests report
+    /// through their [`Attempt`]: a good poll does not clear their failures.
     pub fn record_success(&self, readmit_after: u32) -> HealthChange {
-        self.failures.store(0, Ordering::Relaxed);
-        let n = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
-        if !self.is_healthy() && n >= readmit_after.max(1) {
-            self.healthy.store(true, Ordering::Release);
-            return HealthChange::Readmitted;
-        }
-        HealthChange::None
+        self.on_health(|h| h.poll_succeeded(readmit_after, Instant::now()))
     }
 
-    /// A failed poll, connect error or 5xx: ejects after `eject_after` in a row.
+    /// A failed poll: ejects after `eject_after` in a row, counted apart from failed requests.
     pub fn record_failure(&self, eject_after: u32) -> HealthChange {
-        self.successes.store(0, Ordering::Relaxed);
-        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if self.is_healthy() && n >= eject_after.max(1) {
-            self.healthy.store(false, Ordering::Release);
-            self.ejections.fetch_add(1, Ordering::Relaxed);
-            self.ejected.notify_waiters();
-            return HealthChange::Ejected;
+        self.on_health(|h| h.poll_failed(eject_after, Instant::now()))
+    }
+}
+
+/// One request's turn on a worker (possibly its probe), judged once: [`Attempt::succeeded`]
+/// or [`Attempt::failed`]; dropped unjudged (the client left), it frees the probe slot.
+#[derive(Debug)]
+pub struct Attempt {
+    worker: Arc<WorkerState>,
+    probe: bool,
+    settings: OutlierSettings,
+    judged: bool,
+}
+
+impl Attempt {
+    /// Whether this request is the worker's probe after an ejection.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
+    /// The worker this turn is on.
+    pub fn worker(&self) -> &Arc<WorkerState> {
+        &self.worker
+    }
+
+    /// The worker answered this request well: its failed requests in a row are forgotten, and
+    /// a probe gives it back its full share (`Readmitted`).
+    pub fn succeeded(mut self) -> HealthChange {
+        self.judged = true;
+        let probe = self.probe;
+        if !probe && self.worker.clean.load(Ordering::Acquire) {
+            return HealthChange::None;
         }
-        HealthChange::None
+        self.worker
+            .on_health(|h| h.request_succeeded(probe, Instant::now()))
+    }
+
+    /// The worker failed this request (no answer in time, a refused or reset connection, a 5xx,
+    /// a broken stream): `Ejected` after too many in a row, or at once for a probe.
+    pub fn failed(mut self) -> HealthChange {
+        self.judged = true;
+        let (probe, settings) = (self.probe, self.settings);
+        self.worker
+            .on_health(|h| h.request_failed(probe, Instant::now(), &settings))
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.judged && self.probe {
+            self.worker.on_health(|h| {
+                h.probe_abandoned();
+                HealthChange::None
+            });
+        }
     }
 }
 
@@ -283,19 +370,60 @@ mod tests {
     }
 
     #[test]
-    fn ejects_after_consecutive_failures_and_readmits_after_successes() {
-        let w = WorkerState::new("http://a");
+    fn ejects_after_failed_polls_and_readmits_through_a_probe() {
+        let w = Arc::new(WorkerState::new("http://a"));
         assert_eq!(w.record_failure(3), HealthChange::None);
         assert_eq!(w.record_success(2), HealthChange::None);
         assert_eq!(w.record_failure(3), HealthChange::None);
         assert_eq!(w.record_failure(3), HealthChange::None);
         assert_eq!(w.record_failure(3), HealthChange::Ejected);
         assert!(!w.view().healthy);
+        assert!(w.admit(OutlierSettings::default()).is_none());
         assert_eq!(w.record_failure(3), HealthChange::None);
         assert_eq!(w.record_success(2), HealthChange::None);
         assert_eq!(w.record_success(2), HealthChange::Readmitted);
         assert!(w.is_healthy());
+        assert_eq!(w.phase(), Phase::Probation);
+        let probe = w.admit(OutlierSettings::default()).expect("the probe");
+        assert!(probe.is_probe());
+        assert!(!w.view().healthy, "one probe at a time");
+        assert!(w.admit(OutlierSettings::default()).is_none());
+        assert_eq!(probe.succeeded(), HealthChange::Readmitted);
+        assert_eq!(w.phase(), Phase::InService);
+        assert!(w.view().healthy);
         assert_eq!(w.ejections(), 1);
+    }
+
+    #[test]
+    fn failed_requests_eject_whatever_the_polls_say() {
+        let w = Arc::new(WorkerState::new("http://a"));
+        let s = OutlierSettings {
+            eject_after: 2,
+            ..OutlierSettings::default()
+        };
+        let attempt = || w.admit(s).expect("in service");
+        assert_eq!(attempt().failed(), HealthChange::None);
+        assert_eq!(w.record_success(1), HealthChange::None);
+        assert_eq!(attempt().failed(), HealthChange::Ejected);
+        assert!(!w.is_healthy());
+        assert_eq!(w.ejections(), 1);
+        // Good polls do not bring it back before its ejection time is up.
+        assert_eq!(w.record_success(1), HealthChange::None);
+        assert!(!w.view().healthy);
+    }
+
+    #[test]
+    fn an_unjudged_probe_frees_the_slot() {
+        let w = Arc::new(WorkerState::new("http://a"));
+        w.record_failure(1);
+        w.record_success(1);
+        let probe = w.admit(OutlierSettings::default()).expect("the probe");
+        assert!(w.admit(OutlierSettings::default()).is_none());
+        drop(probe);
+        assert!(
+            w.admit(OutlierSettings::default())
+                .is_some_and(|a| a.is_probe())
+        );
     }
 
     #[test]
