@@ -24,3 +24,4 @@ mod openai;
 mod policies;
 mod tenants;
 mod tools;
+mod trust;

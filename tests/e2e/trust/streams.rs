@@ -11,8 +11,7 @@
 //!
 //! Each case runs the rogue beside a healthy engine in one round-robin pool.
 
-#[path = "../tenant_support/mod.rs"]
-mod tenant_support;
+use crate::tenant_support;
 
 use std::collections::HashMap;
 use std::time::Duration;
