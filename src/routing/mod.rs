@@ -11,6 +11,11 @@
 //! - `least_load`: no reuse between requests (embeddings, one-off prompts) or very uneven request
 //!   sizes; the fresh in-flight count reacts fastest to a slow worker.
 //! - `round_robin`: identical workers and uniform small requests, or as a baseline to compare.
+//!
+//! Whatever a worker reports, routing stays finite: the view clamps polled counts and KV usage
+//! ([`WorkerView::load`], [`WorkerView::kv_fill`]), so a lying worker looks busy instead of
+//! making every cost NaN; the `prefix` index keeps at most `max_index_blocks_per_worker`
+//! entries per worker, whatever KV capacity the worker claims.
 
 use serde::Deserialize;
 

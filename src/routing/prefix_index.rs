@@ -162,7 +162,7 @@ impl Inner {
                 if let Some(entry) = entry {
                     if protect {
                         if !was_protected {
-                            cache.protected_used += entry.tokens;
+                            cache.protected_used = cache.protected_used.saturating_add(entry.tokens);
                         }
                         cache.protected.insert(tick, entry);
                     } else {
@@ -183,7 +183,7 @@ impl Inner {
                         tokens,
                     },
                 );
-                cache.used += tokens;
+                cache.used = cache.used.saturating_add(tokens);
                 self.holders.entry(hash).or_default().push(worker);
             }
         }
@@ -357,7 +357,7 @@ impl PrefixIndex {
                     tokens: placement.extra_tokens,
                 },
             );
-            cache.used += placement.extra_tokens;
+            cache.used = cache.used.saturating_add(placement.extra_tokens);
         }
         for &hash in placement.hashes.iter().rev() {
             inner.touch(worker, hash, block_tokens);

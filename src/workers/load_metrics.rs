@@ -257,13 +257,8 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, PollError>
             Some(i) => &line[name_end + i + 1..],
             None => &line[name_end..],
         };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
+        let raw = rest.split_whitespace().next().unwrap_or("");
+        let value = raw.parse::<f64>().map_err(|_| invalid(name, format!("{raw:?}")))?;
         if names.waiting.contains(&name) {
             let sum = waiting.unwrap_or(0.0) + queue_value(name, value)?;
             waiting = Some(queue_value(name, sum)?);
@@ -415,6 +410,9 @@ vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",kv_prote
     fn ignores_junk_lines_and_values_it_does_not_read() {
         let text = "garbage\nvllm:num_requests_running 2\nvllm:other_gauge NaN\nvllm:x -Inf\n";
         assert_eq!(parse_load(text, Dialect::Vllm).unwrap().running, 2.0);
+        // A value it does read must be a number.
+        let text = "vllm:num_requests_running 2\nvllm:num_requests_waiting lots\n";
+        assert_eq!(reason(text, Dialect::Vllm), Some(PollFailure::InvalidValue));
     }
 
     fn reason(text: &str, dialect: Dialect) -> Option<PollFailure> {

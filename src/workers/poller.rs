@@ -166,3 +166,81 @@ fn too_large(len: u64, max_bytes: usize) -> PollError {
         format!("scrape of {len}+ bytes passes health.max_scrape_bytes ({max_bytes})"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-connection server answering `head` then `body_len` bytes of `#`, then closing.
+    async fn serve_once(head: String, body_len: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = tcp.read(&mut req).await;
+            let _ = tcp.write_all(head.as_bytes()).await;
+            let chunk = vec![b'#'; 64 << 10];
+            let mut left = body_len;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if tcp.write_all(&chunk[..n]).await.is_err() {
+                    return;
+                }
+                left -= n;
+            }
+        });
+        url
+    }
+
+    fn client() -> UpstreamClient {
+        crate::upstream::client(Duration::from_secs(1))
+    }
+
+    #[tokio::test]
+    async fn a_scrape_within_the_cap_is_read_whole() {
+        let url = serve_once(
+            "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n".into(),
+            1000,
+        )
+        .await;
+        assert_eq!(scrape(&client(), &url, 1000).await.map(|t| t.len()), Ok(1000));
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_past_the_cap_is_refused_unread() {
+        let url = serve_once(
+            "HTTP/1.1 200 OK\r\ncontent-length: 50000000\r\n\r\n".into(),
+            0,
+        )
+        .await;
+        let err = scrape(&client(), &url, 1 << 20).await.unwrap_err();
+        assert_eq!(err.reason, PollFailure::TooLarge);
+    }
+
+    #[tokio::test]
+    async fn an_undeclared_body_past_the_cap_stops_being_read() {
+        let url = serve_once(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".into(),
+            8 << 20,
+        )
+        .await;
+        let err = scrape(&client(), &url, 1 << 20).await.unwrap_err();
+        assert_eq!(err.reason, PollFailure::TooLarge);
+        assert!(err.detail.contains("1048576"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_status_and_a_refused_connection_have_their_reasons() {
+        let url = serve_once("HTTP/1.1 500 X\r\ncontent-length: 0\r\n\r\n".into(), 0).await;
+        let err = scrape(&client(), &url, 1 << 20).await.unwrap_err();
+        assert_eq!(err.reason, PollFailure::Status);
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let err = scrape(&client(), &closed, 1 << 20).await.unwrap_err();
+        assert_eq!(err.reason, PollFailure::Connect);
+    }
+}
