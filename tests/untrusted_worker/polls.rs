@@ -4,6 +4,7 @@
 //! its stream reopened with backoff, and the prefix index stays within its configured size
 //! whatever KV capacity a worker claims. Each case keeps a healthy engine serving beside it.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -171,12 +172,12 @@ async fn a_50_mb_scrape_is_cut_off_and_counted_too_large() {
     all_served_by(&gw, &engine, 5).await;
     let before = gw.rss_kib();
     bad.store(true, Ordering::Relaxed);
-    let mut peak = before;
+    let peak = Cell::new(before);
     eventually(
         "many oversized scrapes refused",
         Duration::from_secs(10),
         || async {
-            peak = peak.max(gw.rss_kib());
+            peak.set(peak.get().max(gw.rss_kib()));
             (gw.metric(&failures("too_large")).await >= 10.0).then_some(())
         },
     )
@@ -186,7 +187,7 @@ async fn a_50_mb_scrape_is_cut_off_and_counted_too_large() {
     gw.wait_health(&undeclared.url, false, Duration::from_secs(5))
         .await;
     all_served_by(&gw, &engine, 30).await;
-    peak = peak.max(gw.rss_kib());
+    let peak = peak.get().max(gw.rss_kib());
     // Unbounded, each 50 MB scrape was buffered whole (+193 MiB measured).
     let growth_mib = peak.saturating_sub(before) / 1024;
     assert!(growth_mib < 40, "gateway RSS grew {growth_mib} MiB");
@@ -220,11 +221,9 @@ async fn a_hung_metrics_endpoint_delays_no_other_workers_polls() {
         "",
     )
     .await;
-    // Once the hung worker's first poll is stuck, count the other's polls over two seconds.
-    eventually("the hung rogue polled", Duration::from_secs(5), || async {
-        (hung.metrics_polls() >= 1).then_some(())
-    })
-    .await;
+    // Its polls time out (1 s each) until it is ejected; it hangs on every poll after that too.
+    gw.wait_health(&hung.url, false, Duration::from_secs(5))
+        .await;
     let start = prompt.metrics_polls();
     let t0 = Instant::now();
     all_served_by(&gw, &engine, 30).await;
@@ -240,8 +239,6 @@ async fn a_hung_metrics_endpoint_delays_no_other_workers_polls() {
         polls as f64 >= 8.0 * secs / 2.0,
         "{polls} polls in {secs:.1} s"
     );
-    gw.wait_health(&hung.url, false, Duration::from_secs(5))
-        .await;
     let timeouts = gw.metric(&failures("timeout")).await;
     assert!(timeouts >= 2.0, "{timeouts} timed-out polls");
     let per_worker = gw
@@ -299,9 +296,9 @@ async fn an_endless_kv_event_line_is_dropped_and_reopened_with_backoff() {
     let start = opens.load(Ordering::Relaxed);
     let t0 = Instant::now();
     all_served_by(&gw, &engine, 30).await;
-    let mut peak = gw.rss_kib();
+    let peak = Cell::new(gw.rss_kib());
     eventually("three seconds of reopening", Duration::from_secs(10), || async {
-        peak = peak.max(gw.rss_kib());
+        peak.set(peak.get().max(gw.rss_kib()));
         (t0.elapsed() >= Duration::from_secs(3)).then_some(())
     })
     .await;
@@ -312,7 +309,7 @@ async fn an_endless_kv_event_line_is_dropped_and_reopened_with_backoff() {
         "{reopened} opens in {:?}",
         t0.elapsed()
     );
-    let growth_mib = peak.saturating_sub(before) / 1024;
+    let growth_mib = peak.get().saturating_sub(before) / 1024;
     assert!(growth_mib < 40, "gateway RSS grew {growth_mib} MiB");
     let live = gw
         .metric(&format!(
@@ -327,10 +324,11 @@ async fn an_endless_kv_event_line_is_dropped_and_reopened_with_backoff() {
 async fn the_prefix_index_stays_within_its_cap_whatever_capacity_a_worker_claims() {
     const CAP: usize = 5_000;
     let engine = Engine::start(&["--gpu", "l4"]).await;
-    // 62.5M blocks of 16: a claim of 1e9 tokens (believable, so the polls are good), and 80k
-    // streamed keys, which that claim would let the index keep.
+    // 62.5M blocks of 16: a claim of 1e9 tokens (believable, so the polls are good), which would
+    // let the index keep all 80k keys the worker streams.
     let metrics = format!(
-        "{BUSY_VLLM_METRICS}vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"62500000\"}} 1\n"
+        "{IDLE}vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"62500000\"}} 1\n",
+        IDLE = crate::common::rogue::IDLE_VLLM_METRICS
     );
     let line = |kind: &str, keys: std::ops::Range<u64>| {
         let keys: Vec<String> = keys.map(|k| format!("\"{k:016x}\"")).collect();
@@ -345,12 +343,21 @@ async fn the_prefix_index_stays_within_its_cap_whatever_capacity_a_worker_claims
         events.push(Step::Send(line("stored", from..from + 10_000)));
     }
     events.push(Step::Hang);
+    // The claim reaches the index with the first request routed to the worker: the events
+    // start after that (503 until then, so the gateway keeps reopening with backoff).
+    let routed = Arc::new(AtomicBool::new(false));
+    let seen = routed.clone();
     let rogue = Rogue::start(move |req: &RogueRequest| {
         if req.path.starts_with("/metrics") {
             answer(200, "text/plain", metrics.clone())
         } else if req.path.starts_with("/kv/events") {
-            events.clone()
+            if seen.load(Ordering::Relaxed) {
+                events.clone()
+            } else {
+                answer(503, "text/plain", "not yet")
+            }
         } else {
+            seen.store(true, Ordering::Relaxed);
             chat_ok(req)
         }
     })
@@ -361,9 +368,28 @@ async fn the_prefix_index_stays_within_its_cap_whatever_capacity_a_worker_claims
         &engine,
         &[&rogue],
         ("prefix", &[cap_param.as_str()]),
-        "",
+        ", kv_events_max_backoff: 500ms",
     )
     .await;
+    // Distinct prompts spread over both workers by their hash.
+    let mut by_engine = 0;
+    for i in 0..40 {
+        let body = chat(&format!("You are helper {i}."), "Say hi.", 2, false);
+        let (status, headers, text) = send(
+            Method::POST,
+            &gw.at("/v1/chat/completions"),
+            &[],
+            Some(body.to_string()),
+        )
+        .await
+        .expect("the gateway answers");
+        assert_eq!(status, StatusCode::OK, "request {i}: {text}");
+        if worker_of(&headers) == engine.url {
+            by_engine += 1;
+        }
+    }
+    assert!(routed.load(Ordering::Relaxed), "no request reached the rogue");
+    assert!(by_engine > 0, "the engine served none of 40 requests");
     let gauge = |name: &str| format!("{name}{{pool=\"{POOL}\",worker=\"{}\"}}", rogue.url);
     gw.wait_metric(&gauge("infergate_routing_kv_events_live"), |v| v == 1.0)
         .await;
@@ -376,12 +402,29 @@ async fn the_prefix_index_stays_within_its_cap_whatever_capacity_a_worker_claims
         )
         .await;
     assert_eq!(blocks, CAP as f64);
-    all_served_by(&gw, &engine, 30).await;
+    all_served_by_any(&gw, 10).await;
     for _ in 0..5 {
         let blocks = gw.metric(&gauge("infergate_routing_index_blocks")).await;
         assert!(blocks <= CAP as f64, "{blocks} blocks indexed");
     }
     gw.wait_health(&rogue.url, true, Duration::from_secs(1))
         .await;
+    gw.wait_health(&engine.url, true, Duration::from_secs(1))
+        .await;
 }
 
+/// Sends `n` chats and asserts every one got 200 (from any worker).
+async fn all_served_by_any(gw: &Gateway, n: usize) {
+    for i in 0..n {
+        let body = chat(&format!("You are reviewer {i}."), "Say hi.", 2, false);
+        let (status, _, text) = send(
+            Method::POST,
+            &gw.at("/v1/chat/completions"),
+            &[],
+            Some(body.to_string()),
+        )
+        .await
+        .expect("the gateway answers");
+        assert_eq!(status, StatusCode::OK, "request {i}: {text}");
+    }
+}
