@@ -81,7 +81,12 @@ impl Gateway {
         let wanted: HashSet<PollerKey> = live
             .pools
             .iter()
-            .flat_map(|p| p.workers().iter().map(|w| (p.name.clone(), w.key)).collect::<Vec<_>>())
+            .flat_map(|p| {
+                p.workers()
+                    .iter()
+                    .map(|w| (p.name.clone(), w.key))
+                    .collect::<Vec<_>>()
+            })
             .collect();
         pollers.retain(|key, task| {
             let keep = wanted.contains(key) && !task.is_finished();
@@ -91,9 +96,9 @@ impl Gateway {
             keep
         });
         for key in wanted {
-            if !pollers.contains_key(&key) {
-                let task = tokio::spawn(self.clone().poll_worker_forever(key.clone()));
-                pollers.insert(key, task.abort_handle());
+            if let std::collections::hash_map::Entry::Vacant(slot) = pollers.entry(key) {
+                let task = tokio::spawn(self.clone().poll_worker_forever(slot.key().clone()));
+                slot.insert(task.abort_handle());
             }
         }
     }

@@ -162,7 +162,8 @@ impl Inner {
                 if let Some(entry) = entry {
                     if protect {
                         if !was_protected {
-                            cache.protected_used = cache.protected_used.saturating_add(entry.tokens);
+                            cache.protected_used =
+                                cache.protected_used.saturating_add(entry.tokens);
                         }
                         cache.protected.insert(tick, entry);
                     } else {

@@ -332,7 +332,11 @@ fn the_entry_cap_bounds_each_worker_whatever_capacity_it_claims() {
     }
     let inner = idx.lock();
     for (worker, cache) in &inner.workers {
-        assert!(cache.entries() <= CAP, "worker {worker}: {}", cache.entries());
+        assert!(
+            cache.entries() <= CAP,
+            "worker {worker}: {}",
+            cache.entries()
+        );
     }
     // The newest survive: the last streamed key is still there, the first is gone.
     assert!(inner.workers[&2].ticks.contains_key(&1_049_999));

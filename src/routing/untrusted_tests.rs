@@ -84,7 +84,10 @@ fn policies() -> Vec<(&'static str, Box<dyn RoutingPolicy>)> {
         ("round_robin", build(&PolicyConfig::RoundRobin)),
         ("least_load", build(&PolicyConfig::LeastLoad)),
         ("session", build(&PolicyConfig::Session)),
-        ("prefix", build(&PolicyConfig::Prefix(PrefixConfig::default()))),
+        (
+            "prefix",
+            build(&PolicyConfig::Prefix(PrefixConfig::default())),
+        ),
     ]
 }
 

@@ -323,7 +323,10 @@ mod tests {
         lines.push(b"ab");
         assert_eq!(collect(&mut lines), Ok(vec![]));
         lines.push(b"c\nde\n\nf");
-        assert_eq!(collect(&mut lines), Ok(vec!["abc".into(), "de".into(), "".into()]));
+        assert_eq!(
+            collect(&mut lines),
+            Ok(vec!["abc".into(), "de".into(), "".into()])
+        );
         lines.push(b"g\n");
         assert_eq!(collect(&mut lines), Ok(vec!["fg".into()]));
         assert_eq!(lines.buf.len() - lines.start, 0);
@@ -340,7 +343,10 @@ mod tests {
         endless.push(b"12345");
         assert_eq!(collect(&mut endless), Ok(vec![]));
         endless.push(b"6789");
-        assert!(collect(&mut endless).is_err(), "an unfinished line past the cap");
+        assert!(
+            collect(&mut endless).is_err(),
+            "an unfinished line past the cap"
+        );
     }
 
     #[test]

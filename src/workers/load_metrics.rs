@@ -258,7 +258,9 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, PollError>
             None => &line[name_end..],
         };
         let raw = rest.split_whitespace().next().unwrap_or("");
-        let value = raw.parse::<f64>().map_err(|_| invalid(name, format!("{raw:?}")))?;
+        let value = raw
+            .parse::<f64>()
+            .map_err(|_| invalid(name, format!("{raw:?}")))?;
         if names.waiting.contains(&name) {
             let sum = waiting.unwrap_or(0.0) + queue_value(name, value)?;
             waiting = Some(queue_value(name, sum)?);
@@ -464,7 +466,10 @@ vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",kv_prote
             )
         };
         assert_eq!(reason(&info("1000000000000"), Dialect::Vllm), invalid);
-        assert_eq!(reason(&info("18446744073709551615"), Dialect::Vllm), invalid);
+        assert_eq!(
+            reason(&info("18446744073709551615"), Dialect::Vllm),
+            invalid
+        );
         // Large but believable: 62.5M blocks of 16 = 1e9 tokens.
         let l = parse_load(&info("62500000"), Dialect::Vllm).unwrap();
         assert_eq!(l.kv_capacity, Some(1_000_000_000));

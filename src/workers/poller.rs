@@ -121,7 +121,11 @@ async fn poll_once(
 
 /// `GET {base}/metrics`, reading at most `max_bytes` of body: a declared or read length past it
 /// stops there (the connection is dropped, not drained).
-async fn scrape(client: &UpstreamClient, base: &str, max_bytes: usize) -> Result<String, PollError> {
+async fn scrape(
+    client: &UpstreamClient,
+    base: &str,
+    max_bytes: usize,
+) -> Result<String, PollError> {
     let connect = |e: String| PollError::new(PollFailure::Connect, e);
     let uri: hyper::Uri = format!("{base}/metrics")
         .parse()
@@ -129,7 +133,10 @@ async fn scrape(client: &UpstreamClient, base: &str, max_bytes: usize) -> Result
     let req = hyper::Request::get(uri)
         .body(Full::new(Bytes::new()))
         .map_err(|e| connect(e.to_string()))?;
-    let res = client.request(req).await.map_err(|e| connect(e.to_string()))?;
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
     if !res.status().is_success() {
         return Err(PollError::new(
             PollFailure::Status,
@@ -205,7 +212,10 @@ mod tests {
             1000,
         )
         .await;
-        assert_eq!(scrape(&client(), &url, 1000).await.map(|t| t.len()), Ok(1000));
+        assert_eq!(
+            scrape(&client(), &url, 1000).await.map(|t| t.len()),
+            Ok(1000)
+        );
     }
 
     #[tokio::test]

@@ -16,9 +16,7 @@ use crate::common::Engine;
 use crate::common::gateway::{
     Gateway, MODEL, POOL, TempDir, chat, config_yaml, eventually, routing_yaml, send, worker_of,
 };
-use crate::common::rogue::{
-    Rogue, RogueRequest, Step, answer, chat_completion, json_answer,
-};
+use crate::common::rogue::{Rogue, RogueRequest, Step, answer, chat_completion, json_answer};
 
 /// Polls every 100 ms; two failed polls eject.
 const HEALTH: &str = "health: {poll_interval: 100ms, timeout: 1s, eject_after: 2, readmit_after: 2";
@@ -44,7 +42,12 @@ async fn gateway(
 /// Sends `n` chats (each its own prompt) and asserts every one got 200 from `engine`.
 async fn all_served_by(gw: &Gateway, engine: &Engine, n: usize) {
     for i in 0..n {
-        let body = chat(&format!("You are assistant number {i}."), "Say hi.", 2, false);
+        let body = chat(
+            &format!("You are assistant number {i}."),
+            "Say hi.",
+            2,
+            false,
+        );
         let (status, headers, text) = send(
             Method::POST,
             &gw.at("/v1/chat/completions"),
@@ -109,7 +112,9 @@ async fn nonsense_queue_metrics_are_rejected_and_eject_the_worker_in_a_prefix_po
     let invalid = gw.metric(&failures("invalid_value")).await;
     assert!(invalid >= 8.0, "{invalid} invalid polls");
     let ejections = gw
-        .metric(&format!("infergate_worker_ejections_total{{pool=\"{POOL}\"}}"))
+        .metric(&format!(
+            "infergate_worker_ejections_total{{pool=\"{POOL}\"}}"
+        ))
         .await;
     assert!(ejections >= 4.0, "{ejections} ejections");
     // The pool still routes (the measured failure was 503 "no healthy worker in pool").
@@ -297,18 +302,18 @@ async fn an_endless_kv_event_line_is_dropped_and_reopened_with_backoff() {
     let t0 = Instant::now();
     all_served_by(&gw, &engine, 30).await;
     let peak = Cell::new(gw.rss_kib());
-    eventually("three seconds of reopening", Duration::from_secs(10), || async {
-        peak.set(peak.get().max(gw.rss_kib()));
-        (t0.elapsed() >= Duration::from_secs(3)).then_some(())
-    })
+    eventually(
+        "three seconds of reopening",
+        Duration::from_secs(10),
+        || async {
+            peak.set(peak.get().max(gw.rss_kib()));
+            (t0.elapsed() >= Duration::from_secs(3)).then_some(())
+        },
+    )
     .await;
     let reopened = opens.load(Ordering::Relaxed) - start;
     // At a 2 s ceiling at most two or three in 3 s; reopened at every 100 ms poll it was ~30.
-    assert!(
-        reopened <= 4,
-        "{reopened} opens in {:?}",
-        t0.elapsed()
-    );
+    assert!(reopened <= 4, "{reopened} opens in {:?}", t0.elapsed());
     let growth_mib = peak.get().saturating_sub(before) / 1024;
     assert!(growth_mib < 40, "gateway RSS grew {growth_mib} MiB");
     let live = gw
@@ -388,7 +393,10 @@ async fn the_prefix_index_stays_within_its_cap_whatever_capacity_a_worker_claims
             by_engine += 1;
         }
     }
-    assert!(routed.load(Ordering::Relaxed), "no request reached the rogue");
+    assert!(
+        routed.load(Ordering::Relaxed),
+        "no request reached the rogue"
+    );
     assert!(by_engine > 0, "the engine served none of 40 requests");
     let gauge = |name: &str| format!("{name}{{pool=\"{POOL}\",worker=\"{}\"}}", rogue.url);
     gw.wait_metric(&gauge("infergate_routing_kv_events_live"), |v| v == 1.0)
