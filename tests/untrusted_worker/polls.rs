@@ -312,8 +312,11 @@ async fn an_endless_kv_event_line_is_dropped_and_reopened_with_backoff() {
     )
     .await;
     let reopened = opens.load(Ordering::Relaxed) - start;
-    // At a 2 s ceiling at most two or three in 3 s; reopened at every 100 ms poll it was ~30.
-    assert!(reopened <= 4, "{reopened} opens in {:?}", t0.elapsed());
+    let secs = t0.elapsed().as_secs_f64();
+    // Backing off from 800 ms to the 2 s ceiling: about one open per 2 s of the window.
+    // Reopened at every 100 ms poll (or at once) it was 30 to 400.
+    let most = (secs / 2.0).ceil() as u64 + 2;
+    assert!(reopened <= most, "{reopened} opens in {secs:.1} s");
     let growth_mib = peak.get().saturating_sub(before) / 1024;
     assert!(growth_mib < 40, "gateway RSS grew {growth_mib} MiB");
     let live = gw
