@@ -439,3 +439,47 @@ async fn all_served_by_any(gw: &Gateway, n: usize) {
         assert_eq!(status, StatusCode::OK, "request {i}: {text}");
     }
 }
+
+#[tokio::test]
+async fn a_worker_removed_by_a_reload_stops_being_polled_and_a_new_one_starts() {
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    let busy = |req: &RogueRequest| {
+        if req.path.starts_with("/metrics") {
+            answer(200, "text/plain", BUSY_VLLM_METRICS)
+        } else {
+            chat_ok(req)
+        }
+    };
+    let (old, new) = (Rogue::start(busy).await, Rogue::start(busy).await);
+    let (dir, gw) = gateway("polls-reload", &engine, &[&old], ("least_load", &[]), "").await;
+    eventually("the old worker polled", Duration::from_secs(5), || async {
+        (old.metrics_polls() >= 3).then_some(())
+    })
+    .await;
+    dir.write_config(&config_yaml(
+        &[&engine.url, &new.url],
+        &format!("{HEALTH}}}\n"),
+    ));
+    let (status, _, text) = send(Method::POST, &gw.admin_at("/admin/reload"), &[], None)
+        .await
+        .expect("admin reload");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    eventually("the new worker polled", Duration::from_secs(5), || async {
+        (new.metrics_polls() >= 3).then_some(())
+    })
+    .await;
+    // A poll of the old worker may have been under way at the reload; none starts after it.
+    let (old_at, new_at) = (old.metrics_polls(), new.metrics_polls());
+    all_served_by(&gw, &engine, 10).await;
+    eventually(
+        "ten more polls of the new worker",
+        Duration::from_secs(5),
+        || async { (new.metrics_polls() >= new_at + 10).then_some(()) },
+    )
+    .await;
+    assert!(
+        old.metrics_polls() <= old_at + 1,
+        "the removed worker was polled {} more times",
+        old.metrics_polls() - old_at
+    );
+}
