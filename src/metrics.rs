@@ -59,6 +59,12 @@ pub struct GatewayMetrics {
     /// `infergate_routing_kv_events_live{pool,worker}`: 1 while routing reads the worker's KV
     /// events (precise mode), 0 on the approximate index.
     pub kv_events_live: GaugeVec,
+    /// `infergate_worker_polls_total{pool,worker}`: `/metrics` polls of the worker, whatever
+    /// their outcome (each worker is polled on its own schedule).
+    pub worker_polls: IntCounterVec,
+    /// `infergate_worker_poll_failures_total{pool,reason}`: failed polls by reason (timeout,
+    /// connect, status, read, too_large, invalid_value, no_metrics; see `PollFailure`).
+    pub poll_failures: IntCounterVec,
     /// `infergate_connections_open`: client connections open on the public listener.
     pub connections_open: IntGauge,
     /// `infergate_request_body_bytes_held`: request body bytes held gateway-wide (read, or
@@ -397,6 +403,16 @@ impl GatewayMetrics {
                 "infergate_client_timeouts_total",
                 "Client connections closed by a timer (header_read, tls_handshake).",
                 &["reason"],
+            )?,
+            worker_polls: counter(
+                "infergate_worker_polls_total",
+                "Polls of the worker's /metrics, whatever their outcome.",
+                &["pool", "worker"],
+            )?,
+            poll_failures: counter(
+                "infergate_worker_poll_failures_total",
+                "Failed polls of workers' /metrics, by reason.",
+                &["pool", "reason"],
             )?,
             kv_events_live: gauge(
                 "infergate_routing_kv_events_live",

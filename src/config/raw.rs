@@ -142,6 +142,9 @@ pub(super) struct RawHealth {
     pub timeout: Option<Text>,
     pub eject_after: Option<Spanned<u32>>,
     pub readmit_after: Option<Spanned<u32>>,
+    pub max_scrape_bytes: Option<Spanned<usize>>,
+    pub max_kv_event_line_bytes: Option<Spanned<usize>>,
+    pub kv_events_max_backoff: Option<Text>,
 }
 
 /// `forward:`

@@ -162,5 +162,11 @@ fn prefix_problems(config: &PrefixConfig) -> Vec<(&'static str, String)> {
             "default_worker_kv_tokens must be ≥ 1, got 0".into(),
         ));
     }
+    if config.max_index_blocks_per_worker < 1 {
+        problems.push((
+            "max_index_blocks_per_worker",
+            "max_index_blocks_per_worker must be ≥ 1, got 0".into(),
+        ));
+    }
     problems
 }

@@ -18,9 +18,34 @@ use super::snapshot::{
 use super::values::{parse_duration, parse_socket_addr};
 use crate::workers::state::OutlierSettings;
 
-/// `health:` with defaults 250ms / 1s / 3 / 2.
+/// `health:` with defaults 250ms / 1s / 3 / 2, scrapes up to 4 MiB, KV event lines up to 4 MiB,
+/// KV event reconnects backing off up to 30 s.
 pub(super) fn health(sink: &mut Sink<'_>, raw: Option<&RawHealth>) -> HealthConfig {
+    let min_bytes = |sink: &mut Sink<'_>, field: Option<&Spanned<usize>>, name: &str| match field {
+        None => 4 << 20,
+        Some(n) if n.value < 1024 => {
+            sink.at(&n.referenced, format!("{name} must be at least 1024 bytes"));
+            4 << 20
+        }
+        Some(n) => n.value,
+    };
     HealthConfig {
+        max_scrape_bytes: min_bytes(
+            sink,
+            raw.and_then(|h| h.max_scrape_bytes.as_ref()),
+            "health.max_scrape_bytes",
+        ),
+        max_kv_event_line_bytes: min_bytes(
+            sink,
+            raw.and_then(|h| h.max_kv_event_line_bytes.as_ref()),
+            "health.max_kv_event_line_bytes",
+        ),
+        kv_events_max_backoff: duration(
+            sink,
+            raw.and_then(|h| h.kv_events_max_backoff.as_ref()),
+            "health.kv_events_max_backoff",
+            Duration::from_secs(30),
+        ),
         poll_interval: duration(
             sink,
             raw.and_then(|h| h.poll_interval.as_ref()),

@@ -210,6 +210,15 @@ pub struct HealthConfig {
     /// Consecutive successful polls that end a poll ejection (the worker then serves one probe
     /// request before its full share). Default 2.
     pub readmit_after: u32,
+    /// Largest `/metrics` scrape read, bytes; a larger one is a failed poll (`too_large`) and
+    /// is not read past this. Default 4 MiB (a busy vLLM exports ~100 KiB).
+    pub max_scrape_bytes: usize,
+    /// Longest line of a worker's `/kv/events` stream, bytes; a longer one drops the stream.
+    /// Default 4 MiB (a snapshot of ~220k keys, a cache of ~14M tokens).
+    pub max_kv_event_line_bytes: usize,
+    /// Ceiling of the wait before a failing KV event stream is reopened; the wait starts at
+    /// `poll_interval` and doubles per failure in a row. Default 30 s.
+    pub kv_events_max_backoff: Duration,
 }
 
 /// Client connection limits of the public listener.

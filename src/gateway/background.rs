@@ -1,19 +1,40 @@
-//! Background loops: every worker's metrics polled on the snapshot's interval, then the KV event
-//! subscriptions of cache-aware pools, canary ticks, index sizes and degradation levels.
+//! Background loops: each worker's metrics polled by its own task on the snapshot's interval (so
+//! a hung worker delays nobody else's polls), and one loop on the same interval for the rest:
+//! starting and stopping those tasks as workers come and go, the KV event subscriptions of
+//! cache-aware pools, canary ticks, index sizes and degradation levels.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Gateway;
+use tokio::task::AbortHandle;
+
+use super::{Gateway, Live};
 use crate::config;
 use crate::routing::PolicyConfig;
-use crate::workers::kv_events;
+use crate::workers::kv_events::{self, StreamSettings};
 use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::PoolRuntime;
 
+/// A worker's poll task is keyed by its pool's name and its key (hash of its URL).
+type PollerKey = (String, u64);
+
+/// The running poll tasks; they stop with the loop that keeps them.
+#[derive(Default)]
+struct Pollers(HashMap<PollerKey, AbortHandle>);
+
+impl Drop for Pollers {
+    fn drop(&mut self) {
+        for task in self.0.values() {
+            task.abort();
+        }
+    }
+}
+
 impl Gateway {
     /// Opens a KV event subscription to each healthy worker of a cache-aware pool that has none
-    /// (precise mode); workers without events keep the approximate index.
+    /// (precise mode); workers without events keep the approximate index. The subscription's
+    /// task reopens a lost stream itself, with backoff, while the worker stays in the pool.
     fn open_kv_event_streams(
         self: &Arc<Self>,
         pool: &Arc<PoolRuntime>,
@@ -22,6 +43,14 @@ impl Gateway {
         if !matches!(pool.policy().config, PolicyConfig::Prefix(_)) {
             return;
         }
+        let settings = StreamSettings {
+            open_timeout: health.timeout,
+            // Our engine beats every 2 s: three missed beats (or a slow poll) mean it is gone.
+            silence_timeout: (health.poll_interval * 3).max(Duration::from_secs(6)),
+            max_line_bytes: health.max_kv_event_line_bytes,
+            first_backoff: health.poll_interval,
+            max_backoff: health.kv_events_max_backoff,
+        };
         for worker in pool.workers().iter() {
             if !worker.is_healthy() || !worker.should_subscribe_kv_events() {
                 continue;
@@ -29,45 +58,80 @@ impl Gateway {
             let gw = self.clone();
             let name = pool.name.clone();
             let worker = worker.clone();
-            let open_timeout = health.timeout;
-            // Our engine beats every 2 s: three missed beats (or a slow poll) mean it is gone.
-            let silence = (health.poll_interval * 3).max(Duration::from_secs(6));
+            let key = worker.key;
             tokio::spawn(async move {
                 let client = gw.client.clone();
+                // The pool's policy while the worker is still one of its workers.
                 let current = move || {
                     gw.live()
                         .pools
                         .iter()
                         .find(|p| p.name == name)
+                        .filter(|p| p.workers().iter().any(|w| w.key == key))
                         .map(|p| p.policy().clone())
                 };
-                kv_events::subscribe(client, worker, current, open_timeout, silence).await;
+                kv_events::subscribe(client, worker, current, settings).await;
             });
         }
     }
 
-    /// Polls every worker's metrics forever, on the current snapshot's interval.
+    /// Starts a poll task for each worker of `live` that has none, and stops those of workers
+    /// no longer there (removed by a reload or by discovery).
+    fn keep_pollers(self: &Arc<Self>, live: &Live, Pollers(pollers): &mut Pollers) {
+        let wanted: HashSet<PollerKey> = live
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.workers()
+                    .iter()
+                    .map(|w| (p.name.clone(), w.key))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        pollers.retain(|key, task| {
+            let keep = wanted.contains(key) && !task.is_finished();
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for key in wanted {
+            if let std::collections::hash_map::Entry::Vacant(slot) = pollers.entry(key) {
+                let task = tokio::spawn(self.clone().poll_worker_forever(slot.key().clone()));
+                slot.insert(task.abort_handle());
+            }
+        }
+    }
+
+    /// Polls one worker, then waits the interval, for as long as it is in its pool; each poll
+    /// reads the snapshot then in force (settings, pool) afresh.
+    async fn poll_worker_forever(self: Arc<Self>, (pool_name, key): PollerKey) {
+        loop {
+            let live = self.live();
+            let Some(pool) = live.pools.iter().find(|p| p.name == pool_name).cloned() else {
+                return;
+            };
+            let Some(worker) = pool.workers().iter().find(|w| w.key == key).cloned() else {
+                return;
+            };
+            let settings = PollSettings::of(&live.snapshot.health);
+            let interval = live.snapshot.health.poll_interval;
+            // An old snapshot is not kept alive by a poll in progress.
+            drop(live);
+            poll_worker(&self.client, &worker, &pool, settings, &self.metrics).await;
+            drop((pool, worker));
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    /// Keeps every worker polled, and runs the pool-wide work on the current snapshot's
+    /// interval, forever.
     pub async fn poll_loop(self: Arc<Self>) {
+        let mut pollers = Pollers::default();
         loop {
             let live = self.live();
             let health = live.snapshot.health.clone();
-            let settings = PollSettings {
-                timeout: health.timeout,
-                eject_after: health.eject_after,
-                readmit_after: health.readmit_after,
-            };
-            let mut tasks = Vec::new();
-            for pool in &live.pools {
-                for worker in pool.workers().iter() {
-                    let (gw, pool, worker) = (self.clone(), pool.clone(), worker.clone());
-                    tasks.push(tokio::spawn(async move {
-                        poll_worker(&gw.client, &worker, &pool, settings, &gw.metrics).await;
-                    }));
-                }
-            }
-            for t in tasks {
-                let _ = t.await;
-            }
+            self.keep_pollers(&live, &mut pollers);
             for pool in &live.pools {
                 self.open_kv_event_streams(pool, &health);
             }

@@ -9,7 +9,7 @@ use super::{Decision, RequestFeatures, RouteReason, RoutingPolicy, WorkerView};
 pub fn by_load(a: &WorkerView, b: &WorkerView) -> Ordering {
     a.load()
         .total_cmp(&b.load())
-        .then(a.kv_usage.total_cmp(&b.kv_usage))
+        .then(a.kv_fill().total_cmp(&b.kv_fill()))
 }
 
 /// Index of the least loaded worker accepted by `accept` (ties: lower KV usage, then lower index).

@@ -11,6 +11,11 @@
 //! - `least_load`: no reuse between requests (embeddings, one-off prompts) or very uneven request
 //!   sizes; the fresh in-flight count reacts fastest to a slow worker.
 //! - `round_robin`: identical workers and uniform small requests, or as a baseline to compare.
+//!
+//! Whatever a worker reports, routing stays finite: the view clamps polled counts and KV usage
+//! ([`WorkerView::load`], [`WorkerView::kv_fill`]), so a lying worker looks busy instead of
+//! making every cost NaN; the `prefix` index keeps at most `max_index_blocks_per_worker`
+//! entries per worker, whatever KV capacity the worker claims.
 
 use serde::Deserialize;
 
@@ -24,6 +29,8 @@ pub mod round_robin;
 pub mod session;
 #[cfg(test)]
 mod testkit;
+#[cfg(test)]
+mod untrusted_tests;
 
 /// What routing may know about a request, computed once in the validate phase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,13 +73,38 @@ pub struct WorkerView {
     pub kv_protected: Option<u64>,
 }
 
+/// Most requests a polled count may stand for in routing. The poller already rejects larger
+/// numbers; the view clamps again so that no input makes a cost infinite or NaN.
+pub const MAX_POLLED_REQUESTS: f64 = 1e6;
+
+/// A polled count as routing believes it: within `0..=MAX_POLLED_REQUESTS`; NaN counts as the
+/// ceiling (a worker that reports nonsense looks busy, not idle).
+fn polled_count(x: f64) -> f64 {
+    if x.is_nan() {
+        MAX_POLLED_REQUESTS
+    } else {
+        x.clamp(0.0, MAX_POLLED_REQUESTS)
+    }
+}
+
 impl WorkerView {
     /// Load in requests: the fresh local count plus what the last poll showed beyond this
     /// gateway's own requests then (other replicas' traffic). A plain maximum of the two counts
-    /// would keep requests that ended since the poll.
+    /// would keep requests that ended since the poll. Finite for any polled values (see
+    /// [`MAX_POLLED_REQUESTS`]).
     pub fn load(&self) -> f64 {
-        let others = (self.waiting + self.running - f64::from(self.polled_in_flight)).max(0.0);
+        let polled = polled_count(self.waiting) + polled_count(self.running);
+        let others = (polled - f64::from(self.polled_in_flight)).max(0.0);
         f64::from(self.in_flight) + others
+    }
+
+    /// KV-cache usage within `0..=1`; NaN counts as full.
+    pub fn kv_fill(&self) -> f64 {
+        if self.kv_usage.is_nan() {
+            1.0
+        } else {
+            self.kv_usage.clamp(0.0, 1.0)
+        }
     }
 }
 
@@ -260,6 +292,10 @@ pub struct PrefixConfig {
     /// KV capacity in tokens assumed for workers that do not export `vllm:cache_config_info`.
     /// Default 262,144; answers' cached-token counts correct it per worker.
     pub default_worker_kv_tokens: u64,
+    /// Most index entries (prefix blocks and the anonymous KV entries of routed requests) kept
+    /// per worker, whatever KV capacity the worker claims: bounds the index's memory (about
+    /// 200 bytes an entry). Default 262,144 (≈ 16M tokens of prompt in 256-byte blocks).
+    pub max_index_blocks_per_worker: usize,
     /// Removed in routing v2 (see `config::routing_file` for the message); rejected when set.
     pub load_factor: Option<serde::de::IgnoredAny>,
     /// Removed in routing v2; rejected when set.
@@ -276,6 +312,7 @@ impl Default for PrefixConfig {
             balance_tolerance: 0.25,
             min_match_blocks: 1,
             default_worker_kv_tokens: prefix_index::DEFAULT_WORKER_TOKENS,
+            max_index_blocks_per_worker: prefix_index::DEFAULT_MAX_BLOCKS_PER_WORKER,
             load_factor: None,
             max_kv_usage: None,
             max_waiting: None,

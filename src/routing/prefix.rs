@@ -95,7 +95,8 @@ struct Sizes {
 impl CacheAware {
     /// A policy with an empty index.
     pub fn new(cfg: PrefixConfig) -> Self {
-        let index = PrefixIndex::new(cfg.default_worker_kv_tokens);
+        let index = PrefixIndex::new(cfg.default_worker_kv_tokens)
+            .with_max_blocks(cfg.max_index_blocks_per_worker);
         Self {
             cfg,
             index,
@@ -237,7 +238,7 @@ impl RoutingPolicy for CacheAware {
                 let miss = sizes.prompt - hit;
                 let queue = w.pending_prefill as f64 + lambda * (w.load() - min_load);
                 let fit = w.kv_capacity.map_or(0.0, |cap| {
-                    let free = (1.0 - w.kv_usage.clamp(0.0, 1.0)) * cap as f64;
+                    let free = (1.0 - w.kv_fill()) * cap as f64;
                     (miss + output - free).max(0.0)
                 });
                 Scored {
@@ -250,6 +251,9 @@ impl RoutingPolicy for CacheAware {
                 }
             })
             .collect();
+        // Every term is finite whatever a worker reported (the view clamps polled values), so
+        // the band below always holds the cheapest worker.
+        debug_assert!(scored.iter().all(|s| s.cost.is_finite()), "{scored:?}");
         let best_cost = scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min);
         // Where no healthy worker holds the prefix, the prompt costs the same everywhere and only
         // load differs: the hash home keeps it within the whole tolerance, so every replica seeds

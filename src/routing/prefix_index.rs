@@ -23,6 +23,10 @@
 //! A guess the engine never confirms is corrected by feedback, exactly: the blocks an answer
 //! says were not cached are dropped from that worker. The capacity bound stays as a backstop,
 //! without the guessed answer KV and without feedback scaling.
+//!
+//! Whatever capacity a worker claims, its LRU holds at most `max_index_blocks_per_worker`
+//! entries (the `prefix` policy's setting): past it the oldest go, as past the capacity, so
+//! the index's memory is bounded by configuration, not by what a worker says.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
@@ -31,6 +35,8 @@ use crate::routing::Residency;
 
 /// Capacity assumed for a worker that does not export its KV size, in tokens.
 pub const DEFAULT_WORKER_TOKENS: u64 = 262_144;
+/// Entries kept per worker by default, whatever its claimed capacity (≈ 50 MiB at most).
+pub const DEFAULT_MAX_BLOCKS_PER_WORKER: usize = 262_144;
 
 /// Bounds of the feedback-learned capacity scale. A worker with a known capacity never goes past
 /// 1 (its cache cannot be larger than it says); an unknown one may grow to 8× the default.
@@ -113,6 +119,11 @@ impl WorkerCache {
         }
     }
 
+    /// Entries held (prompt blocks and anonymous KV).
+    fn entries(&self) -> usize {
+        self.lru.len() + self.protected.len()
+    }
+
     fn max_scale(&self) -> f64 {
         if self.known {
             MAX_SCALE_KNOWN
@@ -122,12 +133,14 @@ impl WorkerCache {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     /// Block hash → keys of the workers holding it.
     holders: HashMap<u64, Vec<u64>>,
     workers: HashMap<u64, WorkerCache>,
     tick: u64,
+    /// Most entries per worker.
+    max_entries: usize,
 }
 
 impl Inner {
@@ -149,7 +162,8 @@ impl Inner {
                 if let Some(entry) = entry {
                     if protect {
                         if !was_protected {
-                            cache.protected_used += entry.tokens;
+                            cache.protected_used =
+                                cache.protected_used.saturating_add(entry.tokens);
                         }
                         cache.protected.insert(tick, entry);
                     } else {
@@ -170,7 +184,7 @@ impl Inner {
                         tokens,
                     },
                 );
-                cache.used += tokens;
+                cache.used = cache.used.saturating_add(tokens);
                 self.holders.entry(hash).or_default().push(worker);
             }
         }
@@ -206,8 +220,9 @@ impl Inner {
 
     /// Demotes `worker`'s oldest protected entries beyond the protected size to the newest end
     /// of the other segment (as the engine does), then drops least recently used entries, seen
-    /// once before seen again, until it fits its capacity.
+    /// once before seen again, until it fits its capacity and the entry cap.
     fn evict(&mut self, worker: u64) {
+        let max_entries = self.max_entries.max(1);
         let Some(cache) = self.workers.get_mut(&worker) else {
             return;
         };
@@ -225,7 +240,7 @@ impl Inner {
             cache.lru.insert(self.tick, entry);
         }
         let cap = cache.capacity();
-        while cache.used > cap {
+        while cache.used > cap || cache.entries() > max_entries {
             let (entry, protected) = match cache.lru.pop_first() {
                 Some((_, e)) => (e, false),
                 None => match cache.protected.pop_first() {
@@ -294,7 +309,22 @@ impl PrefixIndex {
     pub fn new(default_capacity: u64) -> Self {
         Self {
             default_capacity,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                holders: HashMap::new(),
+                workers: HashMap::new(),
+                tick: 0,
+                max_entries: DEFAULT_MAX_BLOCKS_PER_WORKER,
+            }),
+        }
+    }
+
+    /// The same index holding at most `max_blocks` entries per worker (at least 1).
+    pub fn with_max_blocks(self, max_blocks: usize) -> Self {
+        let mut inner = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
+        inner.max_entries = max_blocks.max(1);
+        Self {
+            default_capacity: self.default_capacity,
+            inner: Mutex::new(inner),
         }
     }
 
@@ -328,7 +358,7 @@ impl PrefixIndex {
                     tokens: placement.extra_tokens,
                 },
             );
-            cache.used += placement.extra_tokens;
+            cache.used = cache.used.saturating_add(placement.extra_tokens);
         }
         for &hash in placement.hashes.iter().rev() {
             inner.touch(worker, hash, block_tokens);
@@ -395,14 +425,17 @@ impl PrefixIndex {
             Residency::Snapshot(keys) => {
                 let cache = inner.cache(worker, default);
                 cache.precise = true;
+                // Evicting as keys come keeps a huge snapshot from growing the index first.
                 for &k in keys {
                     inner.touch(worker, k, tokens);
+                    inner.evict(worker);
                 }
             }
             Residency::Stored(keys) => {
                 inner.cache(worker, default);
                 for &k in keys {
                     inner.touch(worker, k, tokens);
+                    inner.evict(worker);
                 }
             }
             Residency::Removed(keys) => {

@@ -301,3 +301,53 @@ fn protected_segment_demotes_its_oldest_beyond_its_size() {
     idx.apply(7, Residency::Removed(&[3]), 10.0);
     assert_eq!(idx.sizes()[0].2, 50);
 }
+
+#[test]
+fn the_entry_cap_bounds_each_worker_whatever_capacity_it_claims() {
+    const CAP: usize = 1_000;
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS).with_max_blocks(CAP);
+    let claimed = 16_000_000_000_000; // 1.6e13 tokens, as measured
+    // Routed requests, each with its anonymous KV entry.
+    for i in 0..2_000u64 {
+        let hashes = [i * 3, i * 3 + 1, i * 3 + 2];
+        idx.record(
+            1,
+            Placement {
+                extra_tokens: 50,
+                ..at(&hashes, claimed)
+            },
+        );
+    }
+    // Streamed keys of a precise worker (that claims the same), in one huge snapshot and then
+    // batches.
+    idx.record(2, at(&[u64::MAX], claimed));
+    let keys: Vec<u64> = (0..50_000).collect();
+    idx.apply(2, Residency::Snapshot(&keys), 64.0);
+    for batch in keys.chunks(5_000) {
+        let shifted: Vec<u64> = batch.iter().map(|k| k + 1_000_000).collect();
+        idx.apply(2, Residency::Stored(&shifted), 64.0);
+    }
+    for (worker, blocks, _, _) in idx.sizes() {
+        assert!(blocks <= CAP, "worker {worker} holds {blocks} blocks");
+    }
+    let inner = idx.lock();
+    for (worker, cache) in &inner.workers {
+        assert!(
+            cache.entries() <= CAP,
+            "worker {worker}: {}",
+            cache.entries()
+        );
+    }
+    // The newest survive: the last streamed key is still there, the first is gone.
+    assert!(inner.workers[&2].ticks.contains_key(&1_049_999));
+    assert!(!inner.workers[&2].ticks.contains_key(&0));
+    assert!(inner.holders.len() <= 2 * CAP);
+}
+
+#[test]
+fn the_default_cap_leaves_ordinary_workers_alone() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    let keys: Vec<u64> = (0..10_000).collect();
+    idx.apply(1, Residency::Snapshot(&keys), 10.0);
+    assert_eq!(idx.sizes()[0].1, 10_000);
+}
