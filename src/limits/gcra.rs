@@ -98,7 +98,7 @@ impl Gcra {
     /// exceeds what was reserved).
     pub fn charge(&mut self, n: u64, now: Instant) {
         let now_t = self.anchor(now);
-        self.tat = self.tat.max(now_t) + cost(n);
+        self.tat = self.tat.max(now_t).saturating_add(cost(n));
     }
 
     /// Gives `n` units back, never crediting past a full cell (TAT never goes below `now`).
@@ -148,7 +148,7 @@ impl Gcra {
 }
 
 fn cost(n: u64) -> u128 {
-    u128::from(n) * TICKS_PER_UNIT
+    u128::from(n).saturating_mul(TICKS_PER_UNIT)
 }
 
 #[cfg(test)]
