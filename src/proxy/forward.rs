@@ -67,8 +67,9 @@ pub struct Outbound<'a> {
     pub started: Instant,
     /// Remove the usage-only SSE chunk (the gateway asked for it, the client did not).
     pub hide_usage_chunk: bool,
-    /// Account phase hook, called once when the response body ends.
-    pub on_end: Option<OnEnd>,
+    /// Makes the account phase's hook when a worker answers (not before: a request no worker
+    /// answered is accounted by its caller); the hook is called once, when the body ends.
+    pub on_end: &'a mut (dyn FnMut() -> Option<OnEnd> + Send),
     /// Turns true when the drain's grace is over.
     pub grace_over: &'a tokio::sync::watch::Receiver<bool>,
 }
@@ -92,7 +93,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 pub async fn forward(
     pool: &PoolRuntime,
     first: Routed,
-    mut out: Outbound<'_>,
+    out: Outbound<'_>,
     settings: ForwardSettings,
     metrics: &Arc<GatewayMetrics>,
 ) -> Result<Response<ResBody>, GatewayError> {
@@ -208,7 +209,7 @@ pub async fn forward(
             Some(with_feedback(
                 pool,
                 out.features,
-                out.on_end.take(),
+                (out.on_end)(),
                 (worker.key, decision),
             )),
         )
