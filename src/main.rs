@@ -86,6 +86,30 @@ mod allocator {
             }
         }
     }
+
+    unsafe extern "C" {
+        /// mimalloc's collection (not declared by `libmimalloc-sys` without its `extended`
+        /// feature; the symbol is in the library it builds).
+        fn mi_collect(force: bool);
+    }
+
+    /// TEMP measurement: a thread collecting every second (`INFERGATE_MI_COLLECT`).
+    pub fn spawn_reclaimer() {
+        let mode = std::env::var("INFERGATE_MI_COLLECT").unwrap_or_default();
+        if mode.is_empty() || mode == "off" {
+            return;
+        }
+        let force = mode == "force";
+        let _ = std::thread::Builder::new()
+            .name("infergate-mem".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    // SAFETY: mi_collect takes no pointers and may be called from any thread.
+                    unsafe { mi_collect(force) };
+                }
+            });
+    }
 }
 
 /// Inference gateway and smart load balancer for LLM serving.
@@ -209,6 +233,7 @@ fn run_gateway(args: RunArgs, demo_key: bool) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    allocator::spawn_reclaimer();
     match cli.command {
         Command::Engine(args) => {
             init_logs(LogFormat::Text, "info");

@@ -6,6 +6,11 @@
 //! polled, under its lock, on every wake of every connection (about 650 instructions a request
 //! through the gateway). Here a wake costs one atomic load and a waker comparison: a connection's
 //! waker is filed once, and again only if its task's waker changes.
+//!
+//! hyper's graceful shutdown keeps an HTTP/1.1 connection whose first request head is partly
+//! read until its header timer fires (it only closes a connection that has read nothing, or one
+//! idle between requests). [`Watcher::watch_begun`] drops such a connection when the drain
+//! starts instead, so a client that never finished a head does not hold the exit.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +40,41 @@ struct Shared {
     /// Woken when the last connection ends while draining.
     all_ended: tokio::sync::Notify,
 }
+
+/// Set once a connection's first request has begun (its head was parsed and handed to the
+/// service): see [`Watcher::watch_begun`]. Clones share the flag.
+#[derive(Debug, Clone, Default)]
+pub struct Begun(Arc<AtomicBool>);
+
+impl Begun {
+    /// A flag not set yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes that the first request began.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the first request began.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The error a connection watched with [`Watcher::watch_begun`] ends with when the drain started
+/// before its first request began (the connection was dropped, not shut down gracefully).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unbegun;
+
+impl std::fmt::Display for Unbegun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("draining before the connection's first request began")
+    }
+}
+
+impl std::error::Error for Unbegun {}
 
 /// A handle that watches connections of a [`Drain`] without being able to start it (tasks on
 /// other threads hold these; `shutdown` takes the drain itself).
@@ -94,21 +134,38 @@ impl Watcher {
             id,
             filed: None,
             shutting_down: false,
+            unbegun: None,
         }
+    }
+
+    /// `conn`, as [`watch`](Self::watch); but if the drain starts before `begun` is set, the
+    /// connection is dropped and resolves to [`Unbegun`] at once (its caller may still answer on
+    /// the socket, e.g. a 408 for a head that was partly sent).
+    pub fn watch_begun<C>(self, conn: C, begun: Begun) -> Watched<C>
+    where
+        C: GracefulConnection,
+        C::Error: From<Unbegun>,
+    {
+        let mut watched = self.watch(conn);
+        watched.unbegun = Some((begun, || C::Error::from(Unbegun)));
+        watched
     }
 }
 
 /// A connection watched by a [`Drain`]: resolves to the connection's own output.
-pub struct Watched<C> {
+pub struct Watched<C: GracefulConnection> {
     conn: Pin<Box<C>>,
     shared: Arc<Shared>,
     id: u64,
     /// The waker last filed for this connection.
     filed: Option<Waker>,
     shutting_down: bool,
+    /// With [`Watcher::watch_begun`]: the flag, and how to make the error the connection ends
+    /// with when it is dropped unbegun.
+    unbegun: Option<(Begun, fn() -> C::Error)>,
 }
 
-impl<C> std::fmt::Debug for Watched<C> {
+impl<C: GracefulConnection> std::fmt::Debug for Watched<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watched")
             .field("id", &self.id)
@@ -132,6 +189,11 @@ impl<C: GracefulConnection> Future for Watched<C> {
             // one that starts after it wakes the waker.
             if this.shared.draining.load(Ordering::SeqCst) {
                 this.shutting_down = true;
+                if let Some((begun, unbegun)) = &this.unbegun
+                    && !begun.is_set()
+                {
+                    return Poll::Ready(Err(unbegun()));
+                }
                 this.conn.as_mut().graceful_shutdown();
             }
         }
@@ -139,7 +201,7 @@ impl<C: GracefulConnection> Future for Watched<C> {
     }
 }
 
-impl<C> Drop for Watched<C> {
+impl<C: GracefulConnection> Drop for Watched<C> {
     fn drop(&mut self) {
         if self.filed.is_some() {
             lock(&self.shared.wakers).remove(&self.id);
@@ -255,5 +317,94 @@ mod tests {
             .await
             .expect("a connection watched after the drain started stayed open")
             .unwrap();
+    }
+
+    /// A connection that sent part of its first head, watched with `watch_begun`; its task
+    /// says whether it ended with [`Unbegun`].
+    async fn half_head(drain: &Drain) -> (DuplexStream, tokio::task::JoinHandle<bool>) {
+        use hyper_util::server::conn::auto;
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1024);
+        let begun = Begun::new();
+        let svc_begun = begun.clone();
+        let svc = service_fn(move |_req: Request<Incoming>| {
+            svc_begun.set();
+            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
+        });
+        let conn = auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_only()
+            .serve_connection(TokioIo::new(server), svc)
+            .into_owned();
+        let watched = drain.watcher().watch_begun(conn, begun);
+        let served = tokio::spawn(async move {
+            watched
+                .await
+                .is_err_and(|e| e.downcast_ref::<Unbegun>().is_some())
+        });
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        (client, served)
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_head_is_unfinished_is_dropped_when_the_drain_starts() {
+        let drain = Drain::new();
+        let (_client, served) = half_head(&drain).await;
+        // Let hyper read the half head (one turn of its task is enough; more do no harm).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), drain.shutdown())
+            .await
+            .expect("a half-sent head held the drain");
+        assert!(served.await.unwrap(), "the connection did not end with Unbegun");
+    }
+
+    #[tokio::test]
+    async fn watch_begun_leaves_a_begun_request_its_grace() {
+        use hyper_util::server::conn::auto;
+        let drain = Drain::new();
+        let (arrived_tx, mut arrived) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
+        let (io, server) = tokio::io::duplex(64 * 1024);
+        let begun = Begun::new();
+        let svc_begun = begun.clone();
+        let svc = service_fn(move |_req: Request<Incoming>| {
+            svc_begun.set();
+            let arrived = arrived_tx.clone();
+            async move {
+                let (tx, rx) = oneshot::channel();
+                let _ = arrived.send(tx);
+                let _ = rx.await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+            }
+        });
+        let conn = auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_only()
+            .serve_connection(TokioIo::new(server), svc)
+            .into_owned();
+        let watched = drain.watcher().watch_begun(conn, begun);
+        let served = tokio::spawn(async move { watched.await.is_ok() });
+        let mut send = client(io).await;
+        let answer = tokio::spawn(async move {
+            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
+            res.into_body().collect().await.unwrap().to_bytes()
+        });
+        let release = arrived.recv().await.unwrap();
+        let mut shutdown = tokio::spawn(drain.shutdown());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
+                .await
+                .is_err(),
+            "the drain dropped a request in progress"
+        );
+        release.send(()).unwrap();
+        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
+        tokio::time::timeout(Duration::from_secs(10), shutdown)
+            .await
+            .expect("the drain did not end after the answer")
+            .unwrap();
+        assert!(served.await.unwrap());
     }
 }
