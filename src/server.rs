@@ -396,8 +396,8 @@ async fn accept_loop(
                     } else {
                         watcher.watch_begun(conn, served.clone())
                     };
-                    if let Err(e) = watched.await
-                        && let Some(cut) = head_cut(&metrics, e.as_ref())
+                    let ended = watched.await;
+                    if let Some(cut) = head_cut(&metrics, ended, &served)
                         && !h2
                         && !served.is_set()
                         && let Some(spare) = spare
@@ -445,8 +445,8 @@ async fn accept_loop(
                     } else {
                         watcher.watch_begun(conn, served.clone())
                     };
-                    if let Err(e) = watched.await
-                        && let Some(cut) = head_cut(&metrics, e.as_ref())
+                    let ended = watched.await;
+                    if let Some(cut) = head_cut(&metrics, ended, &served)
                         && !h2
                         && !served.is_set()
                         && let Some(mut tls_stream) = shared.into_inner()
@@ -505,15 +505,17 @@ enum HeadCut {
     Draining,
 }
 
-/// Whether a client connection ended for want of a complete head (counting those that ended on
-/// hyper's header timer): then it may still be told why.
+/// Whether a client connection ended (as `ended` and `begun` say) for want of a complete head,
+/// counting those that ended on hyper's header timer: then it may still be told why.
 fn head_cut(
     metrics: &GatewayMetrics,
-    e: &(dyn std::error::Error + Send + Sync + 'static),
+    ended: Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    begun: &edge::Begun,
 ) -> Option<HeadCut> {
-    if e.downcast_ref::<edge::Unbegun>().is_some() {
+    if begun.dropped_unbegun() {
         return Some(HeadCut::Draining);
     }
+    let e = ended.err()?;
     let timeout = e
         .downcast_ref::<hyper::Error>()
         .is_some_and(hyper::Error::is_timeout);

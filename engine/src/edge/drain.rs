@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -41,40 +41,47 @@ struct Shared {
     all_ended: tokio::sync::Notify,
 }
 
-/// Set once a connection's first request has begun (its head was parsed and handed to the
-/// service): see [`Watcher::watch_begun`]. Clones share the flag.
+/// Whether a connection's first request has begun (its head was parsed and handed to the
+/// service), or the drain dropped the connection before it did: see [`Watcher::watch_begun`].
+/// Clones share the state.
 #[derive(Debug, Clone, Default)]
-pub struct Begun(Arc<AtomicBool>);
+pub struct Begun(Arc<AtomicU8>);
+
+/// [`Begun`]'s states.
+const NOT_BEGUN: u8 = 0;
+const BEGUN: u8 = 1;
+const DROPPED: u8 = 2;
 
 impl Begun {
-    /// A flag not set yet.
+    /// Not begun yet.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Notes that the first request began.
+    /// Notes that the first request began (unless the drain dropped the connection first).
     pub fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        let _ = self
+            .0
+            .compare_exchange(NOT_BEGUN, BEGUN, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Whether the first request began.
     pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.load(Ordering::Acquire) == BEGUN
+    }
+
+    /// Whether the drain dropped the connection before its first request began.
+    pub fn dropped_unbegun(&self) -> bool {
+        self.0.load(Ordering::Acquire) == DROPPED
+    }
+
+    /// Marks the connection dropped, if its first request has not begun: one or the other.
+    fn drop_unbegun(&self) -> bool {
+        self.0
+            .compare_exchange(NOT_BEGUN, DROPPED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
-
-/// The error a connection watched with [`Watcher::watch_begun`] ends with when the drain started
-/// before its first request began (the connection was dropped, not shut down gracefully).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unbegun;
-
-impl std::fmt::Display for Unbegun {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("draining before the connection's first request began")
-    }
-}
-
-impl std::error::Error for Unbegun {}
 
 /// A handle that watches connections of a [`Drain`] without being able to start it (tasks on
 /// other threads hold these; `shutdown` takes the drain itself).
@@ -139,33 +146,29 @@ impl Watcher {
     }
 
     /// `conn`, as [`watch`](Self::watch); but if the drain starts before `begun` is set, the
-    /// connection is dropped and resolves to [`Unbegun`] at once (its caller may still answer on
-    /// the socket, e.g. a 408 for a head that was partly sent).
-    pub fn watch_begun<C>(self, conn: C, begun: Begun) -> Watched<C>
-    where
-        C: GracefulConnection,
-        C::Error: From<Unbegun>,
-    {
+    /// connection is dropped at once, resolving to `Ok(())` with `begun` saying
+    /// [`dropped_unbegun`](Begun::dropped_unbegun) (its caller may still answer on the socket,
+    /// e.g. a 408 for a head that was partly sent).
+    pub fn watch_begun<C: GracefulConnection>(self, conn: C, begun: Begun) -> Watched<C> {
         let mut watched = self.watch(conn);
-        watched.unbegun = Some((begun, || C::Error::from(Unbegun)));
+        watched.unbegun = Some(begun);
         watched
     }
 }
 
 /// A connection watched by a [`Drain`]: resolves to the connection's own output.
-pub struct Watched<C: GracefulConnection> {
+pub struct Watched<C> {
     conn: Pin<Box<C>>,
     shared: Arc<Shared>,
     id: u64,
     /// The waker last filed for this connection.
     filed: Option<Waker>,
     shutting_down: bool,
-    /// With [`Watcher::watch_begun`]: the flag, and how to make the error the connection ends
-    /// with when it is dropped unbegun.
-    unbegun: Option<(Begun, fn() -> C::Error)>,
+    /// With [`Watcher::watch_begun`]: whether its first request began.
+    unbegun: Option<Begun>,
 }
 
-impl<C: GracefulConnection> std::fmt::Debug for Watched<C> {
+impl<C> std::fmt::Debug for Watched<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watched")
             .field("id", &self.id)
@@ -189,10 +192,8 @@ impl<C: GracefulConnection> Future for Watched<C> {
             // one that starts after it wakes the waker.
             if this.shared.draining.load(Ordering::SeqCst) {
                 this.shutting_down = true;
-                if let Some((begun, unbegun)) = &this.unbegun
-                    && !begun.is_set()
-                {
-                    return Poll::Ready(Err(unbegun()));
+                if this.unbegun.as_ref().is_some_and(Begun::drop_unbegun) {
+                    return Poll::Ready(Ok(()));
                 }
                 this.conn.as_mut().graceful_shutdown();
             }
@@ -201,7 +202,7 @@ impl<C: GracefulConnection> Future for Watched<C> {
     }
 }
 
-impl<C: GracefulConnection> Drop for Watched<C> {
+impl<C> Drop for Watched<C> {
     fn drop(&mut self) {
         if self.filed.is_some() {
             lock(&self.shared.wakers).remove(&self.id);
@@ -320,7 +321,7 @@ mod tests {
     }
 
     /// A connection that sent part of its first head, watched with `watch_begun`; its task
-    /// says whether it ended with [`Unbegun`].
+    /// says whether it ended dropped unbegun.
     async fn half_head(drain: &Drain) -> (DuplexStream, tokio::task::JoinHandle<bool>) {
         use hyper_util::server::conn::auto;
         use tokio::io::AsyncWriteExt;
@@ -335,12 +336,9 @@ mod tests {
             .http1_only()
             .serve_connection(TokioIo::new(server), svc)
             .into_owned();
-        let watched = drain.watcher().watch_begun(conn, begun);
-        let served = tokio::spawn(async move {
-            watched
-                .await
-                .is_err_and(|e| e.downcast_ref::<Unbegun>().is_some())
-        });
+        let watched = drain.watcher().watch_begun(conn, begun.clone());
+        let served =
+            tokio::spawn(async move { watched.await.is_ok() && begun.dropped_unbegun() });
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
             .await
@@ -359,7 +357,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), drain.shutdown())
             .await
             .expect("a half-sent head held the drain");
-        assert!(served.await.unwrap(), "the connection did not end with Unbegun");
+        assert!(served.await.unwrap(), "the connection was not dropped unbegun");
     }
 
     #[tokio::test]
@@ -384,8 +382,8 @@ mod tests {
             .http1_only()
             .serve_connection(TokioIo::new(server), svc)
             .into_owned();
-        let watched = drain.watcher().watch_begun(conn, begun);
-        let served = tokio::spawn(async move { watched.await.is_ok() });
+        let watched = drain.watcher().watch_begun(conn, begun.clone());
+        let served = tokio::spawn(async move { watched.await.is_ok() && begun.is_set() });
         let mut send = client(io).await;
         let answer = tokio::spawn(async move {
             let res = send.send_request(Request::new(Empty::new())).await.unwrap();
