@@ -3,8 +3,9 @@
 //! (`limits.max_buffered_body_bytes`), so slow or huge uploads cannot exhaust memory.
 //!
 //! The budget counts the memory a body occupies, not the bytes received: the buffer's allocated
-//! capacity, reserved before it is allocated (a declared `Content-Length` reserves its length
-//! up front; a body of unknown length grows in counted steps, see [`next_capacity`]). hyper's
+//! capacity, rounded up to the pages a large buffer holds resident ([`occupied`]), reserved
+//! before it is allocated (a declared `Content-Length` reserves its length up front; a body of
+//! unknown length grows in counted steps, see [`next_capacity`]). hyper's
 //! frames are slices of its connection read buffer, so each is copied out and dropped at once:
 //! holding them would hold that buffer. When a drain starts the budget closes
 //! ([`BodyBudget::close`]): a body still arriving is answered 503 with `connection: close`, so
@@ -78,6 +79,29 @@ pub fn next_capacity(capacity: usize, needed: usize, ceiling: usize) -> usize {
         .max(needed)
 }
 
+/// Blocks larger than this get allocator pages of their own (mimalloc's largest size class is
+/// 512 KiB); smaller ones share pages with other blocks.
+const OWN_PAGES_ABOVE: usize = 512 * 1024;
+/// The transparent huge page: mimalloc backs its arenas with them (`MADV_HUGEPAGE`), so a block
+/// with pages of its own holds whole 2 MiB pages resident.
+const HUGE_PAGE: usize = 2 * 1024 * 1024;
+
+/// The memory a buffer of `bytes` capacity occupies, and so the capacity worth allocating for
+/// it: its size, or for a block with pages of its own that size rounded up to whole huge pages
+/// (measured: a 6.25 MiB body raised the gateway's RSS by 8 MiB). Never more than `budget`
+/// (the whole bound) unless `bytes` itself is: a body the bound can hold is never refused for
+/// the rounding.
+pub fn occupied(bytes: usize, budget: usize) -> usize {
+    if bytes <= OWN_PAGES_ABOVE {
+        return bytes;
+    }
+    bytes
+        .div_ceil(HUGE_PAGE)
+        .saturating_mul(HUGE_PAGE)
+        .min(budget)
+        .max(bytes)
+}
+
 /// One request's share of the [`BodyBudget`], given back when dropped.
 #[derive(Debug)]
 pub struct BodyHold {
@@ -127,8 +151,8 @@ pub fn body_limits(snapshot: &crate::config::Snapshot) -> BodyLimits {
     }
 }
 
-/// Reads `body` whole (the edge bounds it in size and time), holding its buffer's capacity in
-/// `budget` within `budget_bytes` gateway-wide. A body that declares its length reserves it up
+/// Reads `body` whole (the edge bounds it in size and time), holding the memory its buffer
+/// occupies ([`occupied`]) in `budget` within `budget_bytes` gateway-wide. A body that declares its length reserves it up
 /// front, one that declares too much is refused before a byte is read, one of unknown length
 /// reserves each step of its buffer's growth before the step is allocated, and an oversized one
 /// is answered only after the bounded discard. A body still arriving when the budget closes
@@ -152,10 +176,11 @@ where
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         // A length over the limit fails at the first read below, with the discard.
         if !body.limits().too_large(len) {
-            if !hold.grow_to(len, budget_bytes) {
+            let capacity = occupied(len, budget_bytes);
+            if !hold.grow_to(capacity, budget_bytes) {
                 return Err(busy());
             }
-            buf.reserve_exact(len);
+            buf.reserve_exact(capacity);
         }
     }
     let closed = budget.closed();
@@ -182,7 +207,7 @@ where
         };
         let needed = buf.len().saturating_add(data.len());
         if needed > buf.capacity() {
-            let capacity = next_capacity(buf.capacity(), needed, ceiling);
+            let capacity = occupied(next_capacity(buf.capacity(), needed, ceiling), budget_bytes);
             if !hold.grow_to(capacity, budget_bytes) {
                 return Err(busy());
             }
@@ -214,6 +239,22 @@ mod tests {
         assert!(b.grow_to(100, 100));
         drop(b);
         assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn a_large_buffer_occupies_whole_huge_pages_within_the_bound() {
+        const MIB: usize = 1 << 20;
+        // Small and medium blocks share pages: their size.
+        assert_eq!(occupied(100, 64 * MIB), 100);
+        assert_eq!(occupied(512 * 1024, 64 * MIB), 512 * 1024);
+        // Past 512 KiB, whole 2 MiB pages.
+        assert_eq!(occupied(512 * 1024 + 1, 64 * MIB), 2 * MIB);
+        assert_eq!(occupied(6_553_600, 64 * MIB), 8 * MIB);
+        assert_eq!(occupied(8 * MIB, 64 * MIB), 8 * MIB);
+        // Never past the whole bound for the rounding, never below the size itself.
+        assert_eq!(occupied(7 * MIB, 7 * MIB), 7 * MIB);
+        assert_eq!(occupied(9 * MIB, 8 * MIB), 9 * MIB);
+        assert_eq!(occupied(usize::MAX, usize::MAX), usize::MAX);
     }
 
     #[test]

@@ -213,6 +213,14 @@ fn take_slot(
 /// First and longest pause after a failed `accept()` (out of file descriptors, most often).
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
+/// The most an HTTP/1.1 connection's read buffer holds (hyper's default is ~400 KiB), and so
+/// the largest request head. A body streams through it in frames the body reader copies out:
+/// every open connection keeps one, uncounted by `limits.max_buffered_body_bytes`, so it is kept
+/// small (50 uploads held ~20 MiB of read buffers at hyper's default, kept by the allocator
+/// after they closed). 64 KiB is above what proxies in front of us send (nginx 32 KiB, Envoy
+/// 60 KiB of headers).
+const READ_BUFFER: usize = 64 * 1024;
+
 /// A connection builder with hyper's timers on: a header not complete within
 /// `header_read_timeout` (also the longest an idle keep-alive connection waits for its next
 /// request) closes the connection; HTTP/2 peers that stop answering pings are closed too.
@@ -221,7 +229,8 @@ fn connection_builder(limits: ConnectionLimits, h2: bool) -> auto::Builder<Tokio
     let mut b = if h2 { b.http2_only() } else { b.http1_only() };
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(READ_BUFFER);
     b.http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(20)))
