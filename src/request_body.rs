@@ -267,10 +267,16 @@ mod tests {
         // Doubling stops at the largest body allowed ...
         assert_eq!(next_capacity(768 << 10, (768 << 10) + 1, 1 << 20), 1 << 20);
         // ... unless the body is already past it (it fails its size limit anyway).
-        assert_eq!(next_capacity(1 << 20, (1 << 20) + 1, 1 << 20), (1 << 20) + 1);
+        assert_eq!(
+            next_capacity(1 << 20, (1 << 20) + 1, 1 << 20),
+            (1 << 20) + 1
+        );
         // Room left: no growth.
         assert_eq!(next_capacity(100, 100, 1 << 20), 100);
-        assert_eq!(next_capacity(usize::MAX, usize::MAX, usize::MAX), usize::MAX);
+        assert_eq!(
+            next_capacity(usize::MAX, usize::MAX, usize::MAX),
+            usize::MAX
+        );
     }
 
     /// A test body fed frame by frame through a channel (it ends when the sender drops).
@@ -309,7 +315,11 @@ mod tests {
         let body = LimitedBody::new(Fed(rx), None, limits());
         let (bytes, hold) = read_body(body, 1 << 20, &budget).await.unwrap();
         assert_eq!(bytes.len(), 100_000);
-        assert_eq!(budget.held(), 128 * 1024, "the capacity is held, not the length");
+        assert_eq!(
+            budget.held(),
+            128 * 1024,
+            "the capacity is held, not the length"
+        );
         drop(hold);
         assert_eq!(budget.held(), 0);
         // The same body under a budget smaller than the buffer's last step is refused.

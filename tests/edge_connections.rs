@@ -587,7 +587,10 @@ async fn a_drain_does_not_wait_for_unfinished_heads_or_bodies() {
     let exit = gw.wait_exit(Duration::from_secs(3)).await;
     let took = signalled.elapsed();
     assert!(exit.success(), "exit {exit}; stderr:\n{}", gw.stderr());
-    assert!(took < Duration::from_secs(3), "exited {took:?} after SIGTERM");
+    assert!(
+        took < Duration::from_secs(3),
+        "exited {took:?} after SIGTERM"
+    );
 }
 
 /// The same clients beside a stream in flight: they are answered and closed at once, while the
@@ -601,9 +604,12 @@ async fn a_drain_ends_unfinished_requests_at_once_and_lets_a_stream_finish() {
     .await;
     let auth = format!("Bearer {KEY}");
     let body = common::gateway::chat("You are a narrator.", "Tell a story.", 30, true);
-    let mut stream =
-        common::open_stream_with(&gw.at("/v1/chat/completions"), &[("authorization", &auth)], &body)
-            .await;
+    let mut stream = common::open_stream_with(
+        &gw.at("/v1/chat/completions"),
+        &[("authorization", &auth)],
+        &body,
+    )
+    .await;
     assert_eq!(stream.status, StatusCode::OK);
     let first = stream.next_event().await.expect("first event");
     let (heads, bodies) = unfinished_clients(&gw).await;
@@ -625,12 +631,18 @@ async fn a_drain_ends_unfinished_requests_at_once_and_lets_a_stream_finish() {
         "the stream ({ended:?}) ended before the unfinished clients were answered ({answered:?})"
     );
     let chunks: Vec<serde_json::Value> = events.iter().filter_map(|e| e.json()).collect();
-    assert!(chunks.iter().all(|c| c.get("error").is_none()), "{chunks:?}");
+    assert!(
+        chunks.iter().all(|c| c.get("error").is_none()),
+        "{chunks:?}"
+    );
     assert_eq!(
         chunks.last().expect("chunks")["choices"][0]["finish_reason"],
         "length"
     );
-    assert_eq!(events.last().expect("events").data.as_deref(), Some("[DONE]"));
+    assert_eq!(
+        events.last().expect("events").data.as_deref(),
+        Some("[DONE]")
+    );
     let exit = gw.wait_exit(Duration::from_secs(10)).await;
     assert!(exit.success(), "exit {exit}; stderr:\n{}", gw.stderr());
 }
@@ -766,7 +778,10 @@ async fn unfinished_bodies_hold_at_most_the_body_budget_of_memory() {
         for upload in &refused {
             let answer = String::from_utf8_lossy(&upload.answer);
             assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-            assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+            assert!(
+                answer.to_ascii_lowercase().contains("retry-after: 1"),
+                "{answer}"
+            );
         }
         assert_eq!(held.len(), fit, "wave {wave}: uploads held");
         gw.wait_metric("infergate_request_body_bytes_held", |v| {

@@ -337,8 +337,7 @@ mod tests {
             .serve_connection(TokioIo::new(server), svc)
             .into_owned();
         let watched = drain.watcher().watch_begun(conn, begun.clone());
-        let served =
-            tokio::spawn(async move { watched.await.is_ok() && begun.dropped_unbegun() });
+        let served = tokio::spawn(async move { watched.await.is_ok() && begun.dropped_unbegun() });
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
             .await
@@ -357,7 +356,10 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), drain.shutdown())
             .await
             .expect("a half-sent head held the drain");
-        assert!(served.await.unwrap(), "the connection was not dropped unbegun");
+        assert!(
+            served.await.unwrap(),
+            "the connection was not dropped unbegun"
+        );
     }
 
     #[tokio::test]
