@@ -5,11 +5,11 @@
 //! The budget counts the memory a body occupies, not the bytes received: the buffer's allocated
 //! capacity, rounded up to the pages a large buffer holds resident ([`occupied`]), reserved
 //! before it is allocated (a declared `Content-Length` reserves its length up front; a body of
-//! unknown length grows in counted steps, see [`next_capacity`]). hyper's
-//! frames are slices of its connection read buffer, so each is copied out and dropped at once:
-//! holding them would hold that buffer. When a drain starts the budget closes
-//! ([`BodyBudget::close`]): a body still arriving is answered 503 with `connection: close`, so
-//! an unfinished upload does not hold the exit.
+//! unknown length grows in counted steps, see [`next_capacity`]). hyper's frames are slices of
+//! its connection read buffer, so each is copied out and dropped at once: holding them would
+//! hold that buffer. When a drain starts the budget closes ([`BodyBudget::close`]): a body still
+//! arriving is answered 503 with `connection: close`, so an unfinished upload does not hold the
+//! exit.
 //!
 //! An oversized body is refused with 413, but only after reading (and dropping) up to
 //! [`DISCARD_LIMIT`] more bytes: a client still uploading then sees the answer instead of a reset
@@ -152,11 +152,11 @@ pub fn body_limits(snapshot: &crate::config::Snapshot) -> BodyLimits {
 }
 
 /// Reads `body` whole (the edge bounds it in size and time), holding the memory its buffer
-/// occupies ([`occupied`]) in `budget` within `budget_bytes` gateway-wide. A body that declares its length reserves it up
-/// front, one that declares too much is refused before a byte is read, one of unknown length
-/// reserves each step of its buffer's growth before the step is allocated, and an oversized one
-/// is answered only after the bounded discard. A body still arriving when the budget closes
-/// ends with [`GatewayError::Draining`].
+/// occupies ([`occupied`]) in `budget` within `budget_bytes` gateway-wide. A body that declares
+/// its length reserves it up front, one that declares too much is refused before a byte is read,
+/// one of unknown length reserves each step of its buffer's growth before the step is
+/// allocated, and an oversized one is answered only after the bounded discard. A body still
+/// arriving when the budget closes ends with [`GatewayError::Draining`].
 pub async fn read_body<B>(
     mut body: LimitedBody<B>,
     budget_bytes: usize,
