@@ -7,7 +7,6 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,6 +108,10 @@ pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String>
     let _ = tokio::task::spawn_blocking(move || admin.join()).await;
     let grace = gw.live().snapshot.drain_grace;
     let graceful = Arc::try_unwrap(graceful).map_err(|_| "graceful shutdown still shared")?;
+    // Clients who never finished a request get no grace: a body still arriving is answered 503
+    // now, and a connection whose first head is unfinished is answered 408 by the drain below
+    // (one idle, or between requests, hyper closes at once).
+    gw.body_budget.close();
     let shutdown = graceful.shutdown();
     tokio::pin!(shutdown);
     if tokio::time::timeout(grace, &mut shutdown).await.is_err() {
@@ -210,6 +213,14 @@ fn take_slot(
 /// First and longest pause after a failed `accept()` (out of file descriptors, most often).
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
+/// The most an HTTP/1.1 connection's read buffer holds (hyper's default is ~400 KiB), and so
+/// the largest request head. A body streams through it in frames the body reader copies out:
+/// every open connection keeps one, uncounted by `limits.max_buffered_body_bytes`, so it is kept
+/// small (50 uploads held ~20 MiB of read buffers at hyper's default, kept by the allocator
+/// after they closed). 64 KiB is above what proxies in front of us send (nginx 32 KiB, Envoy
+/// 60 KiB of headers).
+const READ_BUFFER: usize = 64 * 1024;
+
 /// A connection builder with hyper's timers on: a header not complete within
 /// `header_read_timeout` (also the longest an idle keep-alive connection waits for its next
 /// request) closes the connection; HTTP/2 peers that stop answering pings are closed too.
@@ -218,7 +229,8 @@ fn connection_builder(limits: ConnectionLimits, h2: bool) -> auto::Builder<Tokio
     let mut b = if h2 { b.http2_only() } else { b.http1_only() };
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(READ_BUFFER);
     b.http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(20)))
@@ -326,12 +338,12 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let gw_conn = gw.clone();
         let main = admin_of.clone();
-        let served = Arc::new(AtomicBool::new(false));
+        let served = edge::Begun::new();
         let served_svc = served.clone();
         let handler = move |req: Request<LimitedBody<Incoming>>| {
             let gw = gw_conn.clone();
             let main = main.clone();
-            served_svc.store(true, Ordering::Relaxed);
+            served_svc.set();
             let served: Pin<
                 Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>,
             > = match main {
@@ -388,13 +400,18 @@ async fn accept_loop(
                     let conn = connection_builder(limits, h2)
                         .serve_connection(TokioIo::new(stream), svc)
                         .into_owned();
-                    if let Err(e) = watcher.watch(conn).await
-                        && note_connection_error(&metrics, e.as_ref())
+                    let watched = if h2 {
+                        watcher.watch(conn)
+                    } else {
+                        watcher.watch_begun(conn, served.clone())
+                    };
+                    let ended = watched.await;
+                    if let Some(cut) = head_cut(&metrics, ended, &served)
                         && !h2
-                        && !served.load(Ordering::Relaxed)
+                        && !served.is_set()
                         && let Some(spare) = spare
                     {
-                        answer_header_timeout(&spare, limits.header_read_timeout);
+                        answer_head_cut(&spare, cut, limits.header_read_timeout);
                     }
                 });
             }
@@ -432,14 +449,19 @@ async fn accept_loop(
                     let conn = connection_builder(limits, h2)
                         .serve_connection(TokioIo::new(shared.clone()), svc)
                         .into_owned();
-                    if let Err(e) = watcher.watch(conn).await
-                        && note_connection_error(&metrics, e.as_ref())
+                    let watched = if h2 {
+                        watcher.watch(conn)
+                    } else {
+                        watcher.watch_begun(conn, served.clone())
+                    };
+                    let ended = watched.await;
+                    if let Some(cut) = head_cut(&metrics, ended, &served)
                         && !h2
-                        && !served.load(Ordering::Relaxed)
+                        && !served.is_set()
                         && let Some(mut tls_stream) = shared.into_inner()
                     {
                         use tokio::io::AsyncWriteExt;
-                        let answer = header_timeout_answer(limits.header_read_timeout);
+                        let answer = head_cut_answer(cut, limits.header_read_timeout);
                         let _ = tokio::time::timeout(Duration::from_secs(1), async {
                             tls_stream.write_all(&answer).await?;
                             tls_stream.shutdown().await
@@ -483,11 +505,26 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, within: Duration) -> Option<bo
     }
 }
 
-/// Counts a client connection that ended on hyper's header timer.
-fn note_connection_error(
+/// Why a connection ended with its head unfinished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadCut {
+    /// hyper's header timer fired.
+    TimedOut,
+    /// A drain started before the connection's first request began.
+    Draining,
+}
+
+/// Whether a client connection ended (as `ended` and `begun` say) for want of a complete head,
+/// counting those that ended on hyper's header timer: then it may still be told why.
+fn head_cut(
     metrics: &GatewayMetrics,
-    e: &(dyn std::error::Error + Send + Sync + 'static),
-) -> bool {
+    ended: Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    begun: &edge::Begun,
+) -> Option<HeadCut> {
+    if begun.dropped_unbegun() {
+        return Some(HeadCut::Draining);
+    }
+    let e = ended.err()?;
     let timeout = e
         .downcast_ref::<hyper::Error>()
         .is_some_and(hyper::Error::is_timeout);
@@ -497,7 +534,7 @@ fn note_connection_error(
             .with_label_values(&["header_read"])
             .inc();
     }
-    timeout
+    timeout.then_some(HeadCut::TimedOut)
 }
 
 /// A duplicate of `stream`'s socket (one `dup`; the stream stays registered with the runtime),
@@ -508,10 +545,17 @@ fn spare_of(stream: &tokio::net::TcpStream) -> Option<std::net::TcpStream> {
     Some(std::net::TcpStream::from(fd))
 }
 
-/// The whole HTTP/1.1 408 answer for a header block that did not arrive within `limit`.
-fn header_timeout_answer(limit: Duration) -> Vec<u8> {
+/// The whole HTTP/1.1 408 answer for a header block that did not arrive within `limit`, or was
+/// not complete when the drain started.
+fn head_cut_answer(cut: HeadCut, limit: Duration) -> Vec<u8> {
+    let message = match cut {
+        HeadCut::TimedOut => format!("the request headers did not arrive within {limit:?}"),
+        HeadCut::Draining => {
+            "the gateway is shutting down and the request headers were not complete".to_owned()
+        }
+    };
     let body = serde_json::json!({"error": {
-        "message": format!("the request headers did not arrive within {limit:?}"),
+        "message": message,
         "type": "invalid_request_error", "param": null, "code": 408,
     }})
     .to_string();
@@ -524,12 +568,12 @@ fn header_timeout_answer(limit: Duration) -> Vec<u8> {
     answer
 }
 
-/// Writes a 408 on `spare` (the socket hyper just gave up on for a header that never ended).
-fn answer_header_timeout(spare: &std::net::TcpStream, limit: Duration) {
+/// Writes a 408 on `spare` (the socket hyper just gave up on for a head that never ended).
+fn answer_head_cut(spare: &std::net::TcpStream, cut: HeadCut, limit: Duration) {
     use std::io::Write;
     // Non-blocking and small: it fits the socket buffer, and a failure changes nothing.
     let mut spare = spare;
-    let _ = spare.write_all(&header_timeout_answer(limit));
+    let _ = spare.write_all(&head_cut_answer(cut, limit));
 }
 
 /// A stream with two owners: hyper serves the connection through one handle, and the accept

@@ -185,8 +185,8 @@ pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> us
     }
 }
 
-/// `limits.max_buffered_body_bytes`: request bodies held gateway-wide at once, default 256 MiB;
-/// it must hold at least one body of `max_body_bytes`.
+/// `limits.max_buffered_body_bytes`: memory of request bodies held gateway-wide at once (their
+/// buffers' capacity), default 256 MiB; it must hold at least one body of `max_body_bytes`.
 pub(super) fn max_buffered_body_bytes(
     sink: &mut Sink<'_>,
     raw: Option<&RawLimits>,

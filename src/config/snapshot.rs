@@ -33,8 +33,9 @@ pub struct Snapshot {
     pub drain_grace: Duration,
     /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).
     pub max_body_bytes: usize,
-    /// Request body bytes the gateway holds at once, over all requests (read or waiting to be
-    /// forwarded); past it new bodies get 503 with Retry-After. Default 256 MiB.
+    /// Memory of the request bodies the gateway holds at once, over all requests (read or
+    /// waiting to be forwarded), counted by allocated capacity; past it new bodies get 503 with
+    /// Retry-After. Default 256 MiB (32 bodies of the default `max_body_bytes`).
     pub max_buffered_body_bytes: usize,
     /// Client connection timeouts and caps (`limits:`).
     pub connections: ConnectionLimits,
