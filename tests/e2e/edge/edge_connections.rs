@@ -7,14 +7,8 @@
 //! in flight keeps its grace; unfinished bodies hold at most `max_buffered_body_bytes` of memory,
 //! given back when they close.
 //! Raw sockets on loopback, as an attacker would.
-#![expect(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests and benches stop at the first thing that is not as it should be"
-)]
 
-#[path = "e2e/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
