@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use serde_saphyr::Spanned;
 
-use super::error::Sink;
 use super::raw::{
     RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawOutlier, RawTls,
     RawUsageCheck, Text,
@@ -16,6 +15,7 @@ use super::snapshot::{
     AdminConfig, ConnectionLimits, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig,
 };
 use super::values::{parse_duration, parse_socket_addr};
+use crate::diagnostics::Sink;
 use crate::workers::state::OutlierSettings;
 
 /// `health:` with defaults 250ms / 1s / 3 / 2, scrapes up to 4 MiB, KV event lines up to 4 MiB,

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use hyper::StatusCode;
 
+use super::reservation::Account;
 use super::split::VersionChoice;
-use crate::account::Account;
 use crate::error::GatewayError;
 use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;

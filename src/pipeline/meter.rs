@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::ctx::RequestCtx;
-use crate::account::{Account, Usage};
+use super::reservation::{Account, Usage};
 use crate::config::{Snapshot, TenantSpec, TierSpec};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;

@@ -12,7 +12,7 @@
 //!    snapshot and tier, the prompt's token count and the context check;
 //! 4. **meter** ([`meter`]): cost budgets and rate limits reserve the request's cost (prompt
 //!    plus `max_tokens × n`, at the dearest of the model's versions) into an
-//!    [`Account`](crate::account::Account), which settles it against the real usage;
+//!    [`Account`](reservation::Account), which settles it against the real usage;
 //! 5. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
 //! 6. **split** ([`split`]): the canary version, sticky per session;
 //! 7. **admit** ([`admit`]): the pool's priority queue;
@@ -35,6 +35,7 @@ mod forward;
 mod meter;
 mod mirror;
 mod models;
+mod reservation;
 pub mod route;
 mod split;
 mod validate;
@@ -241,7 +242,7 @@ async fn run<B: RequestBody>(
     // From here on a failure counts against the version that was to serve the request.
     ctx.exit.serving(version.clone());
     let by_load = !endpoint.generates();
-    let Some(first) = route::pick(pool, &valid.features, &[], by_load, &gw.metrics) else {
+    let Some(first) = route::pick(pool, &valid.features, by_load, &gw.metrics) else {
         return Err(GatewayError::NoHealthyWorker(pool.name.clone()));
     };
     let shadow = mirror::mirror(gw, &live, &valid, endpoint, &ctx.request_id);

@@ -457,13 +457,13 @@ async fn route_picks_a_healthy_worker_and_counts_why() {
     let live = gw.live();
     let pool = &live.pools[0];
     let v = validated(&gw, HELLO).await;
-    let (first, _) = route::pick(pool, &v.valid.features, &[], false, &gw.metrics).unwrap();
-    let (second, _) =
-        route::pick(pool, &v.valid.features, &[first.key], false, &gw.metrics).unwrap();
+    let (first, _) = route::pick(pool, &v.valid.features, false, &gw.metrics).unwrap();
+    let (second, _) = pool
+        .pick(&v.valid.features, &[first.key], false, &gw.metrics)
+        .unwrap();
     assert_ne!(first.key, second.key, "a retry goes to another worker");
     assert!(
-        route::pick(
-            pool,
+        pool.pick(
             &v.valid.features,
             &[first.key, second.key],
             false,

@@ -15,7 +15,6 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::pipeline::route::Routed;
 use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use crate::proxy::hold::{HOLD_MAX_BYTES, Held, hold};
 use crate::proxy::usage::UsageTap;
@@ -23,6 +22,7 @@ use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
+use crate::workers::pool::Routed;
 use crate::workers::state::{Attempt, HealthChange, KvEventsState, OutlierSettings, WorkerState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 
@@ -375,7 +375,7 @@ fn claim(
     loop {
         let (worker, decision) = match next.take() {
             Some(routed) => routed,
-            None => crate::pipeline::route::pick(pool, out.features, tried, out.by_load, metrics)?,
+            None => pool.pick(out.features, tried, out.by_load, metrics)?,
         };
         match worker.admit(settings.outlier) {
             Some(turn) => return Some((worker, decision, turn)),

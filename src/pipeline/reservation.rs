@@ -1,6 +1,6 @@
 //! A request's reservation: its rate-limit reservation, budget reservation, concurrency slot,
-//! body bytes and admission permit, settled exactly once by the request's exit
-//! ([`crate::pipeline`]'s account phase): with the real usage when a worker's answer ends
+//! body bytes and admission permit, settled exactly once by the request's exit (the account
+//! phase, [`super::account`]): with the real usage when a worker's answer ends
 //! (checked, priced and counted per tenant and model; the exit writes the usage row), or as a
 //! full refund when the request dies before an answer (Drop).
 
