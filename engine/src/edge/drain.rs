@@ -260,6 +260,34 @@ mod tests {
         )
     }
 
+    /// Sends one request on `io`: while the service holds it (its release comes on `arrived`)
+    /// the drain does not end; once released, the answer arrives and the drain ends.
+    async fn drain_waits_for_the_request_in_progress(
+        drain: Drain,
+        io: DuplexStream,
+        arrived: &mut mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    ) {
+        let mut send = client(io).await;
+        let answer = tokio::spawn(async move {
+            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
+            res.into_body().collect().await.unwrap().to_bytes()
+        });
+        let release = arrived.recv().await.unwrap();
+        let mut shutdown = tokio::spawn(drain.shutdown());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
+                .await
+                .is_err(),
+            "the drain ended with a request still in progress"
+        );
+        release.send(()).unwrap();
+        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
+        tokio::time::timeout(Duration::from_secs(10), shutdown)
+            .await
+            .expect("the drain did not end after the answer")
+            .unwrap();
+    }
+
     async fn client(io: DuplexStream) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
@@ -273,26 +301,7 @@ mod tests {
         let drain = Drain::new();
         let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
         let (io, served) = serve(&drain, arrived_tx);
-        let mut send = client(io).await;
-        let answer = tokio::spawn(async move {
-            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
-            res.into_body().collect().await.unwrap().to_bytes()
-        });
-        let release = arrived.recv().await.unwrap();
-        let mut shutdown = tokio::spawn(drain.shutdown());
-        // The request holds the drain open.
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
-                .await
-                .is_err(),
-            "the drain ended with a request still in progress"
-        );
-        release.send(()).unwrap();
-        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
-        tokio::time::timeout(Duration::from_secs(10), shutdown)
-            .await
-            .expect("the drain did not end after the answer")
-            .unwrap();
+        drain_waits_for_the_request_in_progress(drain, io, &mut arrived).await;
         served.await.unwrap();
     }
 
@@ -386,25 +395,7 @@ mod tests {
             .into_owned();
         let watched = drain.watcher().watch_begun(conn, begun.clone());
         let served = tokio::spawn(async move { watched.await.is_ok() && begun.is_set() });
-        let mut send = client(io).await;
-        let answer = tokio::spawn(async move {
-            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
-            res.into_body().collect().await.unwrap().to_bytes()
-        });
-        let release = arrived.recv().await.unwrap();
-        let mut shutdown = tokio::spawn(drain.shutdown());
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
-                .await
-                .is_err(),
-            "the drain dropped a request in progress"
-        );
-        release.send(()).unwrap();
-        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
-        tokio::time::timeout(Duration::from_secs(10), shutdown)
-            .await
-            .expect("the drain did not end after the answer")
-            .unwrap();
+        drain_waits_for_the_request_in_progress(drain, io, &mut arrived).await;
         assert!(served.await.unwrap());
     }
 }
