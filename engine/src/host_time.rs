@@ -100,29 +100,37 @@ pub struct HostCost {
 }
 
 impl HostCost {
-    /// From microsecond flags; refuses negative or non-finite values.
+    /// From the microseconds of the `--sim-host-us-*` flags (see [`check`](Self::check)).
     pub fn from_micros(
         per_step: f64,
         per_seq: f64,
         per_prompt_token: f64,
         per_output_token: f64,
-    ) -> Result<Self, String> {
-        for (name, v) in [
-            ("--sim-host-us-per-step", per_step),
-            ("--sim-host-us-per-seq", per_seq),
-            ("--sim-host-us-per-prompt-token", per_prompt_token),
-            ("--sim-host-us-per-output-token", per_output_token),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{name} must be a non-negative number, not {v}"));
-            }
-        }
-        Ok(Self {
+    ) -> Self {
+        Self {
             per_step: per_step * 1e-6,
             per_seq: per_seq * 1e-6,
             per_prompt_token: per_prompt_token * 1e-6,
             per_output_token: per_output_token * 1e-6,
-        })
+        }
+    }
+
+    /// Refuses a negative or non-finite cost, naming its flag.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("--sim-host-us-per-step", self.per_step),
+            ("--sim-host-us-per-seq", self.per_seq),
+            ("--sim-host-us-per-prompt-token", self.per_prompt_token),
+            ("--sim-host-us-per-output-token", self.per_output_token),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!(
+                    "{name} must be a non-negative number of microseconds, not {}",
+                    v * 1e6
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether every cost is zero (the model adds nothing).
@@ -195,7 +203,8 @@ mod tests {
 
     #[test]
     fn host_cost_is_the_sum_of_its_parts() {
-        let cost = HostCost::from_micros(1000.0, 10.0, 1.0, 50.0).unwrap();
+        let cost = HostCost::from_micros(1000.0, 10.0, 1.0, 50.0);
+        assert_eq!(cost.check(), Ok(()));
         let work = HostWork {
             seqs: 4,
             prompt_tokens: 100,
@@ -221,9 +230,11 @@ mod tests {
 
     #[test]
     fn bad_host_cost_flags_are_refused_by_name() {
-        let err = HostCost::from_micros(0.0, -1.0, 0.0, 0.0).unwrap_err();
+        let err = HostCost::from_micros(0.0, -1.0, 0.0, 0.0).check().unwrap_err();
         assert!(err.contains("--sim-host-us-per-seq"), "{err}");
-        let err = HostCost::from_micros(f64::NAN, 0.0, 0.0, 0.0).unwrap_err();
+        let err = HostCost::from_micros(f64::NAN, 0.0, 0.0, 0.0)
+            .check()
+            .unwrap_err();
         assert!(err.contains("--sim-host-us-per-step"), "{err}");
     }
 }

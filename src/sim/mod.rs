@@ -32,6 +32,7 @@ pub use args::{SimArgs, policy_config, run};
 pub use degradation::load_policy;
 
 use crate::config::Snapshot;
+use infergate_engine::host_time::HostCost;
 use crate::degrade::DegradationPolicy;
 use crate::report::{self, Report};
 use crate::routing::{self, PolicyConfig};
@@ -90,6 +91,8 @@ pub struct SimConfig {
     pub chat_template: bool,
     /// Multiplies every step time, as the engine's `--fault-latency-multiplier` does. Default 1.
     pub latency_multiplier: f64,
+    /// Host time per step, as the engine's `--sim-host-us-*` flags model it. Default none.
+    pub host_cost: HostCost,
 }
 
 impl Default for SimConfig {
@@ -116,6 +119,7 @@ impl Default for SimConfig {
             gpu_memory_utilization: 0.9,
             chat_template: true,
             latency_multiplier: 1.0,
+            host_cost: HostCost::default(),
         }
     }
 }
