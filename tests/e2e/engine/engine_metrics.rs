@@ -408,3 +408,47 @@ async fn a_host_bound_engine_idles_its_accelerator_between_steps() {
     let after = value(&scrape(&e).await, "infergate_engine_host_seconds_total");
     assert!(after >= before + 0.02 * 5.0, "{before} -> {after}");
 }
+
+#[tokio::test]
+async fn the_cpu_backend_measures_the_same_triage_metrics() {
+    let _machine = common::machine::whole_machine().await;
+    // 8 sequences of ~32 tokens in 8 blocks of 16: decodes that need a second block preempt.
+    let (e, dir, model) = common::cpu_default(
+        "triage-metrics",
+        &[
+            "--num-gpu-blocks-override",
+            "8",
+            "--max-model-len",
+            "128",
+            "--max-num-seqs",
+            "6",
+        ],
+    )
+    .await;
+    let mut set = JoinSet::new();
+    for w in ["rivers", "stones", "light", "gardens", "windows", "paper", "silver", "markets"] {
+        let body = json!({"model": model, "prompt": format!("A short story about {w}:"),
+                          "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+        set.spawn(send(e.at("/v1/completions"), body));
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.expect("request task").completion_tokens, 24);
+    }
+    let text = scrape(&e).await;
+    let steps = ["graph", "eager"]
+        .iter()
+        .filter_map(|p| find_metric(&text, &format!("infergate_engine_steps_total{{path=\"{p}\"}}")))
+        .sum::<f64>();
+    assert!(steps > 0.0);
+    assert_eq!(value(&text, "infergate_engine_batch_size_count"), steps);
+    assert_eq!(value(&text, "infergate_engine_step_gap_seconds_count"), steps);
+    assert!(value(&text, "infergate_engine_batch_size_sum") <= 6.0 * steps);
+    assert_eq!(value(&text, "infergate_engine_max_num_seqs"), 6.0);
+    // Real forward passes take real time, and so does the host's sampling between them.
+    assert!(value(&text, "infergate_engine_busy_seconds_total") > 0.0);
+    assert!(value(&text, "infergate_engine_host_seconds_total") > 0.0);
+    let preemptions = value(&text, "vllm:num_preemptions_total");
+    assert!(preemptions > 0.0, "no preemption happened");
+    assert!(value(&text, "infergate_engine_recomputed_tokens_total") >= preemptions);
+    let _ = std::fs::remove_dir_all(dir);
+}
