@@ -125,7 +125,10 @@ fn batch_sizes_are_the_sequences_of_each_step() {
         .lines()
         .find(|l| l.starts_with("infergate_engine_batch_size_bucket{") && l.contains("le=\"4\""))
         .unwrap();
-    assert!(over.ends_with(&format!(" {}", m.batch_size.get_sample_count())), "{over}");
+    assert!(
+        over.ends_with(&format!(" {}", m.batch_size.get_sample_count())),
+        "{over}"
+    );
 }
 
 #[test]
@@ -140,7 +143,10 @@ fn recomputed_tokens_count_the_work_a_preemption_threw_away() {
             h.submit(i, prompt(i as u32, 30), fixed_length(30, i), usize::MAX);
         }
         h.run(20_000);
-        (h.metrics.preemptions.get(), h.metrics.recomputed_tokens.get())
+        (
+            h.metrics.preemptions.get(),
+            h.metrics.recomputed_tokens.get(),
+        )
     };
     let (preemptions, recomputed) = run(1_024);
     assert_eq!((preemptions, recomputed), (0.0, 0.0));
@@ -149,5 +155,97 @@ fn recomputed_tokens_count_the_work_a_preemption_threw_away() {
     assert!(
         recomputed >= preemptions,
         "each preemption threw computed tokens away: {recomputed} for {preemptions}"
+    );
+}
+
+/// A backend that runs in real time, as cpu and cuda do: each pass takes its cost off the
+/// (virtual) clock while it runs, and it models no host time.
+struct RealTime {
+    inner: SimBackend,
+    clock: Arc<VirtualClock>,
+}
+
+impl Backend for RealTime {
+    fn execute(&mut self, batch: &crate::scheduler::Batch, running: &[Sequence]) -> StepCost {
+        let cost = self.inner.execute(batch, running);
+        self.clock.advance_to(self.clock.now() + cost.seconds);
+        cost
+    }
+
+    fn sample(&mut self, seq: &mut Sequence) -> crate::backend::Sampled {
+        self.inner.sample(seq)
+    }
+
+    fn prompt_logprobs(&mut self, seq: &mut Sequence) {
+        self.inner.prompt_logprobs(seq);
+    }
+
+    fn eos_token(&self) -> u32 {
+        self.inner.eos_token()
+    }
+}
+
+#[test]
+fn a_real_time_backend_counts_the_host_time_that_really_passed() {
+    let clock = Arc::new(VirtualClock::new());
+    let model = RooflineModel::new(
+        presets::gpu("h100").unwrap(),
+        presets::model("llama-3-8b").unwrap(),
+        RooflineConfig::default(),
+    );
+    let inner = SimBackend::new(model, (1_000..1_100).collect(), EOS, 1_000.0, BS);
+    let backend = RealTime {
+        inner,
+        clock: clock.clone(),
+    };
+    let sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2_048,
+            chunked_prefill: true,
+        },
+        BlockManager::new(1_024, BS, true),
+    );
+    let metrics = Arc::new(EngineMetrics::new("m").unwrap());
+    let pending = Arc::new(AtomicUsize::new(0));
+    let core = EngineCore::new(
+        sched,
+        Box::new(backend),
+        clock.clone(),
+        metrics.clone(),
+        pending.clone(),
+    );
+    let mut h = Harness {
+        core,
+        clock,
+        metrics,
+        pending,
+        busy_s: 0.0,
+        paths: Vec::new(),
+    };
+    for i in 0..4 {
+        h.submit(i, prompt(i as u32, 20), fixed_length(10, i), usize::MAX);
+    }
+    let (mut steps, mut busy) = (0u32, 0.0);
+    while h.core.has_work() {
+        let before = h.clock.now();
+        let report = h.core.step();
+        let cost = report.cost.unwrap();
+        // The step ended when the pass did, on the clock.
+        assert!(close(report.end, before + cost.seconds));
+        assert!(close(report.end, h.clock.now()));
+        steps += 1;
+        busy += cost.seconds;
+        // 3 ms of host work before the next step: within what a modelled GPU would overlap,
+        // but a real pass cannot start before it is done.
+        h.clock.advance_to(h.clock.now() + 0.003);
+    }
+    let m = &h.metrics;
+    assert!(close(m.busy_seconds.get(), busy));
+    // The gap after the last step is idle (nothing was left), so it is not counted.
+    assert!(
+        close(m.host_seconds.get(), 0.003 * f64::from(steps - 1)),
+        "{} over {steps} steps",
+        m.host_seconds.get()
     );
 }

@@ -230,7 +230,9 @@ mod tests {
 
     #[test]
     fn bad_host_cost_flags_are_refused_by_name() {
-        let err = HostCost::from_micros(0.0, -1.0, 0.0, 0.0).check().unwrap_err();
+        let err = HostCost::from_micros(0.0, -1.0, 0.0, 0.0)
+            .check()
+            .unwrap_err();
         assert!(err.contains("--sim-host-us-per-seq"), "{err}");
         let err = HostCost::from_micros(f64::NAN, 0.0, 0.0, 0.0)
             .check()

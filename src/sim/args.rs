@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use super::compare::compare_table;
 use super::{SimConfig, SimResult, load_policy, simulate};
-use infergate_engine::host_time::HostCost;
 use crate::bench::parse_duration;
 use crate::routing::{PolicyConfig, PrefixConfig};
 use crate::workload::{self, Overrides};
+use infergate_engine::host_time::HostCost;
 
 /// Flags of `infergate sim`: a fleet on a virtual clock, the real router and engine schedulers.
 #[derive(Debug, Clone, clap::Args)]

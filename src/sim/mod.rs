@@ -32,7 +32,6 @@ pub use args::{SimArgs, policy_config, run};
 pub use degradation::load_policy;
 
 use crate::config::Snapshot;
-use infergate_engine::host_time::HostCost;
 use crate::degrade::DegradationPolicy;
 use crate::report::{self, Report};
 use crate::routing::{self, PolicyConfig};
@@ -40,6 +39,7 @@ use crate::workload::{Overrides, Workload};
 use degradation::SimDegradation;
 use fleet::{Clients, Fleet};
 use gate::Gate;
+use infergate_engine::host_time::HostCost;
 use worker::{SimWorker, WorkerSpec};
 
 /// The simulated fleet: how many workers and how each engine is configured.

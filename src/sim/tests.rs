@@ -459,7 +459,12 @@ fn gateway_config_pool_settings_are_simulated_unless_flags_override_them() {
 
 #[test]
 fn modelled_host_time_passes_through_and_stretches_every_token() {
-    let a = args(&["--sim-host-us-per-step", "20000", "--sim-host-us-per-seq", "5"]);
+    let a = args(&[
+        "--sim-host-us-per-step",
+        "20000",
+        "--sim-host-us-per-seq",
+        "5",
+    ]);
     let host = HostCost::from_micros(20_000.0, 5.0, 0.0, 0.0);
     assert_eq!(a.config().host_cost, host);
     let (w, o) = chat();

@@ -370,7 +370,10 @@ async fn triage_metrics_are_exported_before_any_request_with_the_caps() {
         );
     }
     assert_eq!(value(&text, "infergate_engine_max_num_seqs"), 8.0);
-    assert_eq!(value(&text, "infergate_engine_max_num_batched_tokens"), 1024.0);
+    assert_eq!(
+        value(&text, "infergate_engine_max_num_batched_tokens"),
+        1024.0
+    );
     assert_eq!(value(&text, "infergate_engine_busy_seconds_total"), 0.0);
     assert_eq!(value(&text, "infergate_engine_host_seconds_total"), 0.0);
 }
@@ -387,7 +390,10 @@ async fn a_saturated_engine_is_busy_and_spends_little_time_on_the_host() {
     let text = scrape(&e).await;
     let batch = value(&text, "infergate_engine_batch_size_sum")
         / value(&text, "infergate_engine_batch_size_count");
-    assert!(batch > 16.0, "32 requests at once run in large batches: {batch}");
+    assert!(
+        batch > 16.0,
+        "32 requests at once run in large batches: {batch}"
+    );
 }
 
 #[tokio::test]
@@ -426,7 +432,9 @@ async fn the_cpu_backend_measures_the_same_triage_metrics() {
     )
     .await;
     let mut set = JoinSet::new();
-    for w in ["rivers", "stones", "light", "gardens", "windows", "paper", "silver", "markets"] {
+    for w in [
+        "rivers", "stones", "light", "gardens", "windows", "paper", "silver", "markets",
+    ] {
         let body = json!({"model": model, "prompt": format!("A short story about {w}:"),
                           "max_tokens": 24, "temperature": 0, "ignore_eos": true});
         set.spawn(send(e.at("/v1/completions"), body));
@@ -437,11 +445,19 @@ async fn the_cpu_backend_measures_the_same_triage_metrics() {
     let text = scrape(&e).await;
     let steps = ["graph", "eager"]
         .iter()
-        .filter_map(|p| find_metric(&text, &format!("infergate_engine_steps_total{{path=\"{p}\"}}")))
+        .filter_map(|p| {
+            find_metric(
+                &text,
+                &format!("infergate_engine_steps_total{{path=\"{p}\"}}"),
+            )
+        })
         .sum::<f64>();
     assert!(steps > 0.0);
     assert_eq!(value(&text, "infergate_engine_batch_size_count"), steps);
-    assert_eq!(value(&text, "infergate_engine_step_gap_seconds_count"), steps);
+    assert_eq!(
+        value(&text, "infergate_engine_step_gap_seconds_count"),
+        steps
+    );
     assert!(value(&text, "infergate_engine_batch_size_sum") <= 6.0 * steps);
     assert_eq!(value(&text, "infergate_engine_max_num_seqs"), 6.0);
     // Real forward passes take real time, and so does the host's sampling between them.
