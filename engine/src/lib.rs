@@ -12,6 +12,7 @@ pub mod embeddings;
 pub mod exec_path;
 pub mod generation;
 pub mod gguf;
+pub mod host_time;
 pub mod kv_events;
 pub mod launch;
 pub mod logprobs;
