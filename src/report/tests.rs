@@ -136,7 +136,10 @@ fn latency_percentiles_over_successes() {
 #[test]
 fn engines_render_as_a_table_and_stay_out_of_json_when_absent() {
     let mut r = summary();
-    assert!(!r.to_json().contains("by_engine"), "a live run has no engine rows");
+    assert!(
+        !r.to_json().contains("by_engine"),
+        "a live run has no engine rows"
+    );
     r.by_engine.insert(
         "w00".into(),
         super::EngineBreakdown {

@@ -159,8 +159,12 @@ impl SimArgs {
         c.chunked_prefill &= !self.no_chunked_prefill;
         c.prefix_caching &= !self.no_prefix_caching;
         c.kv_events |= self.kv_events;
-        c.kv_protected_fraction = self.kv_protected_fraction.unwrap_or(c.kv_protected_fraction);
-        c.latency_multiplier = self.fault_latency_multiplier.unwrap_or(c.latency_multiplier);
+        c.kv_protected_fraction = self
+            .kv_protected_fraction
+            .unwrap_or(c.kv_protected_fraction);
+        c.latency_multiplier = self
+            .fault_latency_multiplier
+            .unwrap_or(c.latency_multiplier);
         let host = [
             self.sim_host_us_per_step,
             self.sim_host_us_per_seq,

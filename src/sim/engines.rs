@@ -52,8 +52,14 @@ pub(super) fn fleet_extra(stats: &[WorkerStats], end: f64) -> Vec<(&'static str,
         ..WorkerStats::default()
     };
     vec![
-        ("busy_fraction", ratio(sum(|s| s.busy_seconds), worker_seconds)),
-        ("host_fraction", ratio(sum(|s| s.host_seconds), worker_seconds)),
+        (
+            "busy_fraction",
+            ratio(sum(|s| s.busy_seconds), worker_seconds),
+        ),
+        (
+            "host_fraction",
+            ratio(sum(|s| s.host_seconds), worker_seconds),
+        ),
         ("batch_mean", all.batch_mean()),
         ("batch_p95", count_percentile(&all.batch_counts, 95.0)),
         ("engine_queue_mean", ratio(sum(|s| s.queue_area), end)),
@@ -108,7 +114,10 @@ mod tests {
 
     #[test]
     fn rows_and_fleet_numbers_divide_by_the_run() {
-        let w = [stats("w00", 3.0, 6.0, &[(8, 95), (2, 5)]), stats("w01", 5.0, 1.0, &[(1, 100)])];
+        let w = [
+            stats("w00", 3.0, 6.0, &[(8, 95), (2, 5)]),
+            stats("w01", 5.0, 1.0, &[(1, 100)]),
+        ];
         let rows = by_engine(&w, 10.0);
         assert_eq!(rows["w00"].busy_fraction, 0.3);
         assert_eq!(rows["w00"].host_fraction, 0.6);
@@ -160,8 +169,10 @@ mod tests {
         let cached = cost(1800);
         assert!((cached["cost_per_1k_tokens_usd"] - 0.000085).abs() < 1e-12);
         assert!((cached["cached_share"] - 1800.0 / 1900.0).abs() < 1e-12);
-        assert!(!cost_extra(&prices, "other", &[record], 0)
-            .iter()
-            .any(|(k, _)| *k == "cost_per_1k_tokens_usd"));
+        assert!(
+            !cost_extra(&prices, "other", &[record], 0)
+                .iter()
+                .any(|(k, _)| *k == "cost_per_1k_tokens_usd")
+        );
     }
 }

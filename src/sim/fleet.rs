@@ -232,7 +232,11 @@ impl Fleet {
         if self.admission.is_on() {
             extra.push(("admission_queue_full", self.queue_full as f64));
             extra.push(("admission_queue_timeouts", self.queue_timeouts as f64));
-            let mean = if end > 0.0 { self.admission_area / end } else { 0.0 };
+            let mean = if end > 0.0 {
+                self.admission_area / end
+            } else {
+                0.0
+            };
             extra.push(("admission_queue_mean", mean));
         }
         if let Some(d) = &self.degradation {

@@ -226,7 +226,12 @@ pub fn simulate(
         extra
             .into_iter()
             .chain(engines::fleet_extra(&outcome.stats, outcome.end))
-            .chain(engines::cost_extra(&prices, model, &outcome.records, cached))
+            .chain(engines::cost_extra(
+                &prices,
+                model,
+                &outcome.records,
+                cached,
+            ))
             .chain(outcome.extra)
             .map(|(k, v)| (k.to_owned(), v)),
     );

@@ -126,7 +126,10 @@ mod tests {
 
     #[test]
     fn differing_or_missing_sim_spawns_are_errors() {
-        let p = pool(vec![spawn(1, &["--gpu", "l4"]), spawn(1, &["--gpu", "h100"])]);
+        let p = pool(vec![
+            spawn(1, &["--gpu", "l4"]),
+            spawn(1, &["--gpu", "h100"]),
+        ]);
         assert!(pool_engines(&p).unwrap_err().contains("differ"));
         let p = pool(vec![spawn(1, &["--backend", "cpu"])]);
         assert!(pool_engines(&p).unwrap_err().contains("no `spawn`"));

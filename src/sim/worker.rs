@@ -152,8 +152,17 @@ impl WorkerStats {
     /// Mean sequences per step (0 without steps).
     pub(super) fn batch_mean(&self) -> f64 {
         let steps: u64 = self.batch_counts.iter().sum();
-        let seqs: u64 = self.batch_counts.iter().enumerate().map(|(n, c)| n as u64 * c).sum();
-        if steps == 0 { 0.0 } else { seqs as f64 / steps as f64 }
+        let seqs: u64 = self
+            .batch_counts
+            .iter()
+            .enumerate()
+            .map(|(n, c)| n as u64 * c)
+            .sum();
+        if steps == 0 {
+            0.0
+        } else {
+            seqs as f64 / steps as f64
+        }
     }
 }
 
