@@ -60,6 +60,7 @@ fn headlines(r: &Report) -> Vec<(String, f64, Unit)> {
         }
     }
     out.push(("TPOT mean ms".to_owned(), r.tpot_mean, Unit::Millis));
+    out.push(("TPOT p95 ms".to_owned(), r.tpot.p95, Unit::Millis));
     out.push(("tokens/s in".to_owned(), r.tokens_in_per_s, Unit::Plain));
     out.push(("tokens/s out".to_owned(), r.tokens_out_per_s, Unit::Plain));
     out.push(("goodput".to_owned(), r.goodput, Unit::Share));

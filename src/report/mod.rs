@@ -116,6 +116,9 @@ pub struct Report {
     pub itl: Percentiles,
     /// Mean time per output token after the first, averaged over requests, seconds.
     pub tpot_mean: f64,
+    /// Time per output token after the first, per request (its percentiles across requests).
+    #[serde(default)]
+    pub tpot: Percentiles,
     /// End-to-end latency.
     pub e2e: Percentiles,
     /// Prompt tokens of successful requests per second.
@@ -134,9 +137,33 @@ pub struct Report {
     pub by_worker: BTreeMap<String, Breakdown>,
     /// Per execution path.
     pub by_path: BTreeMap<String, Breakdown>,
+    /// What each engine did (the simulator's workers: busy and host time, batch sizes, queue,
+    /// preemptions); empty for a live run.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_engine: BTreeMap<String, EngineBreakdown>,
     /// Further numbers (the simulator adds prefix hit rate, KV usage, preemptions).
     #[serde(default)]
     pub extra: BTreeMap<String, f64>,
+}
+
+/// One engine's step loop over a run: the numbers that tell a GPU-bound engine from a host-bound
+/// one or one whose batches are capped (issue 44's deciding panels).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EngineBreakdown {
+    /// Time inside steps over the run's length (the "GPU utilisation" an operator sees).
+    pub busy_fraction: f64,
+    /// Host time between steps while work was pending, over the run's length.
+    pub host_fraction: f64,
+    /// Mean sequences per step.
+    pub batch_mean: f64,
+    /// 95th percentile of sequences per step.
+    pub batch_p95: f64,
+    /// Requests waiting in the engine's queue, averaged over the run (sampled at each step).
+    pub queue_mean: f64,
+    /// Sequences preempted.
+    pub preemptions: f64,
+    /// Tokens computed again after a preemption.
+    pub recomputed_tokens: f64,
 }
 
 impl Report {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::{Breakdown, Percentiles, Report};
+use super::{Breakdown, EngineBreakdown, Percentiles, Report};
 
 /// Milliseconds with one decimal.
 pub(super) fn ms(seconds: f64) -> String {
@@ -74,6 +74,36 @@ fn breakdown_table(title: &str, slices: &BTreeMap<String, Breakdown>) -> String 
     table(&header, &rows)
 }
 
+/// One row per engine: busy and host shares, batch sizes, queue and preemptions.
+fn engine_table(engines: &BTreeMap<String, EngineBreakdown>) -> String {
+    let header = [
+        "engine",
+        "busy",
+        "host",
+        "batch mean",
+        "batch p95",
+        "queue mean",
+        "preemptions",
+        "recomputed",
+    ];
+    let rows: Vec<Vec<String>> = engines
+        .iter()
+        .map(|(name, e)| {
+            vec![
+                name.clone(),
+                pct(e.busy_fraction),
+                pct(e.host_fraction),
+                format!("{:.1}", e.batch_mean),
+                format!("{:.0}", e.batch_p95),
+                format!("{:.1}", e.queue_mean),
+                format!("{:.0}", e.preemptions),
+                format!("{:.0}", e.recomputed_tokens),
+            ]
+        })
+        .collect();
+    table(&header, &rows)
+}
+
 impl Report {
     /// The report as text tables (latencies in milliseconds).
     pub fn render_text(&self) -> String {
@@ -117,6 +147,15 @@ impl Report {
             ms(self.itl.p99),
             ms(self.itl.max)
         );
+        let t = &self.tpot;
+        let _ = writeln!(
+            out,
+            "TPOT per request p50 {} · p95 {} · p99 {} · max {} ms",
+            ms(t.p50),
+            ms(t.p95),
+            ms(t.p99),
+            ms(t.max)
+        );
         let sections = [
             ("tenant", &self.by_tenant),
             ("worker", &self.by_worker),
@@ -127,6 +166,10 @@ impl Report {
                 out.push('\n');
                 out.push_str(&breakdown_table(title, slices));
             }
+        }
+        if !self.by_engine.is_empty() {
+            out.push('\n');
+            out.push_str(&engine_table(&self.by_engine));
         }
         if !self.extra.is_empty() {
             out.push('\n');

@@ -100,6 +100,7 @@ pub fn summarize(
         ttft: Percentiles::of(&samples.ttft),
         itl: Percentiles::of(&samples.itl),
         tpot_mean: Percentiles::of(&tpots).mean,
+        tpot: Percentiles::of(&tpots),
         e2e: Percentiles::of(&samples.e2e),
         tokens_in_per_s: share(tokens_in as f64, duration_s),
         tokens_out_per_s: share(tokens_out as f64, duration_s),
@@ -109,6 +110,7 @@ pub fn summarize(
         by_tenant: slice(|r| r.tenant.as_deref()),
         by_worker: slice(|r| r.worker.as_deref()),
         by_path: slice(|r| r.path.as_deref()),
+        by_engine: BTreeMap::new(),
         extra: BTreeMap::new(),
     }
 }

@@ -128,6 +128,40 @@ fn latency_percentiles_over_successes() {
     assert_eq!((r.e2e.p50, r.e2e.max), (0.6, 2.05));
     // TPOT: (0.2 − 0.1)/3, (0.6 − 0.3)/2, (2.05 − 2.0)/1.
     assert!(close(r.tpot_mean, (0.1 / 3.0 + 0.15 + 0.05) / 3.0));
+    // Per request, sorted: 0.033, 0.05, 0.15 → p50 the 2nd, p95 the 3rd.
+    assert!(close(r.tpot.p50, 0.05) && close(r.tpot.p95, 0.15));
+    assert!(close(r.tpot.mean, r.tpot_mean));
+}
+
+#[test]
+fn engines_render_as_a_table_and_stay_out_of_json_when_absent() {
+    let mut r = summary();
+    assert!(
+        !r.to_json().contains("by_engine"),
+        "a live run has no engine rows"
+    );
+    r.by_engine.insert(
+        "w00".into(),
+        super::EngineBreakdown {
+            busy_fraction: 0.3,
+            host_fraction: 0.6,
+            batch_mean: 7.5,
+            batch_p95: 8.0,
+            queue_mean: 120.0,
+            preemptions: 2.0,
+            recomputed_tokens: 900.0,
+        },
+    );
+    let text = r.render_text();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("w00") && l.contains("30.0%"))
+        .unwrap_or_else(|| panic!("no engine row in:\n{text}"));
+    for cell in ["60.0%", "7.5", "120.0", "900"] {
+        assert!(row.contains(cell), "{cell} missing from {row}");
+    }
+    let back = super::Report::from_json(&r.to_json()).expect("round trip");
+    assert_eq!(back.by_engine, r.by_engine);
 }
 
 #[test]

@@ -18,19 +18,19 @@ pub struct SimArgs {
     /// Workload name (`config/workloads/NAME.yaml` or shipped) or path to a YAML file.
     #[arg(long, default_value = "chat")]
     pub workload: String,
-    /// Engine workers in the fleet.
-    #[arg(long, default_value_t = 16)]
-    pub workers: usize,
-    /// GPU preset of every worker.
-    #[arg(long, default_value = "h100")]
-    pub gpu: String,
-    /// Model preset.
-    #[arg(long, default_value = "llama-3-8b")]
-    pub model: String,
+    /// Engine workers in the fleet [default: 16].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// GPU preset of every worker [default: h100].
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Model preset [default: llama-3-8b].
+    #[arg(long)]
+    pub model: Option<String>,
     /// GPUs each worker's model is sharded over, as the engine's `--tensor-parallel-size`
-    /// (weights and KV cache split across them, all-reduces added to every step).
-    #[arg(long, default_value_t = 1)]
-    pub tensor_parallel_size: usize,
+    /// (weights and KV cache split across them, all-reduces added to every step) [default: 1].
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
     /// Gateway config whose checks every request meets first, as the live gateway applies them:
     /// body size (413), the tier's max_tokens ceiling (400), the model's max_context (400).
     /// Default: the embedded config `infergate up` serves. A tenant of the workload is checked
@@ -57,12 +57,12 @@ pub struct SimArgs {
     /// Seed instead of the workload's.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Most sequences per batch on each worker.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step.
-    #[arg(long, default_value_t = 8192)]
-    pub max_num_batched_tokens: usize,
+    /// Most sequences per batch on each worker [default: 256].
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one engine step [default: 8192].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// Prefill whole prompts in one step instead of chunking them.
     #[arg(long)]
     pub no_chunked_prefill: bool,
@@ -70,9 +70,9 @@ pub struct SimArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// Share of each engine's KV blocks that reused cached blocks keep ahead of blocks used once
-    /// (0 is plain LRU), as the engine's `--kv-protected-fraction`.
-    #[arg(long, default_value_t = infergate_engine::block_manager::DEFAULT_PROTECTED_FRACTION)]
-    pub kv_protected_fraction: f64,
+    /// (0 is plain LRU), as the engine's `--kv-protected-fraction` [default: the engine's].
+    #[arg(long)]
+    pub kv_protected_fraction: Option<f64>,
     /// Route on the engines' KV events (precise mode, as in front of `infergate engine`) instead
     /// of the approximate index alone (as in front of vLLM).
     #[arg(long)]
@@ -81,22 +81,30 @@ pub struct SimArgs {
     /// engine does (like `infergate bench`'s default); `completions` sends them as they are.
     #[arg(long, default_value = "chat", value_parser = ["chat", "completions"])]
     pub endpoint: String,
-    /// Multiply every step time (to mirror engines run with `--fault-latency-multiplier`).
-    #[arg(long, default_value_t = 1.0)]
-    pub fault_latency_multiplier: f64,
+    /// Multiply every step time (to mirror engines run with `--fault-latency-multiplier`)
+    /// [default: 1].
+    #[arg(long)]
+    pub fault_latency_multiplier: Option<f64>,
     /// Host microseconds before every engine step, as the engine's flag of that name (a
-    /// host-bound engine idles its GPU between steps).
-    #[arg(long, default_value_t = 0.0)]
-    pub sim_host_us_per_step: f64,
-    /// Host microseconds per sequence in a step, as the engine's flag.
-    #[arg(long, default_value_t = 0.0)]
-    pub sim_host_us_per_seq: f64,
-    /// Host microseconds per new prompt token (tokenising), as the engine's flag.
-    #[arg(long, default_value_t = 0.0)]
-    pub sim_host_us_per_prompt_token: f64,
-    /// Host microseconds per generated token (detokenising), as the engine's flag.
-    #[arg(long, default_value_t = 0.0)]
-    pub sim_host_us_per_output_token: f64,
+    /// host-bound engine idles its GPU between steps) [default: 0].
+    #[arg(long)]
+    pub sim_host_us_per_step: Option<f64>,
+    /// Host microseconds per sequence in a step, as the engine's flag [default: 0].
+    #[arg(long)]
+    pub sim_host_us_per_seq: Option<f64>,
+    /// Host microseconds per new prompt token (tokenising), as the engine's flag [default: 0].
+    #[arg(long)]
+    pub sim_host_us_per_prompt_token: Option<f64>,
+    /// Host microseconds per generated token (detokenising), as the engine's flag [default: 0].
+    #[arg(long)]
+    pub sim_host_us_per_output_token: Option<f64>,
+    /// Take the engines from the --gateway-config pool's sim `spawn` entries, as `infergate up`
+    /// would start them: their count is --workers and their flags (--gpu, --model,
+    /// --max-num-seqs, --max-num-batched-tokens, --no-chunked-prefill, --no-prefix-caching,
+    /// --num-gpu-blocks-override, --sim-host-us-*, KV events, …) the engine settings. Engine
+    /// flags given here override them.
+    #[arg(long, requires = "gateway_config")]
+    pub engine_args_from_config: bool,
     /// KV blocks per worker instead of the GPU memory budget's.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
@@ -131,32 +139,57 @@ pub struct SimArgs {
 impl SimArgs {
     /// The fleet these flags describe (without the degradation policy: see `run`).
     pub fn config(&self) -> SimConfig {
-        SimConfig {
-            workers: self.workers,
-            gpu: self.gpu.clone(),
-            model: self.model.clone(),
-            tensor_parallel_size: self.tensor_parallel_size,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            chunked_prefill: !self.no_chunked_prefill,
-            prefix_caching: !self.no_prefix_caching,
-            kv_protected_fraction: self.kv_protected_fraction,
-            kv_events: self.kv_events,
-            chat_template: self.endpoint == "chat",
-            latency_multiplier: self.fault_latency_multiplier,
-            host_cost: HostCost::from_micros(
-                self.sim_host_us_per_step,
-                self.sim_host_us_per_seq,
-                self.sim_host_us_per_prompt_token,
-                self.sim_host_us_per_output_token,
-            ),
-            num_gpu_blocks_override: self.num_gpu_blocks_override,
-            max_queue: self.max_queue.unwrap_or(0),
-            admission_per_worker: self.admission_per_worker.unwrap_or(0),
-            max_wait: self.max_wait.unwrap_or(Duration::from_secs(30)),
-            priorities: self.tiers.iter().cloned().collect(),
-            ..SimConfig::default()
+        self.over(SimConfig::default())
+    }
+
+    /// `base` with every engine and fleet flag given here in its place (`base` keeps the rest).
+    fn over(&self, base: SimConfig) -> SimConfig {
+        let mut c = base;
+        let set = |slot: &mut usize, v: Option<usize>| *slot = v.unwrap_or(*slot);
+        set(&mut c.workers, self.workers);
+        set(&mut c.tensor_parallel_size, self.tensor_parallel_size);
+        set(&mut c.max_num_seqs, self.max_num_seqs);
+        set(&mut c.max_num_batched_tokens, self.max_num_batched_tokens);
+        if let Some(gpu) = &self.gpu {
+            c.gpu.clone_from(gpu);
         }
+        if let Some(model) = &self.model {
+            c.model.clone_from(model);
+        }
+        c.chunked_prefill &= !self.no_chunked_prefill;
+        c.prefix_caching &= !self.no_prefix_caching;
+        c.kv_events |= self.kv_events;
+        c.kv_protected_fraction = self
+            .kv_protected_fraction
+            .unwrap_or(c.kv_protected_fraction);
+        c.latency_multiplier = self
+            .fault_latency_multiplier
+            .unwrap_or(c.latency_multiplier);
+        let host = [
+            self.sim_host_us_per_step,
+            self.sim_host_us_per_seq,
+            self.sim_host_us_per_prompt_token,
+            self.sim_host_us_per_output_token,
+        ];
+        if host.iter().any(Option::is_some) {
+            // Any host flag replaces the whole model (unnamed terms are 0), as on the engine.
+            let us = |v: Option<f64>| v.unwrap_or(0.0);
+            c.host_cost = HostCost::from_micros(us(host[0]), us(host[1]), us(host[2]), us(host[3]));
+        }
+        if self.num_gpu_blocks_override.is_some() {
+            c.num_gpu_blocks_override = self.num_gpu_blocks_override;
+        }
+        c.chat_template = self.endpoint == "chat";
+        c.max_queue = self.max_queue.unwrap_or(0);
+        c.admission_per_worker = self.admission_per_worker.unwrap_or(0);
+        c.max_wait = self.max_wait.unwrap_or(Duration::from_secs(30));
+        c.priorities = self.tiers.iter().cloned().collect();
+        c
+    }
+
+    /// The model the flags name, else the default preset's.
+    fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or("llama-3-8b")
     }
 }
 
@@ -236,7 +269,13 @@ pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), Strin
     let mut default_policy = PolicyConfig::Prefix(PrefixConfig::default());
     if let Some(path) = &args.gateway_config {
         let snapshot = crate::config::load(path).map_err(|e| e.to_string())?;
-        let pool = sim_pool(&snapshot, args.pool.as_deref(), &args.model)?;
+        let pool = sim_pool(&snapshot, args.pool.as_deref(), args.model_name())?;
+        if args.engine_args_from_config {
+            let (workers, engine) = super::spawn::pool_engines(pool)?;
+            let mut base = SimConfig::default();
+            super::spawn::apply(&mut base, workers, &engine);
+            cfg = args.over(base);
+        }
         default_policy = pool.policy.clone();
         let a = &pool.admission;
         cfg.admission_per_worker = args

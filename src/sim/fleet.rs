@@ -108,6 +108,11 @@ pub(super) struct Fleet {
     steps: u64,
     /// Chat template tokens around each prompt (before, after), when clients use chat.
     chat_wrap: Option<(Vec<u32>, Vec<u32>)>,
+    /// Prompt tokens the engines served from their prefix caches (the usage's cached tokens).
+    cached_tokens: u64,
+    /// The admission queue's length integrated over time, and when it was last integrated.
+    admission_area: f64,
+    admission_since: f64,
 }
 
 impl Fleet {
@@ -145,6 +150,9 @@ impl Fleet {
             end: 0.0,
             steps: 0,
             chat_wrap: None,
+            cached_tokens: 0,
+            admission_area: 0.0,
+            admission_since: 0.0,
         }
     }
 
@@ -191,6 +199,10 @@ impl Fleet {
         }
         while let Some(Reverse((At(t), _, event))) = self.heap.pop() {
             self.now = t;
+            if t > self.admission_since {
+                self.admission_area += self.admission.len() as f64 * (t - self.admission_since);
+                self.admission_since = t;
+            }
             match event {
                 Event::Arrive(key) => {
                     self.end = t;
@@ -216,10 +228,16 @@ impl Fleet {
         }
         self.records.sort_by_key(|r| r.id);
         let stats = self.workers.iter_mut().map(|w| w.stats(end)).collect();
-        let mut extra = Vec::new();
+        let mut extra = vec![("cached_tokens", self.cached_tokens as f64)];
         if self.admission.is_on() {
             extra.push(("admission_queue_full", self.queue_full as f64));
             extra.push(("admission_queue_timeouts", self.queue_timeouts as f64));
+            let mean = if end > 0.0 {
+                self.admission_area / end
+            } else {
+                0.0
+            };
+            extra.push(("admission_queue_mean", mean));
         }
         if let Some(d) = &self.degradation {
             extra.extend(d.extra());
@@ -492,6 +510,7 @@ impl Fleet {
                 continue;
             };
             if let Some(info) = ended.1.as_ref() {
+                self.cached_tokens += info.cached_tokens as u64;
                 self.policy.feedback(
                     &routed.features,
                     self.workers[live.worker].key,

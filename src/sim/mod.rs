@@ -13,10 +13,12 @@ mod admit;
 mod args;
 mod compare;
 mod degradation;
+mod engines;
 mod fleet;
 mod gate;
 mod record;
 mod sink;
+mod spawn;
 mod worker;
 
 #[cfg(test)]
@@ -153,6 +155,7 @@ pub fn simulate(
     };
     // Clients name the model as the preset calls it (what `bench --model` sends by default).
     let model = infergate_engine::presets::model(&cfg.model).map_or(cfg.model.as_str(), |m| m.name);
+    let prices = snapshot.prices.clone();
     let gate = Gate::new(snapshot, model, cfg.chat_template, spec.max_model_len)?;
     let plan = workload.requests(overrides)?;
     let duration = overrides
@@ -213,9 +216,22 @@ pub fn simulate(
         ("steps_graph_share", ratio(graph, steps)),
         ("steps", steps),
     ];
+    let cached = outcome
+        .extra
+        .iter()
+        .find(|(k, _)| *k == "cached_tokens")
+        .map_or(0, |(_, v)| *v as u64);
+    report.by_engine = engines::by_engine(&outcome.stats, outcome.end);
     report.extra.extend(
         extra
             .into_iter()
+            .chain(engines::fleet_extra(&outcome.stats, outcome.end))
+            .chain(engines::cost_extra(
+                &prices,
+                model,
+                &outcome.records,
+                cached,
+            ))
             .chain(outcome.extra)
             .map(|(k, v)| (k.to_owned(), v)),
     );

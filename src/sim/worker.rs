@@ -120,8 +120,10 @@ impl WorkerSpec {
 }
 
 /// Counters of one worker at the end of a run.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct WorkerStats {
+    /// The worker's label (`w00`, …).
+    pub name: String,
     /// Prompt tokens looked up in the prefix cache.
     pub prefix_queries: f64,
     /// Of which were found.
@@ -134,6 +136,51 @@ pub(super) struct WorkerStats {
     pub eager_steps: u64,
     /// KV usage integrated over simulated time (usage × seconds).
     pub kv_area: f64,
+    /// Time inside steps (`infergate_engine_busy_seconds_total`).
+    pub busy_seconds: f64,
+    /// Host time between steps while work was pending (`infergate_engine_host_seconds_total`).
+    pub host_seconds: f64,
+    /// Tokens computed again after preemptions (`infergate_engine_recomputed_tokens_total`).
+    pub recomputed_tokens: f64,
+    /// Steps by batch size: `batch_counts[n]` steps ran `n` sequences.
+    pub batch_counts: Vec<u64>,
+    /// Engine queue length integrated over simulated time (requests × seconds).
+    pub queue_area: f64,
+}
+
+impl WorkerStats {
+    /// Mean sequences per step (0 without steps).
+    pub(super) fn batch_mean(&self) -> f64 {
+        let steps: u64 = self.batch_counts.iter().sum();
+        let seqs: u64 = self
+            .batch_counts
+            .iter()
+            .enumerate()
+            .map(|(n, c)| n as u64 * c)
+            .sum();
+        if steps == 0 {
+            0.0
+        } else {
+            seqs as f64 / steps as f64
+        }
+    }
+}
+
+/// Nearest-rank `p`-th percentile of a histogram of whole numbers (`counts[n]` times `n`).
+pub(super) fn count_percentile(counts: &[u64], p: f64) -> f64 {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (n, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            return n as f64;
+        }
+    }
+    (counts.len().saturating_sub(1)) as f64
 }
 
 /// One engine worker of the simulated fleet.
@@ -161,6 +208,10 @@ pub(super) struct SimWorker {
     kv_area: f64,
     kv_last: f64,
     kv_since: f64,
+    /// Steps by batch size, and the engine queue integrated like KV usage.
+    batch_counts: Vec<u64>,
+    queue_area: f64,
+    queue_last: f64,
 }
 
 impl SimWorker {
@@ -208,6 +259,9 @@ impl SimWorker {
             kv_area: 0.0,
             kv_last: 0.0,
             kv_since: 0.0,
+            batch_counts: Vec::new(),
+            queue_area: 0.0,
+            queue_last: 0.0,
         })
     }
 
@@ -284,6 +338,10 @@ impl SimWorker {
     pub(super) fn step(&mut self) -> Option<f64> {
         let report = self.core.step();
         report.cost?;
+        if self.batch_counts.len() <= report.scheduled {
+            self.batch_counts.resize(report.scheduled + 1, 0);
+        }
+        self.batch_counts[report.scheduled] += 1;
         self.note_kv(report.end);
         Some(report.end)
     }
@@ -298,13 +356,17 @@ impl SimWorker {
         take_notes(&self.log, into);
     }
 
-    /// Integrates KV usage up to `t`, then samples it afresh.
+    /// Integrates KV usage and the engine queue up to `t`, then samples them afresh (the queue
+    /// as the step left it: requests not in its batch, and those routed here meanwhile).
     fn note_kv(&mut self, t: f64) {
         if t > self.kv_since {
             self.kv_area += self.kv_last * (t - self.kv_since);
+            self.queue_area += self.queue_last * (t - self.kv_since);
             self.kv_since = t;
         }
-        self.kv_last = self.core.scheduler().kv.usage();
+        let sched = self.core.scheduler();
+        self.kv_last = sched.kv.usage();
+        self.queue_last = (sched.waiting.len() + self.inbox.len()) as f64;
     }
 
     /// The worker's counters, with KV usage integrated up to `end`.
@@ -312,12 +374,18 @@ impl SimWorker {
         self.note_kv(end);
         let m = &self.metrics;
         WorkerStats {
+            name: self.name.clone(),
             prefix_queries: m.prefix_queries.get(),
             prefix_hits: m.prefix_hits.get(),
             preemptions: m.preemptions.get(),
             graph_steps: m.steps.with_label_values(&["graph"]).get(),
             eager_steps: m.steps.with_label_values(&["eager"]).get(),
             kv_area: self.kv_area,
+            busy_seconds: m.busy_seconds.get(),
+            host_seconds: m.host_seconds.get(),
+            recomputed_tokens: m.recomputed_tokens.get(),
+            batch_counts: self.batch_counts.clone(),
+            queue_area: self.queue_area,
         }
     }
 }

@@ -1,4 +1,5 @@
 //! The tools: `bench`, `sim`, `plan`, `report` and the simulator's refusals.
 
+mod scenarios;
 mod sim_refusals;
 mod tools_cli;
