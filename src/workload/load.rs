@@ -21,6 +21,35 @@ const SHIPPED: &[(&str, &str)] = &[
     ),
     ("burst", include_str!("../../config/workloads/burst.yaml")),
     ("tiers", include_str!("../../config/workloads/tiers.yaml")),
+    // The five symptoms' scenarios (config/scenarios/NAME).
+    (
+        "tpot-at-peak",
+        include_str!("../../config/workloads/tpot-at-peak.yaml"),
+    ),
+    (
+        "host-bound",
+        include_str!("../../config/workloads/host-bound.yaml"),
+    ),
+    (
+        "small-batches",
+        include_str!("../../config/workloads/small-batches.yaml"),
+    ),
+    (
+        "long-context",
+        include_str!("../../config/workloads/long-context.yaml"),
+    ),
+    (
+        "long-context-chat",
+        include_str!("../../config/workloads/long-context-chat.yaml"),
+    ),
+    (
+        "itl-freeze",
+        include_str!("../../config/workloads/itl-freeze.yaml"),
+    ),
+    (
+        "shared-system-prompt",
+        include_str!("../../config/workloads/shared-system-prompt.yaml"),
+    ),
 ];
 
 /// Names of the workloads shipped with infergate.
