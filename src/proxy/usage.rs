@@ -7,6 +7,7 @@ use infergate_engine::openai::sse;
 use serde::de::IgnoredAny;
 
 use super::json_members;
+use crate::trace::{Flight, record};
 
 /// Token counts reported by the worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,6 +47,11 @@ pub struct UsageTap {
     pub saw_error: bool,
     /// The stream carried `data: [DONE]`.
     pub saw_done: bool,
+    /// Remove the engine's flight-record comment from what the client sees.
+    hide_flight: bool,
+    /// The engine's flight record: from the `x-infergate-flight` header of a whole answer, or
+    /// the first `: flight {json}` comment of a stream (later ones are ignored).
+    pub flight: Flight,
 }
 
 /// What a body or SSE payload says about usage: `usage` of chat, completions and embeddings
@@ -151,6 +157,16 @@ impl UsageTap {
         }
     }
 
+    /// Reads the flight record of a whole answer from its header value; with `hide`, flight
+    /// comments of a stream are removed from what the client sees.
+    pub fn with_flight(mut self, header: Option<&[u8]>, hide: bool) -> Self {
+        if let Some(raw) = header {
+            self.flight = record::parse(raw);
+        }
+        self.hide_flight = hide;
+        self
+    }
+
     /// Feeds one upstream frame; returns what to send to the client now. Streams are forwarded
     /// event by event (a partial event waits for its end); JSON bodies pass through unchanged.
     pub fn feed(&mut self, data: Bytes) -> Bytes {
@@ -179,7 +195,11 @@ impl UsageTap {
         } else {
             data
         };
-        if !self.hide_usage_chunk && self.pending.is_empty() && data.ends_with(b"\n\n") {
+        if !self.hide_usage_chunk
+            && !(self.hide_flight && has_flight_comment(&data))
+            && self.pending.is_empty()
+            && data.ends_with(b"\n\n")
+        {
             // Fast path: whole events, nothing to remove.
             self.scan_events(&data);
             return data;
@@ -202,7 +222,7 @@ impl UsageTap {
                 continue;
             }
             let text: Vec<u8> = event.concat();
-            let hide = self.scan_event(&text) && self.hide_usage_chunk;
+            let hide = self.scan_event(&text);
             if !hide {
                 out.extend_from_slice(&text);
                 out.extend_from_slice(b"\n");
@@ -253,9 +273,24 @@ impl UsageTap {
         }
     }
 
-    /// Looks at one event; returns true when it is a usage-only chunk (empty `choices`).
+    /// Looks at one event; returns true when it is to be hidden: a usage-only chunk (empty
+    /// `choices`) with `hide_usage_chunk`, a flight comment with `hide_flight`.
     /// Several `data:` lines make one payload, joined with `\n` (the SSE rule).
     fn scan_event(&mut self, event: &[u8]) -> bool {
+        if let Some(rest) = event.strip_prefix(FLIGHT_PREFIX) {
+            // The engine sends the record as an event of one comment line; an event with more
+            // in it is read as any other (its comment lines ignored).
+            let (raw, after) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, &rest[rest.len()..]),
+            };
+            if after.iter().all(|&b| b == b'\n') {
+                if self.flight == Flight::Absent {
+                    self.flight = record::parse(raw);
+                }
+                return self.hide_flight;
+            }
+        }
         let mut lines = event.split(|&b| b == b'\n').filter_map(sse::data_field);
         let Some(first) = lines.next() else {
             return false;
@@ -302,8 +337,19 @@ impl UsageTap {
         if !empty_choices {
             self.content_events += 1;
         }
-        usage.is_some() && empty_choices
+        usage.is_some() && empty_choices && self.hide_usage_chunk
     }
+}
+
+/// Start of the engine's flight-record comment line (`infergate_engine::flight::SSE_PREFIX`).
+const FLIGHT_PREFIX: &[u8] = infergate_engine::flight::SSE_PREFIX.as_bytes();
+
+/// True when `data` (whole events) holds an event that starts with a flight comment.
+fn has_flight_comment(data: &[u8]) -> bool {
+    data.starts_with(FLIGHT_PREFIX)
+        || data
+            .windows(FLIGHT_PREFIX.len() + 2)
+            .any(|w| w.starts_with(b"\n\n") && w.ends_with(FLIGHT_PREFIX))
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ fn finished(tokens: usize, cached: usize) -> SeqEvent {
         graph_steps: 1,
         eager_steps: 1,
         preemptions: 0,
+        ..FinishInfo::default()
     })
 }
 
@@ -73,7 +74,7 @@ fn plan(prompts: usize, n: usize, best_of: usize, logprobs: bool) -> RequestPlan
 }
 
 async fn body(g: Generation) -> Value {
-    let (text, _) = g.collect().await.unwrap();
+    let (text, _, _) = g.collect().await.unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
