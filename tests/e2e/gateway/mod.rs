@@ -9,3 +9,4 @@ mod gateway_routing;
 mod gateway_streaming;
 mod gateway_tls_admin;
 mod gateway_up;
+mod flight_record;
