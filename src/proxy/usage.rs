@@ -595,6 +595,52 @@ mod tests {
         assert_eq!(tap.usage.unwrap().completion, 3);
     }
 
+    const FLIGHT: &str = ": flight {\"v\":1,\"steps\":{\"graph\":2,\"eager\":1},\"batch\":{\"min\":1,\"max\":2,\"mean\":1.5}}\n\n";
+
+    #[test]
+    fn a_flight_comment_is_read_and_hidden_unless_debugging() {
+        let input = format!("{}{FLIGHT}data: [DONE]\n\n", chunk("a"));
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        let out = tap.feed(Bytes::from(input.clone()));
+        assert_eq!(out, Bytes::from(format!("{}data: [DONE]\n\n", chunk("a"))));
+        assert_eq!(tap.flight.label(), "ok");
+        assert_eq!(tap.flight.record().unwrap().steps.graph, 2);
+        assert_eq!(tap.content_events, 1);
+        assert!(tap.saw_done);
+        // Debug headers on: the comment goes through, and is still read.
+        let mut tap = UsageTap::new(true, false).with_flight(None, false);
+        assert_eq!(tap.feed(Bytes::from(input.clone())), Bytes::from(input.clone()));
+        assert_eq!(tap.flight.label(), "ok");
+        // Split anywhere, byte by byte: the same.
+        let mut tap = UsageTap::new(true, true).with_flight(None, true);
+        let mut out = Vec::new();
+        for b in input.bytes() {
+            out.extend_from_slice(&tap.feed(Bytes::from(vec![b])));
+        }
+        out.extend_from_slice(&tap.flush());
+        assert_eq!(out, format!("{}data: [DONE]\n\n", chunk("a")).into_bytes());
+        assert_eq!(tap.flight.label(), "ok");
+    }
+
+    #[test]
+    fn a_broken_flight_record_is_ignored_and_a_mixed_event_is_not_one() {
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        let out = tap.feed(Bytes::from(": flight {oops\n\ndata: [DONE]\n\n"));
+        assert_eq!(out, Bytes::from("data: [DONE]\n\n"));
+        assert_eq!(tap.flight.label(), "invalid");
+        // A comment line followed by data in one event is an ordinary event: it passes.
+        let mixed = format!(": flight {{\"v\":1}}\n{}", chunk("b"));
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        assert_eq!(tap.feed(Bytes::from(mixed.clone())), Bytes::from(mixed));
+        assert_eq!(tap.flight.label(), "absent");
+        assert_eq!(tap.content_events, 1);
+        // A whole answer's record comes from its header.
+        let tap = UsageTap::new(false, false).with_flight(Some(b"{\"v\":1}"), true);
+        assert_eq!(tap.flight.label(), "ok");
+        let tap = UsageTap::new(false, false).with_flight(Some(b"[]"), true);
+        assert_eq!(tap.flight.label(), "invalid");
+    }
+
     #[test]
     fn comments_and_unparseable_events_pass_through() {
         let mut tap = UsageTap::new(true, true);
