@@ -222,7 +222,10 @@ impl FlightRecord {
         for info in infos {
             r.steps.graph = r.steps.graph.saturating_add(info.graph_steps);
             r.steps.eager = r.steps.eager.saturating_add(info.eager_steps);
-            r.tokens.decode = r.tokens.decode.saturating_add(info.completion_tokens as u64);
+            r.tokens.decode = r
+                .tokens
+                .decode
+                .saturating_add(info.completion_tokens as u64);
             r.preemptions = r.preemptions.saturating_add(info.preemptions);
             batch_sum = batch_sum.saturating_add(info.batch_sum);
             if info.graph_steps > 0 || info.eager_steps > 0 {
@@ -347,7 +350,10 @@ mod tests {
         let f = Features::probe(body, true);
         assert!(f.tools && f.response_format && f.stream);
         assert_eq!(f.images, 1);
-        let f = Features::probe(br#"{"tools":[],"response_format":null,"prompt":"x"}"#, false);
+        let f = Features::probe(
+            br#"{"tools":[],"response_format":null,"prompt":"x"}"#,
+            false,
+        );
         assert_eq!(f, Features::default());
         assert_eq!(Features::probe(b"[1,2]", false), Features::default());
     }

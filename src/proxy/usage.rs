@@ -195,11 +195,9 @@ impl UsageTap {
         } else {
             data
         };
-        if !self.hide_usage_chunk
-            && !(self.hide_flight && has_flight_comment(&data))
-            && self.pending.is_empty()
-            && data.ends_with(b"\n\n")
-        {
+        // A flight comment to remove takes the slow path too.
+        let removes = self.hide_usage_chunk || (self.hide_flight && has_flight_comment(&data));
+        if !removes && self.pending.is_empty() && data.ends_with(b"\n\n") {
             // Fast path: whole events, nothing to remove.
             self.scan_events(&data);
             return data;
@@ -609,7 +607,10 @@ mod tests {
         assert!(tap.saw_done);
         // Debug headers on: the comment goes through, and is still read.
         let mut tap = UsageTap::new(true, false).with_flight(None, false);
-        assert_eq!(tap.feed(Bytes::from(input.clone())), Bytes::from(input.clone()));
+        assert_eq!(
+            tap.feed(Bytes::from(input.clone())),
+            Bytes::from(input.clone())
+        );
         assert_eq!(tap.flight.label(), "ok");
         // Split anywhere, byte by byte: the same.
         let mut tap = UsageTap::new(true, true).with_flight(None, true);

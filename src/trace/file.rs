@@ -90,7 +90,8 @@ pub(super) mod tests {
 
     /// A fresh directory for one test.
     pub(crate) fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("infergate-trace-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("infergate-trace-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir

@@ -144,9 +144,15 @@ mod tests {
     #[test]
     fn broken_records_are_ignored() {
         assert_eq!(parse(b"not json"), Flight::Invalid);
-        assert_eq!(parse(b"{\"v\":1,\"steps\":{\"graph\":-1}}"), Flight::Invalid);
+        assert_eq!(
+            parse(b"{\"v\":1,\"steps\":{\"graph\":-1}}"),
+            Flight::Invalid
+        );
         assert_eq!(parse(b"{\"v\":1,\"queue_ms\":\"x\"}"), Flight::Invalid);
-        let huge = format!("{{\"v\":1,\"engine\":\"{}\"}}", "x".repeat(MAX_FLIGHT_BYTES));
+        let huge = format!(
+            "{{\"v\":1,\"engine\":\"{}\"}}",
+            "x".repeat(MAX_FLIGHT_BYTES)
+        );
         assert_eq!(parse(huge.as_bytes()), Flight::Invalid);
         assert_eq!(with(|r| r.v = 0), Flight::Invalid);
         assert_eq!(with(|r| r.engine = "a b".into()), Flight::Invalid);

@@ -86,7 +86,10 @@ fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]
         f["batch"]["max"].as_u64().unwrap(),
         f["batch"]["mean"].as_f64().unwrap(),
     );
-    assert!(min >= 1 && min <= max && (min as f64) <= mean && mean <= max as f64, "{f}");
+    assert!(
+        min >= 1 && min <= max && (min as f64) <= mean && mean <= max as f64,
+        "{f}"
+    );
     assert!(f["tokens"]["prompt"].as_u64().unwrap() > 0, "{f}");
     assert_eq!(f["tokens"]["decode"], tokens);
     assert_eq!(f["features"]["stream"], stream);
