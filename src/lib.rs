@@ -52,6 +52,7 @@ pub mod sim;
 pub mod supervisor;
 pub mod tenants;
 pub mod tokens;
+pub mod trace;
 pub mod up;
 pub mod upstream;
 pub mod upstream_body;

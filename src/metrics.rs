@@ -147,6 +147,12 @@ pub struct GatewayMetrics {
     pub shadow_output_ratio: HistogramVec,
     /// The per-tenant series of each tenant and model seen, resolved once per pair.
     tenant_models: Mutex<HashMap<String, HashMap<String, Arc<TenantModelSeries>>>>,
+    /// `infergate_flight_records_total{result}`: engine flight records on relayed answers (ok,
+    /// invalid: came but ignored, absent).
+    pub flight_records: IntCounterVec,
+    /// `infergate_trace_lines_total{result}`: trace file lines (written, dropped: queue full,
+    /// failed, unsampled).
+    pub trace_lines: IntCounterVec,
 }
 
 /// The counters a settled request of one tenant and model adds to (six label lookups a request
@@ -602,6 +608,16 @@ impl GatewayMetrics {
                 "Shadow output tokens over the client's.",
             )?,
             tenant_models: Mutex::default(),
+            flight_records: counter(
+                "infergate_flight_records_total",
+                "Engine flight records on relayed answers by result (ok, invalid, absent).",
+                &["result"],
+            )?,
+            trace_lines: counter(
+                "infergate_trace_lines_total",
+                "Trace file lines by result (written, dropped, failed, unsampled).",
+                &["result"],
+            )?,
             registry,
         })
     }

@@ -265,9 +265,11 @@ impl EngineCore {
         self.metrics.preemptions.inc_by(preempted as f64);
 
         let mut generated = 0u64;
+        let batch_size = self.entries.len();
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
             seq.record_path(cost.path);
+            seq.record_batch(batch_size);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
@@ -340,12 +342,15 @@ impl EngineCore {
     /// Records a finished sequence (blocks already freed) and queues its final report.
     fn retire(&mut self, seq: Sequence, now: f64) {
         let Some(reason) = seq.finish else { return };
-        let info = seq.finish_info(reason);
+        let mut info = seq.finish_info(reason);
         // vLLM's intervals: a sequence that ended without a token (EOS first) had its first
         // and last token events when it finished; one never scheduled was scheduled then.
         let scheduled = seq.first_scheduled.unwrap_or(now);
         let last = seq.last_token_at.unwrap_or(now);
         let first = self.first_token_at.remove(&seq.id).unwrap_or(last);
+        info.queue_s = (scheduled - seq.arrival).max(0.0);
+        info.prefill_s = (first - scheduled).max(0.0);
+        info.decode_s = (last - first).max(0.0);
         self.metrics.observe_finished(&FinishedRequest {
             e2e: (now - seq.arrival).max(0.0),
             queued: (scheduled - seq.arrival).max(0.0),

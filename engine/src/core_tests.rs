@@ -864,3 +864,27 @@ mod group;
 
 #[path = "core_time_tests.rs"]
 mod time;
+
+#[test]
+fn finish_info_carries_batch_sizes_and_phase_times_for_the_flight_record() {
+    let mut h = Harness::new(Setup::default());
+    // Three requests start together; a fourth joins after two steps.
+    let first: Vec<Client> = (0..3)
+        .map(|i| h.submit(i, prompt(i as u32, 30), fixed_length(5, i), usize::MAX))
+        .collect();
+    h.step();
+    h.step();
+    let late = h.submit(9, prompt(9, 30), fixed_length(3, 9), usize::MAX);
+    h.run(100);
+    let info = first[0].finished().unwrap();
+    assert_eq!(
+        info.batch_max, 4,
+        "the late request's prefill shared a step"
+    );
+    assert_eq!(info.batch_min, 3);
+    let steps = u64::from(info.eager_steps + info.graph_steps);
+    assert!(info.batch_sum >= 3 * steps && info.batch_sum <= 4 * steps);
+    assert!(info.decode_s > 0.0 && info.prefill_s > 0.0 && info.queue_s >= 0.0);
+    let info = late.finished().unwrap();
+    assert!(info.batch_min >= 1 && info.batch_max == 4, "{info:?}");
+}

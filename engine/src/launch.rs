@@ -79,6 +79,8 @@ pub struct Engine {
     pub kv_events: Option<Arc<KvEventHub>>,
     /// What `/v1/embeddings` runs.
     pub embedder: Embedder,
+    /// The engine's part of every flight record (backend, capture sizes).
+    pub flight: Arc<crate::flight::EngineInfo>,
 }
 
 impl Engine {
@@ -446,6 +448,16 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     if let Some(hub) = &kv_events {
         core.publish_kv_events(hub.clone());
     }
+    // The cpu backend runs every step eagerly, whatever the flags say.
+    let (backend_name, captured) = match args.backend {
+        BackendKind::Sim => ("sim", capture_sizes(args)?),
+        BackendKind::Cpu => ("cpu", CaptureSizes::none()),
+        BackendKind::Cuda => ("cuda", capture_sizes(args)?),
+    };
+    let flight = Arc::new(crate::flight::EngineInfo::new(
+        backend_name,
+        captured.as_slice(),
+    ));
     let (submit, requests) = mpsc::channel();
     std::thread::Builder::new()
         .name("engine-core".into())
@@ -472,5 +484,6 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         kv_events,
         submit,
         embedder: parts.embedder,
+        flight,
     })
 }

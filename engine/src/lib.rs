@@ -12,6 +12,7 @@ pub mod core;
 pub mod edge;
 pub mod embeddings;
 pub mod exec_path;
+pub mod flight;
 pub mod generation;
 pub mod gguf;
 pub mod host_time;

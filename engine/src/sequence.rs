@@ -7,16 +7,17 @@ use crate::request::SamplingParams;
 use crate::roofline::ExecPath;
 
 /// Why a sequence stopped generating.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FinishReason {
     /// End-of-sequence token sampled (or a stop string matched downstream).
+    #[default]
     Stop,
     /// `max_tokens` reached.
     Length,
 }
 
 /// Final accounting of one sequence, sent to its client after the last tokens.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FinishInfo {
     /// Why generation ended.
     pub reason: FinishReason,
@@ -32,6 +33,18 @@ pub struct FinishInfo {
     pub eager_steps: u32,
     /// Times this sequence was preempted and recomputed.
     pub preemptions: u32,
+    /// Smallest batch (sequences) of the steps it was in; 0 before any.
+    pub batch_min: u32,
+    /// Largest batch of the steps it was in.
+    pub batch_max: u32,
+    /// Sum of the batch sizes of the steps it was in (their mean: over its steps).
+    pub batch_sum: u64,
+    /// Seconds from arrival to first scheduled.
+    pub queue_s: f64,
+    /// Seconds from first scheduled to first token.
+    pub prefill_s: f64,
+    /// Seconds from first to last token.
+    pub decode_s: f64,
 }
 
 /// Tokens generated since the last event, with the log-probabilities the request asked for.
@@ -138,6 +151,12 @@ pub struct Sequence {
     pub eager_steps: u32,
     /// Times preempted.
     pub preemptions: u32,
+    /// Smallest batch of its steps (0 before any).
+    pub batch_min: u32,
+    /// Largest batch of its steps.
+    pub batch_max: u32,
+    /// Sum of the batch sizes of its steps.
+    pub batch_sum: u64,
     /// Most tokens computed before a preemption: positions below it computed again are
     /// recomputed work.
     pub recompute_until: usize,
@@ -200,6 +219,9 @@ impl Sequence {
             graph_steps: 0,
             eager_steps: 0,
             preemptions: 0,
+            batch_min: 0,
+            batch_max: 0,
+            batch_sum: 0,
             recompute_until: 0,
             finish: None,
             pending_tokens: Vec::new(),
@@ -249,6 +271,18 @@ impl Sequence {
         }
     }
 
+    /// Counts a step of `batch` sequences this sequence was in (its flight record).
+    pub fn record_batch(&mut self, batch: usize) {
+        let b = u32::try_from(batch).unwrap_or(u32::MAX);
+        self.batch_min = if self.batch_sum == 0 {
+            b
+        } else {
+            self.batch_min.min(b)
+        };
+        self.batch_max = self.batch_max.max(b);
+        self.batch_sum = self.batch_sum.saturating_add(u64::from(b));
+    }
+
     /// The final accounting for the client.
     pub fn finish_info(&self, reason: FinishReason) -> FinishInfo {
         FinishInfo {
@@ -259,6 +293,11 @@ impl Sequence {
             graph_steps: self.graph_steps,
             eager_steps: self.eager_steps,
             preemptions: self.preemptions,
+            batch_min: self.batch_min,
+            batch_max: self.batch_max,
+            batch_sum: self.batch_sum,
+            // Filled in by the core, which knows the clock.
+            ..FinishInfo::default()
         }
     }
 

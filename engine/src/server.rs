@@ -511,6 +511,7 @@ async fn generate(
     }
 
     let frame = responses_echo.map(|e| ResponseFrame::new(model.clone(), e));
+    let features = crate::flight::Features::probe(&body, stream);
     let meta = ResponseMeta::new(endpoint, model);
     let plan = RequestPlan {
         prompts: plans,
@@ -520,7 +521,8 @@ async fn generate(
         include_usage,
     };
     let mut generation =
-        Generation::new(meta, rx, plan, &sampling, stops, engine.tokenizer.clone());
+        Generation::new(meta, rx, plan, &sampling, stops, engine.tokenizer.clone())
+            .with_flight(engine.flight.clone(), features);
     let res = if stream {
         // Wait for the first event so that refusals are real HTTP errors, not stream errors.
         let first = generation.first_event().await?;
@@ -533,13 +535,16 @@ async fn generate(
         h.insert("cache-control", HeaderValue::from_static("no-cache"));
         res
     } else {
-        let (body, paths) = match frame {
+        let (body, paths, flight) = match frame {
             Some(frame) => generation.collect_response(&frame).await?,
             None => generation.collect().await?,
         };
         let mut res = full(StatusCode::OK, "application/json", body);
         if let Ok(v) = HeaderValue::from_str(&paths.header_value()) {
             res.headers_mut().insert("x-infergate-exec-path", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&flight.to_json()) {
+            res.headers_mut().insert(crate::flight::FLIGHT_HEADER, v);
         }
         res
     };

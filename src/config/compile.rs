@@ -184,6 +184,7 @@ pub(super) fn compile(
         tenant_budgets,
         prices: std::sync::Arc::new(prices),
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
+        trace: sections::trace(&mut sink, raw.trace.as_ref(), base),
         redis: raw
             .state
             .as_ref()

@@ -31,6 +31,7 @@ pub(super) struct RawConfig {
     pub metrics: Option<RawMetrics>,
     pub debug_headers: Option<bool>,
     pub ledger: Option<RawLedger>,
+    pub trace: Option<RawTrace>,
     pub state: Option<RawState>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
@@ -54,6 +55,16 @@ pub(super) struct RawRedis {
     pub timeout: Option<Text>,
     pub replicas: Option<Spanned<u32>>,
     pub fail_closed: Option<bool>,
+}
+
+/// `trace:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTrace {
+    pub path: Option<Text>,
+    pub sample: Option<Spanned<f64>>,
+    pub max_bytes: Option<Spanned<u64>>,
+    pub keep: Option<Spanned<u32>>,
 }
 
 /// `ledger:`

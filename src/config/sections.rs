@@ -361,6 +361,57 @@ pub(super) fn log(sink: &mut Sink<'_>, raw: Option<&RawLog>) -> LogConfig {
     LogConfig { format, level }
 }
 
+/// `trace:`: the flight-record trace file (`path`, relative to the config file), the share of
+/// requests written (`sample`, default 1), the size it rotates at (`max_bytes`, default
+/// 100 MiB, at least 4 KiB) and the rotated files kept (`keep`, default 5).
+pub(super) fn trace(
+    sink: &mut Sink<'_>,
+    raw: Option<&super::raw::RawTrace>,
+    base: &Path,
+) -> Option<crate::trace::TraceConfig> {
+    use crate::trace::{DEFAULT_KEEP, DEFAULT_MAX_BYTES, TraceConfig};
+    let raw = raw?;
+    let Some(path) = &raw.path else {
+        sink.whole("trace: give `path` (a JSON-lines file, created on first start)");
+        return None;
+    };
+    if path.value.trim().is_empty() {
+        sink.at(&path.referenced, "trace.path is empty");
+        return None;
+    }
+    let joined = base.join(&path.value);
+    let sample = match &raw.sample {
+        None => 1.0,
+        Some(s) if !(0.0..=1.0).contains(&s.value) => {
+            sink.at(&s.referenced, "trace.sample must be between 0 and 1");
+            1.0
+        }
+        Some(s) => s.value,
+    };
+    let max_bytes = match &raw.max_bytes {
+        None => DEFAULT_MAX_BYTES,
+        Some(m) if m.value < 4096 => {
+            sink.at(&m.referenced, "trace.max_bytes must be ≥ 4096");
+            DEFAULT_MAX_BYTES
+        }
+        Some(m) => m.value,
+    };
+    let keep = match &raw.keep {
+        None => DEFAULT_KEEP,
+        Some(k) if k.value > 1000 => {
+            sink.at(&k.referenced, "trace.keep must be ≤ 1000");
+            DEFAULT_KEEP
+        }
+        Some(k) => k.value,
+    };
+    Some(TraceConfig {
+        path: std::path::absolute(&joined).unwrap_or(joined),
+        sample,
+        max_bytes,
+        keep,
+    })
+}
+
 /// `ledger:`: a SQLite file (`path`, relative to the config file) or a PostgreSQL database
 /// (`postgres: {url}`), retention in days (default 90; 0 keeps every row), the writer's queue
 /// size (default 65,536 rows).

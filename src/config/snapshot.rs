@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub redis: Option<crate::limits::RedisSettings>,
     /// The usage ledger (`ledger:`).
     pub ledger: crate::ledger::LedgerConfig,
+    /// The flight-record trace file (`trace:`); `None` writes none. Read at start only.
+    pub trace: Option<crate::trace::TraceConfig>,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
     /// read, tenants' `key_file`s), absolute, for the file watcher.
     pub files: Vec<PathBuf>,

@@ -256,3 +256,43 @@ fn spawn_paths_resolve_against_the_config_directory() {
     assert_eq!(gguf[1], dir.join("x.gguf").to_string_lossy());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_trace_section_resolves_its_path_and_checks_its_numbers() {
+    let with = |extra: &str| format!("{extra}{MINIMAL}");
+    let s = load_str(
+        &with("trace: {path: t/trace.jsonl}\n"),
+        Path::new(CONFIG),
+        None,
+    )
+    .expect("valid");
+    let t = s.trace.expect("trace set");
+    assert!(t.path.is_absolute() && t.path.ends_with("t/trace.jsonl"));
+    assert_eq!(
+        (t.sample, t.max_bytes, t.keep),
+        (
+            1.0,
+            crate::trace::DEFAULT_MAX_BYTES,
+            crate::trace::DEFAULT_KEEP
+        )
+    );
+    assert!(
+        load_str(MINIMAL, Path::new(CONFIG), None)
+            .unwrap()
+            .trace
+            .is_none()
+    );
+    one_error(
+        &with("trace: {path: t.jsonl, sample: 1.5}\n"),
+        1,
+        "trace.sample must be between 0 and 1",
+    );
+    one_error(
+        &with("trace: {path: t.jsonl, max_bytes: 10}\n"),
+        1,
+        "trace.max_bytes must be ≥ 4096",
+    );
+    let errs = errors(&with("trace: {sample: 0.5}\n"), None);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].2.contains("trace: give `path`"), "{errs:#?}");
+}

@@ -107,6 +107,8 @@ pub struct Gateway {
     pub in_flight: Arc<infergate_engine::edge::InFlight>,
     /// The usage ledger, when one is kept.
     pub ledger: Option<Arc<crate::ledger::UsageLedger>>,
+    /// The flight-record trace file's writer (`trace:`), when one is kept; set at start.
+    pub trace: Option<Arc<crate::trace::TraceWriter>>,
     /// Tenants' spend against their budgets.
     pub budgets: Arc<crate::budgets::BudgetBook>,
     /// Fleet mode: tenant limits shared through Redis (`state.redis`).
@@ -148,6 +150,13 @@ impl Gateway {
             seed_budgets(&budgets, l.reader().as_ref())?;
         }
         let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
+        let trace = match &snapshot.trace {
+            Some(config) => Some(crate::trace::TraceWriter::start(
+                config,
+                metrics.trace_lines.clone(),
+            )?),
+            None => None,
+        };
         let client = upstream::client(snapshot.forward.connect_timeout);
         let (grace_over, grace_watch) = tokio::sync::watch::channel(false);
         let gw = Arc::new(Self {
@@ -166,6 +175,7 @@ impl Gateway {
             body_budget: Arc::default(),
             in_flight: Arc::new(infergate_engine::edge::InFlight::new(None)),
             ledger,
+            trace,
             budgets,
             shared,
             extra_tenants,

@@ -18,6 +18,7 @@ use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::body::EndReport;
 use crate::shadow::PrimaryOutcome;
+use crate::trace::{TraceLine, TraceWriter};
 
 /// How a request ended.
 pub(super) enum Outcome<'a> {
@@ -58,6 +59,8 @@ pub(crate) struct Exit {
     /// The shadow comparison waiting for the client's own outcome.
     shadow: Option<tokio::sync::oneshot::Sender<PrimaryOutcome>>,
     started: Option<Instant>,
+    /// Where the request's trace line goes (`trace:`), when a trace file is kept.
+    trace: Option<Arc<TraceWriter>>,
 }
 
 impl Drop for Exit {
@@ -100,6 +103,11 @@ impl Exit {
     /// The caller's tenant, once authenticated.
     pub(super) fn tenant(&self) -> Option<&str> {
         self.caller.then_some(self.row.tenant.as_str())
+    }
+
+    /// The trace file the request's line goes to, if any.
+    pub(super) fn trace(&mut self, trace: Option<Arc<TraceWriter>>) {
+        self.trace = trace;
     }
 
     /// The request was validated: it asks for `model`, served by `pool`.
@@ -241,6 +249,10 @@ impl Exit {
                 .inc();
         }
         let elapsed = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        m.flight_records
+            .with_label_values(&[end.flight.label()])
+            .inc();
+        self.write_trace(&end, status.as_u16(), elapsed);
         if let Some(tx) = self.shadow.take() {
             let _ = tx.send(PrimaryOutcome {
                 status: end.status,
@@ -286,6 +298,38 @@ impl Exit {
         row.total_ms = elapsed.as_millis() as u64;
         row.worker = end.worker;
         self.record(row);
+    }
+
+    /// Queues the request's trace line (when a trace file is kept and the request is sampled):
+    /// the gateway's view of it and the engine's flight record.
+    fn write_trace(&self, end: &EndReport, status: u16, elapsed: std::time::Duration) {
+        let Some(trace) = &self.trace else {
+            return;
+        };
+        if !trace.sampled(&self.row.request_id) {
+            trace.unsampled();
+            return;
+        }
+        let row = &self.row;
+        let line = TraceLine {
+            request_id: row.request_id.clone(),
+            start_ms: row.start_ms,
+            tenant: row.tenant.clone(),
+            model: row.model.clone(),
+            version: row.version.clone(),
+            pool: row.pool.clone(),
+            worker: end.worker.clone(),
+            status,
+            stream: end.stream,
+            queue_ms: row.queue_ms,
+            ttft_ms: end.ttft.map(crate::trace::millis),
+            total_ms: crate::trace::millis(elapsed),
+            prompt_tokens: end.usage.map(|u| u.prompt),
+            completion_tokens: end.usage.map(|u| u.completion),
+            flight_status: end.flight.label(),
+            flight: end.flight.record().cloned(),
+        };
+        trace.push(line.to_json());
     }
 
     /// The row of a request that ends here, without an answer from a worker.

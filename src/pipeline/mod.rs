@@ -196,6 +196,7 @@ async fn run<B: RequestBody>(
         gw.ledger.clone(),
         snapshot.prices.version,
     );
+    ctx.exit.trace(gw.trace.clone());
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;

@@ -21,7 +21,7 @@ use crate::workers::conns::Conn;
 use crate::workers::state::{Attempt, InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EndReport {
     /// URL of the worker that answered.
     pub worker: String,
@@ -41,6 +41,10 @@ pub struct EndReport {
     pub max_gap: Option<std::time::Duration>,
     /// The client went away before the end (not the worker's fault).
     pub client_gone: bool,
+    /// The answer was a stream.
+    pub stream: bool,
+    /// The engine's flight record, as the tap found it.
+    pub flight: crate::trace::Flight,
 }
 
 /// Called exactly once when the body ends, fails or is dropped.
@@ -208,6 +212,8 @@ impl ProxyBody {
                         .map(|t| t.duration_since(self.report.started)),
                     max_gap: self.max_gap,
                     client_gone,
+                    stream: self.report.is_stream,
+                    flight: std::mem::take(&mut self.tap.flight),
                 });
             }
             let r = &self.report;

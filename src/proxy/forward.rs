@@ -75,6 +75,7 @@ pub struct Outbound<'a> {
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const FLIGHT_HEADER: HeaderName = HeaderName::from_static(infergate_engine::flight::FLIGHT_HEADER);
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Headers that belong to one connection and are never forwarded.
@@ -205,7 +206,10 @@ pub async fn forward(
                 worker: worker.url.clone(),
                 request_id: out.request_id.to_owned(),
             },
-            UsageTap::new(is_stream, out.hide_usage_chunk),
+            UsageTap::new(is_stream, out.hide_usage_chunk).with_flight(
+                parts.headers.get(FLIGHT_HEADER).map(HeaderValue::as_bytes),
+                !settings.debug_headers,
+            ),
             Some(with_feedback(
                 pool,
                 out.features,
@@ -244,6 +248,10 @@ pub async fn forward(
         // hyper parsed has room for the request id, and a reserve rehashes it every time.
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
+        if !settings.debug_headers {
+            // The engine's flight record is the gateway's to read (the trace file).
+            headers.remove(FLIGHT_HEADER);
+        }
         let mut response = Response::new(body);
         *response.status_mut() = parts.status;
         *response.headers_mut() = headers;

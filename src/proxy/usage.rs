@@ -7,6 +7,7 @@ use infergate_engine::openai::sse;
 use serde::de::IgnoredAny;
 
 use super::json_members;
+use crate::trace::{Flight, record};
 
 /// Token counts reported by the worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,6 +47,11 @@ pub struct UsageTap {
     pub saw_error: bool,
     /// The stream carried `data: [DONE]`.
     pub saw_done: bool,
+    /// Remove the engine's flight-record comment from what the client sees.
+    hide_flight: bool,
+    /// The engine's flight record: from the `x-infergate-flight` header of a whole answer, or
+    /// the first `: flight {json}` comment of a stream (later ones are ignored).
+    pub flight: Flight,
 }
 
 /// What a body or SSE payload says about usage: `usage` of chat, completions and embeddings
@@ -151,6 +157,16 @@ impl UsageTap {
         }
     }
 
+    /// Reads the flight record of a whole answer from its header value; with `hide`, flight
+    /// comments of a stream are removed from what the client sees.
+    pub fn with_flight(mut self, header: Option<&[u8]>, hide: bool) -> Self {
+        if let Some(raw) = header {
+            self.flight = record::parse(raw);
+        }
+        self.hide_flight = hide;
+        self
+    }
+
     /// Feeds one upstream frame; returns what to send to the client now. Streams are forwarded
     /// event by event (a partial event waits for its end); JSON bodies pass through unchanged.
     pub fn feed(&mut self, data: Bytes) -> Bytes {
@@ -179,7 +195,9 @@ impl UsageTap {
         } else {
             data
         };
-        if !self.hide_usage_chunk && self.pending.is_empty() && data.ends_with(b"\n\n") {
+        // A flight comment to remove takes the slow path too.
+        let removes = self.hide_usage_chunk || (self.hide_flight && has_flight_comment(&data));
+        if !removes && self.pending.is_empty() && data.ends_with(b"\n\n") {
             // Fast path: whole events, nothing to remove.
             self.scan_events(&data);
             return data;
@@ -202,7 +220,7 @@ impl UsageTap {
                 continue;
             }
             let text: Vec<u8> = event.concat();
-            let hide = self.scan_event(&text) && self.hide_usage_chunk;
+            let hide = self.scan_event(&text);
             if !hide {
                 out.extend_from_slice(&text);
                 out.extend_from_slice(b"\n");
@@ -253,9 +271,24 @@ impl UsageTap {
         }
     }
 
-    /// Looks at one event; returns true when it is a usage-only chunk (empty `choices`).
+    /// Looks at one event; returns true when it is to be hidden: a usage-only chunk (empty
+    /// `choices`) with `hide_usage_chunk`, a flight comment with `hide_flight`.
     /// Several `data:` lines make one payload, joined with `\n` (the SSE rule).
     fn scan_event(&mut self, event: &[u8]) -> bool {
+        if let Some(rest) = event.strip_prefix(FLIGHT_PREFIX) {
+            // The engine sends the record as an event of one comment line; an event with more
+            // in it is read as any other (its comment lines ignored).
+            let (raw, after) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, &rest[rest.len()..]),
+            };
+            if after.iter().all(|&b| b == b'\n') {
+                if self.flight == Flight::Absent {
+                    self.flight = record::parse(raw);
+                }
+                return self.hide_flight;
+            }
+        }
         let mut lines = event.split(|&b| b == b'\n').filter_map(sse::data_field);
         let Some(first) = lines.next() else {
             return false;
@@ -302,8 +335,19 @@ impl UsageTap {
         if !empty_choices {
             self.content_events += 1;
         }
-        usage.is_some() && empty_choices
+        usage.is_some() && empty_choices && self.hide_usage_chunk
     }
+}
+
+/// Start of the engine's flight-record comment line (`infergate_engine::flight::SSE_PREFIX`).
+const FLIGHT_PREFIX: &[u8] = infergate_engine::flight::SSE_PREFIX.as_bytes();
+
+/// True when `data` (whole events) holds an event that starts with a flight comment.
+fn has_flight_comment(data: &[u8]) -> bool {
+    data.starts_with(FLIGHT_PREFIX)
+        || data
+            .windows(FLIGHT_PREFIX.len() + 2)
+            .any(|w| w.starts_with(b"\n\n") && w.ends_with(FLIGHT_PREFIX))
 }
 
 #[cfg(test)]
@@ -547,6 +591,55 @@ mod tests {
         let out = tap.feed(Bytes::from(format!("{}{USAGE}", chunk("a"))));
         assert_eq!(out, Bytes::from(format!("{}{USAGE}", chunk("a"))));
         assert_eq!(tap.usage.unwrap().completion, 3);
+    }
+
+    const FLIGHT: &str = ": flight {\"v\":1,\"steps\":{\"graph\":2,\"eager\":1},\"batch\":{\"min\":1,\"max\":2,\"mean\":1.5}}\n\n";
+
+    #[test]
+    fn a_flight_comment_is_read_and_hidden_unless_debugging() {
+        let input = format!("{}{FLIGHT}data: [DONE]\n\n", chunk("a"));
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        let out = tap.feed(Bytes::from(input.clone()));
+        assert_eq!(out, Bytes::from(format!("{}data: [DONE]\n\n", chunk("a"))));
+        assert_eq!(tap.flight.label(), "ok");
+        assert_eq!(tap.flight.record().unwrap().steps.graph, 2);
+        assert_eq!(tap.content_events, 1);
+        assert!(tap.saw_done);
+        // Debug headers on: the comment goes through, and is still read.
+        let mut tap = UsageTap::new(true, false).with_flight(None, false);
+        assert_eq!(
+            tap.feed(Bytes::from(input.clone())),
+            Bytes::from(input.clone())
+        );
+        assert_eq!(tap.flight.label(), "ok");
+        // Split anywhere, byte by byte: the same.
+        let mut tap = UsageTap::new(true, true).with_flight(None, true);
+        let mut out = Vec::new();
+        for b in input.bytes() {
+            out.extend_from_slice(&tap.feed(Bytes::from(vec![b])));
+        }
+        out.extend_from_slice(&tap.flush());
+        assert_eq!(out, format!("{}data: [DONE]\n\n", chunk("a")).into_bytes());
+        assert_eq!(tap.flight.label(), "ok");
+    }
+
+    #[test]
+    fn a_broken_flight_record_is_ignored_and_a_mixed_event_is_not_one() {
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        let out = tap.feed(Bytes::from(": flight {oops\n\ndata: [DONE]\n\n"));
+        assert_eq!(out, Bytes::from("data: [DONE]\n\n"));
+        assert_eq!(tap.flight.label(), "invalid");
+        // A comment line followed by data in one event is an ordinary event: it passes.
+        let mixed = format!(": flight {{\"v\":1}}\n{}", chunk("b"));
+        let mut tap = UsageTap::new(true, false).with_flight(None, true);
+        assert_eq!(tap.feed(Bytes::from(mixed.clone())), Bytes::from(mixed));
+        assert_eq!(tap.flight.label(), "absent");
+        assert_eq!(tap.content_events, 1);
+        // A whole answer's record comes from its header.
+        let tap = UsageTap::new(false, false).with_flight(Some(b"{\"v\":1}"), true);
+        assert_eq!(tap.flight.label(), "ok");
+        let tap = UsageTap::new(false, false).with_flight(Some(b"[]"), true);
+        assert_eq!(tap.flight.label(), "invalid");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 pub use responses::ResponsesSse;
 pub use stream::SseBody;
 
+use crate::flight::{EngineInfo, Features, FlightRecord};
 use crate::openai::{self, ApiError, Choice, ResponseMeta, Usage};
 use crate::request::SamplingParams;
 use crate::sequence::{EventSink, SendError, SeqEvent};
@@ -117,6 +118,8 @@ pub struct Generation {
     plan: RequestPlan,
     choices: Vec<ChoiceState>,
     finished: usize,
+    /// The engine's part of the flight record and the request's features.
+    flight: (Arc<EngineInfo>, Features),
 }
 
 /// What one engine event meant for the client.
@@ -162,7 +165,35 @@ impl Generation {
             plan,
             choices,
             finished: 0,
+            flight: Default::default(),
         }
+    }
+
+    /// The flight record names `engine` and the request's `features` (those the plan does not
+    /// know: stream, tools, response format, images).
+    pub fn with_flight(mut self, engine: Arc<EngineInfo>, features: Features) -> Self {
+        self.flight = (engine, features);
+        self
+    }
+
+    /// The request's flight record, from what its sequences reported when they ended.
+    pub fn flight(&self) -> FlightRecord {
+        let clamp = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        let features = Features {
+            prompts: clamp(self.plan.prompts.len()),
+            n: clamp(self.plan.n),
+            best_of: clamp(self.plan.best_of),
+            logprobs: self.plan.logprobs,
+            ..self.flight.1
+        };
+        let usage = self.usage(std::iter::empty::<&ChoiceState>());
+        FlightRecord::build(
+            &self.flight.0,
+            features,
+            usage.prompt_tokens as u64,
+            usage.cached_tokens as u64,
+            self.choices.iter().filter_map(|c| c.info.as_ref()),
+        )
     }
 
     /// True once every sequence ended.
@@ -215,7 +246,7 @@ impl Generation {
     }
 
     /// Waits for the whole answer (non-streaming).
-    pub async fn collect(mut self) -> Result<(String, ExecPaths), ApiError> {
+    pub async fn collect(mut self) -> Result<(String, ExecPaths, FlightRecord), ApiError> {
         let total = self.choices.len();
         let mut texts = vec![String::new(); total];
         let mut logprobs: Vec<Vec<openai::LogprobEntry>> = vec![Vec::new(); total];
@@ -256,7 +287,7 @@ impl Generation {
         }
         let usage = self.usage(returned.into_iter());
         let body = openai::full_response(&self.meta, &out, &usage);
-        Ok((body, self.paths()))
+        Ok((body, self.paths(), self.flight()))
     }
 
     /// Waits for the first event, so errors the engine reports up front become real HTTP errors.

@@ -25,7 +25,7 @@ impl Generation {
     pub async fn collect_response(
         mut self,
         frame: &ResponseFrame,
-    ) -> Result<(String, ExecPaths), ApiError> {
+    ) -> Result<(String, ExecPaths, crate::flight::FlightRecord), ApiError> {
         let mut text = String::new();
         while !self.all_finished() {
             let ev = self.rx.recv().await;
@@ -38,7 +38,7 @@ impl Generation {
         }
         let usage = self.usage(self.choices.iter());
         let body = frame.object(self.response_status(), &text, Some(&usage));
-        Ok((body.to_string(), self.paths()))
+        Ok((body.to_string(), self.paths(), self.flight()))
     }
 
     /// Turns this generation into a Responses event stream, starting with an already received
@@ -142,6 +142,8 @@ impl ResponsesSse {
             self.generation.paths().header_value()
         );
         self.queue.push_back(Bytes::from(c));
+        let flight = self.generation.flight().sse_comment();
+        self.queue.push_back(Bytes::from(flight));
         let kind = match status {
             ResponseStatus::Incomplete => "response.incomplete",
             _ => "response.completed",

@@ -67,6 +67,7 @@ async fn scripted(words: &[&str], reason: sequence::FinishReason) -> Generation 
         graph_steps: 0,
         eager_steps: 2,
         preemptions: 0,
+        ..FinishInfo::default()
     };
     tx.send((0, SeqEvent::Finished(info))).await.unwrap();
     g
@@ -75,7 +76,7 @@ async fn scripted(words: &[&str], reason: sequence::FinishReason) -> Generation 
 #[tokio::test]
 async fn a_cut_answer_is_incomplete_with_usage() {
     let g = scripted(&[" a", " b"], sequence::FinishReason::Length).await;
-    let (body, paths) = g.collect_response(&frame()).await.unwrap();
+    let (body, paths, _) = g.collect_response(&frame()).await.unwrap();
     let o: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(o["status"], "incomplete");
     assert_eq!(o["incomplete_details"]["reason"], "max_output_tokens");

@@ -1,6 +1,6 @@
 //! A streamed answer: SSE `data:` chunks per choice as tokens arrive (each naming its choice's
-//! index and carrying its tokens' logprobs), a finishing chunk per choice, then usage and
-//! `[DONE]` once every choice ended.
+//! index and carrying its tokens' logprobs), a finishing chunk per choice, then usage, the
+//! exec-path and flight-record comments and `[DONE]` once every choice ended.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -86,6 +86,8 @@ impl SseBody {
                 // An SSE comment: ignored by OpenAI clients, read by `infergate bench`.
                 let c = format!(": x-infergate-exec-path {}\n\n", g.paths().header_value());
                 self.queue.push_back(Bytes::from(c));
+                // The flight record, last before `[DONE]` (see `crate::flight`).
+                self.queue.push_back(Bytes::from(g.flight().sse_comment()));
                 self.queue
                     .push_back(Bytes::from_static(openai::DONE.as_bytes()));
                 self.done = true;

@@ -28,6 +28,7 @@ fn finished(tokens: usize, cached: usize) -> SeqEvent {
         graph_steps: 1,
         eager_steps: 1,
         preemptions: 0,
+        ..FinishInfo::default()
     })
 }
 
@@ -73,7 +74,7 @@ fn plan(prompts: usize, n: usize, best_of: usize, logprobs: bool) -> RequestPlan
 }
 
 async fn body(g: Generation) -> Value {
-    let (text, _) = g.collect().await.unwrap();
+    let (text, _, _) = g.collect().await.unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -250,4 +251,54 @@ async fn streamed_chunks_name_their_choice_and_carry_logprobs() {
     let usage = events.last().unwrap();
     assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
     assert_eq!(usage["usage"]["completion_tokens"], 2);
+}
+
+/// Reads a whole SSE body as text.
+async fn sse_text(mut body: SseBody) -> String {
+    let mut text = String::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.push_str(std::str::from_utf8(&data).unwrap());
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn the_flight_record_goes_last_before_done_and_with_a_whole_answer() {
+    use crate::flight::{EngineInfo, Features, FlightRecord};
+    let engine = Arc::new(EngineInfo::new("sim", &[1, 2, 4]));
+    let features = Features {
+        stream: true,
+        tools: true,
+        ..Features::default()
+    };
+    let (g, tx) = generation(Endpoint::ChatCompletions, plan(1, 2, 2, false));
+    let g = g.with_flight(engine.clone(), features);
+    for s in 0..2 {
+        tx.send((s, finished(1, 2))).await.unwrap();
+    }
+    let text = sse_text(g.into_sse(None)).await;
+    let (before, last) = text.trim_end().rsplit_once("\n\n").unwrap();
+    assert_eq!(last, "data: [DONE]");
+    let comment = before.rsplit("\n\n").next().unwrap();
+    let json = comment.strip_prefix(": flight ").expect(comment);
+    let r: FlightRecord = serde_json::from_str(json).unwrap();
+    assert_eq!(r.features.n, 2);
+    assert!(r.features.stream && r.features.tools);
+    // `finished` reports one graph and one eager step per sequence.
+    assert_eq!((r.steps.graph, r.steps.eager), (2, 2));
+    assert_eq!(
+        (r.tokens.prompt, r.tokens.decode, r.tokens.cached),
+        (3, 2, 2)
+    );
+    assert_eq!(r.capture, vec![1, 2, 4]);
+
+    let (g, tx) = generation(Endpoint::Completions, plan(1, 1, 1, true));
+    let g = g.with_flight(engine, Features::default());
+    tx.send((0, finished(1, 0))).await.unwrap();
+    let (_, paths, r) = g.collect().await.unwrap();
+    assert_eq!((paths.graph, paths.eager), (1, 1));
+    assert_eq!((r.steps.graph, r.steps.eager), (1, 1));
+    assert!(r.features.logprobs && !r.features.stream);
 }

@@ -1,5 +1,6 @@
 //! The gateway against real engines: routing, failover, streaming, reloads, TLS and admin, DNS discovery, `up`.
 
+mod flight_record;
 mod gateway_cpu;
 mod gateway_dns;
 mod gateway_failover;

@@ -1,0 +1,375 @@
+//! The flight record of a request: what the engine did for it (the execution paths its steps
+//! took, the batch sizes of those steps, its tokens, the features that change its path, its time
+//! in queue, prefill and decode, its preemptions) and what engine did it (version, backend,
+//! capture sizes). It travels with the answer, so the gateway needs no second request: the
+//! header [`FLIGHT_HEADER`] on a whole answer, an SSE comment line [`SSE_PREFIX`]`{json}` just
+//! before `data: [DONE]` on a stream (OpenAI clients ignore comments). A plain serde struct, so
+//! a trace file line or an exporter's span can be made from it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sequence::FinishInfo;
+
+/// Response header carrying the record of a whole (non-streamed) answer.
+pub const FLIGHT_HEADER: &str = "x-infergate-flight";
+/// Start of the SSE comment line carrying the record of a stream.
+pub const SSE_PREFIX: &str = ": flight ";
+/// Format version, in the record's `v`.
+pub const FORMAT_VERSION: u32 = 1;
+/// Most capture sizes a record lists (vLLM's default has at most 67): keeps the record small.
+pub const MAX_CAPTURE_LISTED: usize = 80;
+/// Upper bound of one serialized record, in bytes; what the gateway accepts (a record past it
+/// is ignored there).
+pub const MAX_FLIGHT_BYTES: usize = 4096;
+
+/// One request's flight record (compact JSON on the wire).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlightRecord {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub v: u32,
+    /// Engine version (the crate's).
+    pub engine: String,
+    /// Backend: `sim`, `cpu` or `cuda`.
+    pub backend: String,
+    /// CUDA-graph capture sizes, ascending (empty: every step eager).
+    pub capture: Vec<u32>,
+    /// Steps by execution path, summed over the request's sequences.
+    pub steps: PathSteps,
+    /// Batch sizes (sequences) of the steps the request was in.
+    pub batch: BatchStats,
+    /// Token counts.
+    pub tokens: TokenCounts,
+    /// Features that change the path.
+    pub features: Features,
+    /// Arrival to first scheduled, ms (the slowest of its sequences).
+    pub queue_ms: f64,
+    /// First scheduled to first token, ms (the slowest of its sequences).
+    pub prefill_ms: f64,
+    /// First to last token, ms (the slowest of its sequences).
+    pub decode_ms: f64,
+    /// Times its sequences were preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// Steps by execution path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PathSteps {
+    /// Decode steps replayed from a captured graph.
+    pub graph: u32,
+    /// Steps launched eagerly (prefill, mixed, larger than any capture size).
+    pub eager: u32,
+}
+
+/// Batch sizes of the steps a request was in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BatchStats {
+    /// Smallest (0 when it took no step).
+    pub min: u32,
+    /// Largest.
+    pub max: u32,
+    /// Mean over its steps.
+    pub mean: f64,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenCounts {
+    /// Prompt tokens (each prompt once).
+    pub prompt: u64,
+    /// Generated tokens, every sequence's (also those `best_of` drops).
+    pub decode: u64,
+    /// Prompt tokens read from the prefix cache.
+    pub cached: u64,
+}
+
+/// What the request asked for that changes how the engine runs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Features {
+    /// Prompts (a completions list prompt has several).
+    pub prompts: u32,
+    /// Choices per prompt.
+    pub n: u32,
+    /// Sequences per prompt.
+    pub best_of: u32,
+    /// Logprobs asked for.
+    pub logprobs: bool,
+    /// Completions `echo`.
+    pub echo: bool,
+    /// Streamed answer.
+    pub stream: bool,
+    /// `tools` given (non-empty).
+    pub tools: bool,
+    /// `response_format` given.
+    pub response_format: bool,
+    /// Image parts in the messages.
+    pub images: u32,
+}
+
+/// The members of a request body that [`Features::probe`] reads; the rest is skipped.
+#[derive(Deserialize)]
+struct Probe {
+    #[serde(default)]
+    tools: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default)]
+    response_format: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    messages: Option<Vec<ProbeMessage>>,
+}
+
+#[derive(Deserialize)]
+struct ProbeMessage {
+    #[serde(default)]
+    content: Option<ProbeContent>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ProbeContent {
+    Parts(Vec<ProbePart>),
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct ProbePart {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+impl Features {
+    /// The body's `tools`, `response_format` and image parts; `stream` as given. A body of
+    /// another shape has none of them (the request parser judged it already).
+    pub fn probe(body: &[u8], stream: bool) -> Self {
+        let mut f = Self {
+            stream,
+            ..Self::default()
+        };
+        let Ok(p) = serde_json::from_slice::<Probe>(body) else {
+            return f;
+        };
+        f.tools = p.tools.is_some_and(|t| !t.is_empty());
+        f.response_format = p.response_format.is_some();
+        let images = p
+            .messages
+            .iter()
+            .flatten()
+            .filter_map(|m| match &m.content {
+                Some(ProbeContent::Parts(parts)) => Some(parts),
+                _ => None,
+            })
+            .flatten()
+            .filter(|part| {
+                part.kind
+                    .as_deref()
+                    .is_some_and(|k| k == "image_url" || k == "input_image")
+            })
+            .count();
+        f.images = u32::try_from(images).unwrap_or(u32::MAX);
+        f
+    }
+}
+
+/// The engine-wide part of every record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// Backend name.
+    pub backend: &'static str,
+    /// Capture sizes (at most [`MAX_CAPTURE_LISTED`]).
+    pub capture: Vec<u32>,
+}
+
+impl EngineInfo {
+    /// The info of an engine on `backend` with capture sizes `sizes`.
+    pub fn new(backend: &'static str, sizes: &[usize]) -> Self {
+        let capture = sizes
+            .iter()
+            .take(MAX_CAPTURE_LISTED)
+            .map(|&s| u32::try_from(s).unwrap_or(u32::MAX))
+            .collect();
+        Self { backend, capture }
+    }
+}
+
+impl FlightRecord {
+    /// The record of a request with `features`, run on `engine`, whose sequences ended with
+    /// `infos` (a sequence that did not end adds nothing).
+    pub fn build<'a>(
+        engine: &EngineInfo,
+        features: Features,
+        prompt_tokens: u64,
+        cached_tokens: u64,
+        infos: impl Iterator<Item = &'a FinishInfo>,
+    ) -> Self {
+        let mut r = Self {
+            v: FORMAT_VERSION,
+            engine: env!("CARGO_PKG_VERSION").to_owned(),
+            backend: engine.backend.to_owned(),
+            capture: engine.capture.clone(),
+            features,
+            tokens: TokenCounts {
+                prompt: prompt_tokens,
+                decode: 0,
+                cached: cached_tokens,
+            },
+            ..Self::default()
+        };
+        let mut batch_sum = 0u64;
+        let mut min = u32::MAX;
+        for info in infos {
+            r.steps.graph = r.steps.graph.saturating_add(info.graph_steps);
+            r.steps.eager = r.steps.eager.saturating_add(info.eager_steps);
+            r.tokens.decode = r
+                .tokens
+                .decode
+                .saturating_add(info.completion_tokens as u64);
+            r.preemptions = r.preemptions.saturating_add(info.preemptions);
+            batch_sum = batch_sum.saturating_add(info.batch_sum);
+            if info.graph_steps > 0 || info.eager_steps > 0 {
+                min = min.min(info.batch_min);
+            }
+            r.batch.max = r.batch.max.max(info.batch_max);
+            r.queue_ms = r.queue_ms.max(ms(info.queue_s));
+            r.prefill_ms = r.prefill_ms.max(ms(info.prefill_s));
+            r.decode_ms = r.decode_ms.max(ms(info.decode_s));
+        }
+        let steps = u64::from(r.steps.graph) + u64::from(r.steps.eager);
+        if steps > 0 {
+            r.batch.min = min;
+            r.batch.mean = round3(batch_sum as f64 / steps as f64);
+        }
+        r
+    }
+
+    /// Compact JSON (a header value or the SSE comment's payload).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The SSE comment event carrying the record, blank line included.
+    pub fn sse_comment(&self) -> String {
+        format!("{SSE_PREFIX}{}\n\n", self.to_json())
+    }
+}
+
+/// Seconds as milliseconds, to the microsecond; 0 for anything not a finite non-negative time.
+fn ms(secs: f64) -> f64 {
+    if secs.is_finite() && secs > 0.0 {
+        round3(secs * 1000.0)
+    } else {
+        0.0
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sequence::FinishReason;
+
+    fn info(graph: u32, eager: u32, batches: (u32, u32, u64)) -> FinishInfo {
+        FinishInfo {
+            reason: FinishReason::Length,
+            prompt_tokens: 10,
+            completion_tokens: graph as usize + eager as usize,
+            cached_tokens: 0,
+            graph_steps: graph,
+            eager_steps: eager,
+            preemptions: 1,
+            batch_min: batches.0,
+            batch_max: batches.1,
+            batch_sum: batches.2,
+            queue_s: 0.002,
+            prefill_s: 0.010,
+            decode_s: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_record_sums_steps_and_spans_batches_over_sequences() {
+        let engine = EngineInfo::new("sim", &[1, 2, 4, 8]);
+        let infos = [info(3, 1, (1, 4, 10)), info(2, 2, (2, 9, 20))];
+        let features = Features {
+            prompts: 1,
+            n: 2,
+            best_of: 2,
+            ..Features::default()
+        };
+        let r = FlightRecord::build(&engine, features, 10, 4, infos.iter());
+        assert_eq!(r.v, FORMAT_VERSION);
+        assert_eq!(r.backend, "sim");
+        assert_eq!(r.capture, vec![1, 2, 4, 8]);
+        assert_eq!(r.steps, PathSteps { graph: 5, eager: 3 });
+        assert_eq!((r.batch.min, r.batch.max), (1, 9));
+        assert!((r.batch.mean - 30.0 / 8.0).abs() < 1e-9);
+        assert_eq!(
+            r.tokens,
+            TokenCounts {
+                prompt: 10,
+                decode: 8,
+                cached: 4
+            }
+        );
+        assert_eq!(r.preemptions, 2);
+        assert_eq!((r.queue_ms, r.prefill_ms, r.decode_ms), (2.0, 10.0, 500.0));
+        assert_eq!(r.features.n, 2);
+    }
+
+    #[test]
+    fn a_record_round_trips_and_stays_small() {
+        let sizes: Vec<usize> = (1..=1000).collect();
+        let engine = EngineInfo::new("cuda", &sizes);
+        assert_eq!(engine.capture.len(), MAX_CAPTURE_LISTED);
+        let r = FlightRecord::build(
+            &engine,
+            Features::default(),
+            u64::MAX,
+            u64::MAX,
+            [info(u32::MAX, u32::MAX, (u32::MAX, u32::MAX, u64::MAX))].iter(),
+        );
+        let json = r.to_json();
+        assert!(json.len() < MAX_FLIGHT_BYTES, "{} bytes", json.len());
+        assert!(!json.contains('\n'));
+        let back: FlightRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        let c = r.sse_comment();
+        assert!(c.starts_with(": flight {") && c.ends_with("}\n\n"));
+    }
+
+    #[test]
+    fn features_are_probed_from_the_body() {
+        let body = br#"{"model":"m","tools":[{"type":"function"}],"response_format":{"type":"json_object"},
+            "messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]},
+                        {"role":"user","content":"plain"}]}"#;
+        let f = Features::probe(body, true);
+        assert!(f.tools && f.response_format && f.stream);
+        assert_eq!(f.images, 1);
+        let f = Features::probe(
+            br#"{"tools":[],"response_format":null,"prompt":"x"}"#,
+            false,
+        );
+        assert_eq!(f, Features::default());
+        assert_eq!(Features::probe(b"[1,2]", false), Features::default());
+    }
+
+    #[test]
+    fn a_request_that_took_no_step_has_an_empty_batch() {
+        let r = FlightRecord::build(
+            &EngineInfo::default(),
+            Features::default(),
+            3,
+            0,
+            std::iter::empty(),
+        );
+        assert_eq!(r.batch, BatchStats::default());
+        assert_eq!(r.steps, PathSteps::default());
+        assert_eq!(ms(f64::NAN), 0.0);
+        assert_eq!(ms(-1.0), 0.0);
+    }
+}

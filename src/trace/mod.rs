@@ -1,0 +1,114 @@
+//! Flight records, kept: the engine reports what it did for each request (paths, steps, batch
+//! sizes, tokens, features, queue/prefill/decode times; see `infergate_engine::flight`) in a
+//! header or a final SSE comment; the gateway checks it ([`record`]), adds what only it knows
+//! (tenant, pool, worker, model, version, status, its own timings) and writes one JSON line per
+//! request to a rotated trace file (`trace:` in the config) through a bounded writer thread.
+//! The line is a plain serde struct, so a later exporter (OTLP) can turn it into spans.
+
+mod file;
+pub mod record;
+mod writer;
+
+use std::path::PathBuf;
+
+use infergate_engine::flight::FlightRecord;
+use serde::Serialize;
+
+pub use file::RotatingFile;
+pub use record::Flight;
+pub use writer::{QUEUE_LINES, TraceWriter, sampled};
+
+/// Default size at which the trace file rotates: 100 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 100 * 1024 * 1024;
+/// Default number of rotated files kept.
+pub const DEFAULT_KEEP: u32 = 5;
+
+/// `trace:` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceConfig {
+    /// The live file (absolute); rotated ones are `path.1` ... `path.<keep>`.
+    pub path: PathBuf,
+    /// Share of requests written, 0 to 1.
+    pub sample: f64,
+    /// Size past which the file rotates.
+    pub max_bytes: u64,
+    /// Rotated files kept.
+    pub keep: u32,
+}
+
+/// One line of the trace file: a request as the gateway saw it, with the engine's record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TraceLine {
+    /// `x-request-id`.
+    pub request_id: String,
+    /// Arrival, Unix ms.
+    pub start_ms: i64,
+    /// Tenant.
+    pub tenant: String,
+    /// The model the client asked for.
+    pub model: String,
+    /// The canary version that served it (empty without a split).
+    pub version: String,
+    /// Pool.
+    pub pool: String,
+    /// Worker URL.
+    pub worker: String,
+    /// Status the client got (502 for a body the worker broke off, 499 for a client that left).
+    pub status: u16,
+    /// Streamed answer.
+    pub stream: bool,
+    /// Time in the gateway's admission queue, ms.
+    pub queue_ms: Option<u64>,
+    /// Arrival to the first body byte, ms.
+    pub ttft_ms: Option<f64>,
+    /// Arrival to the end of the answer, ms.
+    pub total_ms: f64,
+    /// Prompt tokens the worker reported.
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens the worker reported.
+    pub completion_tokens: Option<u64>,
+    /// `ok`, `invalid` (a record came and was ignored) or `absent`.
+    pub flight_status: &'static str,
+    /// The engine's record, when one came and passed the checks.
+    pub flight: Option<FlightRecord>,
+}
+
+impl TraceLine {
+    /// The line as JSON (no newline).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Milliseconds of `d`, to the microsecond.
+pub fn millis(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_is_one_json_object_with_the_record_nested() {
+        let line = TraceLine {
+            request_id: "r1".into(),
+            tenant: "t".into(),
+            status: 200,
+            flight_status: "ok",
+            flight: Some(FlightRecord {
+                v: 1,
+                ..FlightRecord::default()
+            }),
+            ttft_ms: Some(millis(std::time::Duration::from_micros(1500))),
+            ..TraceLine::default()
+        };
+        let json = line.to_json();
+        assert!(!json.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["request_id"], "r1");
+        assert_eq!(v["flight"]["v"], 1);
+        assert_eq!(v["ttft_ms"], 1.5);
+        assert_eq!(v["flight_status"], "ok");
+    }
+}
