@@ -10,6 +10,7 @@ pub mod canary;
 pub mod config;
 pub mod dashboard;
 pub mod degrade;
+pub mod doctor;
 pub mod duration;
 pub mod error;
 pub mod gateway;

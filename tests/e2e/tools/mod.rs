@@ -1,4 +1,5 @@
-//! The tools: `bench`, `sim`, `plan`, `report` and the simulator's refusals.
+//! The tools: `bench`, `sim`, `plan`, `report`, `doctor` and the simulator's refusals.
 
+mod doctor;
 mod sim_refusals;
 mod tools_cli;
