@@ -107,7 +107,11 @@ async fn admin_window(args: &DoctorArgs, admin: &str) -> Result<WindowData, Stri
 async fn prometheus_window(args: &DoctorArgs, base: &str) -> Result<WindowData, String> {
     let base = base.trim_end_matches('/');
     prom::window(args.window, args.pool.as_deref(), |q| async move {
-        get(&format!("{base}/api/v1/query?query={}", prom::encode(&q)), None).await
+        get(
+            &format!("{base}/api/v1/query?query={}", prom::encode(&q)),
+            None,
+        )
+        .await
     })
     .await
 }

@@ -83,7 +83,8 @@ pub fn encode(q: &str) -> String {
 /// The samples of an instant-query answer: each series' labels and value. An error when
 /// Prometheus said so or the answer is not one.
 pub fn parse_answer(body: &str) -> Result<Vec<(serde_json::Map<String, Value>, f64)>, String> {
-    let v: Value = serde_json::from_str(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
     if v["status"] != "success" {
         return Err(format!(
             "Prometheus answered {}: {}",
@@ -105,7 +106,11 @@ pub fn parse_answer(body: &str) -> Result<Vec<(serde_json::Map<String, Value>, f
 }
 
 /// Fills a window from the answers of [`queries`]; `ask` runs one query.
-pub async fn window<F, Fut>(window: Duration, pool: Option<&str>, ask: F) -> Result<WindowData, String>
+pub async fn window<F, Fut>(
+    window: Duration,
+    pool: Option<&str>,
+    ask: F,
+) -> Result<WindowData, String>
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<String, String>>,
@@ -173,12 +178,14 @@ mod tests {
     #[test]
     fn queries_filter_per_pool_series_only() {
         let qs = queries(Duration::from_secs(30), Some("chat"));
-        assert!(qs.contains(&Query::Counter(
-            "infergate_worker_busy_seconds_total",
-            "sum(increase(infergate_worker_busy_seconds_total{pool=\"chat\"}[30s]))".into(),
-            "count(count_over_time(infergate_worker_busy_seconds_total{pool=\"chat\"}[30s]))"
-                .into(),
-        )));
+        assert!(
+            qs.contains(&Query::Counter(
+                "infergate_worker_busy_seconds_total",
+                "sum(increase(infergate_worker_busy_seconds_total{pool=\"chat\"}[30s]))".into(),
+                "count(count_over_time(infergate_worker_busy_seconds_total{pool=\"chat\"}[30s]))"
+                    .into(),
+            ))
+        );
         assert!(qs.contains(&Query::Counter(
             "infergate_tenant_cost_nanousd_total",
             "sum(increase(infergate_tenant_cost_nanousd_total[30s]))".into(),
@@ -186,8 +193,7 @@ mod tests {
         )));
         assert!(qs.contains(&Query::Histogram(
             "infergate_worker_batch_size",
-            "sum by (le) (increase(infergate_worker_batch_size_bucket{pool=\"chat\"}[30s]))"
-                .into(),
+            "sum by (le) (increase(infergate_worker_batch_size_bucket{pool=\"chat\"}[30s]))".into(),
             "sum(increase(infergate_worker_batch_size_sum{pool=\"chat\"}[30s]))".into(),
             "sum(increase(infergate_worker_batch_size_count{pool=\"chat\"}[30s]))".into(),
         )));
@@ -195,7 +201,10 @@ mod tests {
 
     #[test]
     fn encodes_a_query() {
-        assert_eq!(encode("sum(x{a=\"b\"}[30s])"), "sum%28x%7Ba%3D%22b%22%7D%5B30s%5D%29");
+        assert_eq!(
+            encode("sum(x{a=\"b\"}[30s])"),
+            "sum%28x%7Ba%3D%22b%22%7D%5B30s%5D%29"
+        );
     }
 
     #[test]
@@ -236,6 +245,9 @@ mod tests {
         let h = w.hist("infergate_worker_batch_size").unwrap();
         assert_eq!(h.buckets, vec![(2.0, 10.0), (f64::INFINITY, 10.0)]);
         assert_eq!(h.mean(), Some(2.0));
-        assert!(!w.counters.contains_key("infergate_worker_host_seconds_total"));
+        assert!(
+            !w.counters
+                .contains_key("infergate_worker_host_seconds_total")
+        );
     }
 }

@@ -62,7 +62,12 @@ pub fn text(d: &Diagnosis, s: &Snapshot) -> String {
             .iter()
             .map(|(k, v)| format!("{k} {}", v.map_or_else(|| "n/a".into(), num)))
             .collect();
-        let _ = writeln!(out, "   confirming: {}: {}", f.measurement, values.join(", "));
+        let _ = writeln!(
+            out,
+            "   confirming: {}: {}",
+            f.measurement,
+            values.join(", ")
+        );
         let _ = writeln!(out, "   falsifier:  {}", f.falsifier);
     }
     if !d.missing.is_empty() {

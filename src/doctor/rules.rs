@@ -188,7 +188,10 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
             &[
                 ("busy_fraction", s.busy_fraction),
                 ("queue_per_worker", Some(queue)),
-                ("batch_size_mean", s.batch_size_mean.or(s.running_per_worker)),
+                (
+                    "batch_size_mean",
+                    s.batch_size_mean.or(s.running_per_worker),
+                ),
                 ("max_num_seqs", s.max_num_seqs),
                 ("tokens_per_step_mean", s.tokens_per_step_mean),
                 ("max_num_batched_tokens", s.max_num_batched_tokens),

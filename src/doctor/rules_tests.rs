@@ -308,7 +308,10 @@ fn findings_are_ranked_by_expected_value() {
         long_prompt_share: Some(0.05),
         ..small_batches_case()
     };
-    assert_eq!(names(&both), ["small-batches", "itl-freeze", "long-context"]);
+    assert_eq!(
+        names(&both),
+        ["small-batches", "itl-freeze", "long-context"]
+    );
     let scores: Vec<f64> = diagnose(&both).findings.iter().map(|f| f.score).collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
 }
@@ -326,15 +329,21 @@ fn missing_data_is_named_and_ranks_lower() {
     };
     let d = diagnose(&vllm);
     assert!(d.findings.is_empty());
-    assert!(d.missing.iter().any(|m| m.starts_with("busy fraction")), "{:?}", d.missing);
+    assert!(
+        d.missing.iter().any(|m| m.starts_with("busy fraction")),
+        "{:?}",
+        d.missing
+    );
     assert!(d.missing.iter().any(|m| m.starts_with("host time")));
     assert!(d.missing.iter().any(|m| m.starts_with("configured caps")));
     // 3.1 needs the busy fraction; 3.2 (b) is still found from KV, ranked lower.
-    assert!(tpot_at_peak(&Snapshot {
-        busy_fraction: None,
-        ..tpot_at_peak_case()
-    })
-    .is_none());
+    assert!(
+        tpot_at_peak(&Snapshot {
+            busy_fraction: None,
+            ..tpot_at_peak_case()
+        })
+        .is_none()
+    );
     let kv_bound = Snapshot {
         kv_usage_max: Some(0.98),
         queue_per_worker: Some(30.0),

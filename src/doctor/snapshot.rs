@@ -96,7 +96,10 @@ impl Snapshot {
             _ => None,
         };
         let sum = |name: &str| gauge(name).map(|v| v.iter().sum::<f64>());
-        let waiting = match (sum("infergate_worker_waiting"), sum("infergate_queue_depth")) {
+        let waiting = match (
+            sum("infergate_worker_waiting"),
+            sum("infergate_queue_depth"),
+        ) {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
         };
@@ -113,7 +116,10 @@ impl Snapshot {
             (
                 tenant_prompt,
                 tenant_completion,
-                ratio(w.increase("infergate_tenant_cached_tokens_total"), tenant_prompt),
+                ratio(
+                    w.increase("infergate_tenant_cached_tokens_total"),
+                    tenant_prompt,
+                ),
             )
         } else {
             (
@@ -140,9 +146,7 @@ impl Snapshot {
             step_gap_mean_s: w
                 .hist("infergate_worker_step_gap_seconds")
                 .and_then(|h| h.mean()),
-            batch_size_mean: w
-                .hist("infergate_worker_batch_size")
-                .and_then(|h| h.mean()),
+            batch_size_mean: w.hist("infergate_worker_batch_size").and_then(|h| h.mean()),
             max_num_seqs: min(gauge("infergate_worker_max_num_seqs")),
             tokens_per_step_mean: w
                 .hist("infergate_worker_iteration_tokens")

@@ -62,7 +62,9 @@ impl Hist {
     }
 
     fn total(&self) -> f64 {
-        self.buckets.last().map_or(self.count, |b| b.1.max(self.count))
+        self.buckets
+            .last()
+            .map_or(self.count, |b| b.1.max(self.count))
     }
 
     /// The `q` quantile, linear within its bucket (the `+Inf` bucket answers its lower bound,
@@ -251,7 +253,11 @@ fn in_pool(s: &Sample, pool: Option<&str>) -> bool {
 
 /// A counter's increase between two values, a drop read as a reset (as PromQL's `increase`).
 fn increase(before: f64, after: f64) -> f64 {
-    if after >= before { after - before } else { after }
+    if after >= before {
+        after - before
+    } else {
+        after
+    }
 }
 
 /// Increases per series of `name` (keyed by all labels, `le` included) between the scrapes.
@@ -382,7 +388,11 @@ mod tests {
         assert_eq!(h.quantile(0.5), Some(1.0));
         assert_eq!(h.quantile(0.75), Some(1.5));
         let tail = hist(&[(1.0, 90.0), (f64::INFINITY, 100.0)]);
-        assert_eq!(tail.quantile(0.99), Some(1.0), "+Inf answers its lower bound");
+        assert_eq!(
+            tail.quantile(0.99),
+            Some(1.0),
+            "+Inf answers its lower bound"
+        );
         assert_eq!(hist(&[]).quantile(0.5), None);
         assert_eq!(h.max_bound(), Some(2.0));
         assert_eq!(tail.max_bound(), Some(1.0));
@@ -390,11 +400,7 @@ mod tests {
 
     #[test]
     fn share_above_interpolates_and_counts_inf_wholly() {
-        let h = hist(&[
-            (10_000.0, 90.0),
-            (50_000.0, 98.0),
-            (f64::INFINITY, 100.0),
-        ]);
+        let h = hist(&[(10_000.0, 90.0), (50_000.0, 98.0), (f64::INFINITY, 100.0)]);
         // 30k is half-way through the 10k..50k bucket: 4 of its 8, plus 2 past 50k.
         assert!((h.share_above(30_000.0).unwrap() - 0.06).abs() < 1e-12);
         assert_eq!(h.share_above(60_000.0), Some(0.02));
@@ -452,6 +458,9 @@ infergate_worker_batch_size_count{pool=\"p\",worker=\"a\"} 7\n",
         assert_eq!(h.buckets, vec![(2.0, 4.0), (f64::INFINITY, 6.0)]);
         assert_eq!((h.sum, h.count), (18.0, 6.0));
         let all = WindowData::from_scrapes(&before, &after, 10.0, None);
-        assert_eq!(all.counters["infergate_worker_busy_seconds_total"].series, 3);
+        assert_eq!(
+            all.counters["infergate_worker_busy_seconds_total"].series,
+            3
+        );
     }
 }

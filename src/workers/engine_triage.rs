@@ -294,11 +294,19 @@ pub fn parse_triage(text: &str) -> Result<EngineTriage, PollError> {
             }
             Part::Sum(i) => {
                 let h = out.histograms[i].get_or_insert_with(HistogramData::default);
-                h.sum = bounded(name, h.sum + bounded(name, value, MAX_COUNTER)?, MAX_COUNTER)?;
+                h.sum = bounded(
+                    name,
+                    h.sum + bounded(name, value, MAX_COUNTER)?,
+                    MAX_COUNTER,
+                )?;
             }
             Part::Count(i) => {
                 let h = out.histograms[i].get_or_insert_with(HistogramData::default);
-                h.count = bounded(name, h.count + bounded(name, value, MAX_COUNTER)?, MAX_COUNTER)?;
+                h.count = bounded(
+                    name,
+                    h.count + bounded(name, value, MAX_COUNTER)?,
+                    MAX_COUNTER,
+                )?;
             }
         }
     }
@@ -341,7 +349,10 @@ vllm:num_requests_running 3\n";
         assert_eq!(t.counters[counter::PROMPT], None);
         assert_eq!(t.gauges[0], Some(8.0));
         let h = t.histograms[1].as_ref().unwrap();
-        assert_eq!(h.buckets, vec![(4.0, 1.0), (8.0, 5.0), (f64::INFINITY, 5.0)]);
+        assert_eq!(
+            h.buckets,
+            vec![(4.0, 1.0), (8.0, 5.0), (f64::INFINITY, 5.0)]
+        );
         assert_eq!((h.sum, h.count), (30.0, 5.0));
         assert!(t.histograms[0].is_none());
     }
@@ -382,7 +393,8 @@ vllm:request_prompt_tokens_bucket{engine=\"1\",le=\"+Inf\"} 4\n";
             assert_eq!(reason(&text), invalid, "sum {bad}");
         }
         // Each label set within the ceiling, their sum past it.
-        let text = "vllm:prompt_tokens_total{a=\"1\"} 6e14\nvllm:prompt_tokens_total{a=\"2\"} 6e14\n";
+        let text =
+            "vllm:prompt_tokens_total{a=\"1\"} 6e14\nvllm:prompt_tokens_total{a=\"2\"} 6e14\n";
         assert_eq!(reason(text), invalid);
     }
 
@@ -416,6 +428,9 @@ infergate_engine_batch_size_bucket{le=\"2\"} 3\n";
             .collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), COUNTERS.len() + GAUGES.len() + HISTOGRAMS.len());
+        assert_eq!(
+            names.len(),
+            COUNTERS.len() + GAUGES.len() + HISTOGRAMS.len()
+        );
     }
 }

@@ -4,8 +4,8 @@
 //! bounded: pool names from config, worker URLs as discovered, at most
 //! [`super::engine_triage::MAX_BUCKETS`] bounds a histogram.
 //!
-//! A worker's series keep their last polled values until the worker is polled again or
-//! forgotten ([`TriageExport::forget`]).
+//! A worker's series keep their last polled values until the worker is polled again, or
+//! dropped when a reload removes it ([`TriageExport::retain`]).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -81,6 +81,12 @@ impl TriageExport {
     /// Drops the series of `worker` in `pool` (a worker no longer polled).
     pub fn forget(&self, pool: &str, worker: &str) {
         self.last().remove(&(pool.to_string(), worker.to_string()));
+    }
+
+    /// Keeps only the series of `(pool, worker URL)` pairs in `polled` (after a reload removed
+    /// workers or pools).
+    pub fn retain(&self, polled: &std::collections::HashSet<(String, String)>) {
+        self.last().retain(|key, _| polled.contains(key));
     }
 }
 
@@ -187,26 +193,54 @@ infergate_engine_batch_size_bucket{le=\"+Inf\"} 4\n\
 infergate_engine_batch_size_sum 7\n\
 infergate_engine_batch_size_count 4\n";
         export.record("chat", "http://a:1", parse_triage(text).unwrap());
-        export.record("chat", "http://b:2", parse_triage("vllm:num_preemptions_total 3\n").unwrap());
+        export.record(
+            "chat",
+            "http://b:2",
+            parse_triage("vllm:num_preemptions_total 3\n").unwrap(),
+        );
         export.record("gone", "http://c:3", parse_triage(text).unwrap());
         export.forget("gone", "http://c:3");
+        export.record("removed", "http://d:4", parse_triage(text).unwrap());
+        let polled: std::collections::HashSet<(String, String)> =
+            [("chat", "http://a:1"), ("chat", "http://b:2")]
+                .map(|(p, w)| (p.to_string(), w.to_string()))
+                .into();
+        export.retain(&polled);
         let out = render(export);
-        assert!(out.contains("# TYPE infergate_worker_busy_seconds_total counter"), "{out}");
         assert!(
-            out.contains("infergate_worker_busy_seconds_total{pool=\"chat\",worker=\"http://a:1\"} 12.5"),
+            out.contains("# TYPE infergate_worker_busy_seconds_total counter"),
             "{out}"
         );
-        assert!(out.contains("infergate_worker_preemptions_total{pool=\"chat\",worker=\"http://b:2\"} 3"));
-        assert!(out.contains("infergate_worker_max_num_seqs{pool=\"chat\",worker=\"http://a:1\"} 2"));
+        assert!(
+            out.contains(
+                "infergate_worker_busy_seconds_total{pool=\"chat\",worker=\"http://a:1\"} 12.5"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "infergate_worker_preemptions_total{pool=\"chat\",worker=\"http://b:2\"} 3"
+            )
+        );
+        assert!(
+            out.contains("infergate_worker_max_num_seqs{pool=\"chat\",worker=\"http://a:1\"} 2")
+        );
         assert!(out.contains("# TYPE infergate_worker_batch_size histogram"));
-        assert!(out.contains(
-            "infergate_worker_batch_size_bucket{pool=\"chat\",worker=\"http://a:1\",le=\"2\"} 4"
-        ), "{out}");
+        assert!(
+            out.contains(
+                "infergate_worker_batch_size_bucket{pool=\"chat\",worker=\"http://a:1\",le=\"2\"} 4"
+            ),
+            "{out}"
+        );
         assert!(out.contains(
             "infergate_worker_batch_size_bucket{pool=\"chat\",worker=\"http://a:1\",le=\"+Inf\"} 4"
         ));
-        assert!(out.contains("infergate_worker_batch_size_count{pool=\"chat\",worker=\"http://a:1\"} 4"));
-        assert!(!out.contains("gone"), "{out}");
+        assert!(
+            out.contains(
+                "infergate_worker_batch_size_count{pool=\"chat\",worker=\"http://a:1\"} 4"
+            )
+        );
+        assert!(!out.contains("gone") && !out.contains("removed"), "{out}");
         // Families nobody exported are absent, not empty.
         assert!(!out.contains("infergate_worker_host_seconds_total"));
     }

@@ -62,14 +62,15 @@ fn load(url: String, key: Option<String>, clients: usize, max_tokens: u64) -> Lo
                         headers.push(("authorization", a.as_str()));
                     }
                     loop {
-                        let body = chat("You are brief.", &format!("Question {i}?"), max_tokens, true);
-                        let sent = common::send(
-                            Method::POST,
-                            &url,
-                            &headers,
-                            Some(body.to_string()),
-                        )
-                        .await;
+                        let body = chat(
+                            "You are brief.",
+                            &format!("Question {i}?"),
+                            max_tokens,
+                            true,
+                        );
+                        let sent =
+                            common::send(Method::POST, &url, &headers, Some(body.to_string()))
+                                .await;
                         if sent.is_err() {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
@@ -83,12 +84,7 @@ fn load(url: String, key: Option<String>, clients: usize, max_tokens: u64) -> Lo
 #[tokio::test]
 async fn a_healthy_light_load_on_up_has_no_findings() {
     let gw = Gateway::up(None).await;
-    let _load = load(
-        gw.at("/v1/chat/completions"),
-        gw.api_key.clone(),
-        1,
-        32,
-    );
+    let _load = load(gw.at("/v1/chat/completions"), gw.api_key.clone(), 1, 32);
     let report = doctor(&gw.admin).await;
     assert_eq!(names(&report), Vec::<String>::new(), "{report:#}");
     // It saw the traffic, so "no findings" is a judgement, not an empty window.
@@ -172,13 +168,18 @@ async fn scripted_pool(shape: Shape) -> (Gateway, [Rogue; 2], TempDir) {
     };
     let workers = [Rogue::start(script).await, Rogue::start(script).await];
     let dir = TempDir::new("doctor");
-    dir.write_config(&config_yaml(&[&workers[0].url, &workers[1].url], FAST_HEALTH));
+    dir.write_config(&config_yaml(
+        &[&workers[0].url, &workers[1].url],
+        FAST_HEALTH,
+    ));
     dir.write_routing(&routing_yaml("round_robin", &[]));
     let gw = Gateway::start(&dir.config(), &[]).await;
     // Both workers polled at least twice before the window opens.
-    common::eventually("both scripted workers polled", Duration::from_secs(10), || async {
-        (workers.iter().all(|w| w.metrics_polls() >= 2)).then_some(())
-    })
+    common::eventually(
+        "both scripted workers polled",
+        Duration::from_secs(10),
+        || async { (workers.iter().all(|w| w.metrics_polls() >= 2)).then_some(()) },
+    )
     .await;
     (gw, workers, dir)
 }
@@ -207,7 +208,10 @@ async fn scripted_workers_pinned_at_their_cap_are_3_2_small_batches() {
     let f = &report["findings"][0];
     assert_eq!(f["symptom"], "3.2");
     let busy = f["confirming"]["busy_fraction"].as_f64().unwrap();
-    assert!((0.2..0.4).contains(&busy), "busy {busy} for 0.3 scripted: {report:#}");
+    assert!(
+        (0.2..0.4).contains(&busy),
+        "busy {busy} for 0.3 scripted: {report:#}"
+    );
     assert_eq!(f["confirming"]["max_num_seqs"], 2.0);
     assert_eq!(f["confirming"]["batch_size_mean"], 2.0);
     assert_eq!(f["confirming"]["queue_per_worker"], 40.0);
@@ -231,7 +235,10 @@ async fn scripted_workers_idle_between_steps_are_3_2_host_bound() {
     let f = &report["findings"][0];
     assert_eq!(f["symptom"], "3.2");
     let host = f["confirming"]["host_share"].as_f64().unwrap();
-    assert!((0.6..0.75).contains(&host), "host share {host} for 0.6 / 0.9: {report:#}");
+    assert!(
+        (0.6..0.75).contains(&host),
+        "host share {host} for 0.6 / 0.9: {report:#}"
+    );
 }
 
 #[tokio::test]
@@ -242,12 +249,20 @@ async fn an_engine_capped_at_two_sequences_under_load_is_3_2_small_batches() {
     dir.write_routing(&routing_yaml("round_robin", &[]));
     let gw = Gateway::start(&dir.config(), &[]).await;
     let _load = load(gw.at("/v1/chat/completions"), None, 32, 128);
-    common::eventually("a queue behind the two-sequence cap", Duration::from_secs(20), || async {
-        let waiting = gw
-            .metric(&format!("infergate_worker_waiting{{pool=\"{POOL}\"}}"))
-            .await;
-        (waiting >= 16.0).then_some(())
-    })
+    // Requests queue in the engine or, past an admission bound, in the gateway.
+    common::eventually(
+        "a queue behind the two-sequence cap",
+        Duration::from_secs(20),
+        || async {
+            let waiting = gw
+                .metric(&format!("infergate_worker_waiting{{pool=\"{POOL}\"}}"))
+                .await;
+            let queued = gw
+                .metric(&format!("infergate_queue_depth{{pool=\"{POOL}\"}}"))
+                .await;
+            (waiting + queued >= 16.0).then_some(())
+        },
+    )
     .await;
     let report = doctor(&gw.admin).await;
     let (status, engine_metrics) = common::get(&engine.at("/metrics")).await;
@@ -266,7 +281,9 @@ async fn an_engine_capped_at_two_sequences_under_load_is_3_2_small_batches() {
     assert_eq!(names(&report)[0], "small-batches", "{report:#}");
     assert_eq!(report["findings"][0]["confirming"]["max_num_seqs"], 2.0);
     assert!(
-        !names(&report).iter().any(|n| n == "tpot-at-peak" || n == "host-bound"),
+        !names(&report)
+            .iter()
+            .any(|n| n == "tpot-at-peak" || n == "host-bound"),
         "{report:#}"
     );
 }
