@@ -12,8 +12,8 @@ use super::snapshot::{LONG_PROMPT_TOKENS, Snapshot};
 
 /// Busy fraction at or above which the accelerator counts as saturated (3.1: "GPU is busy").
 pub const BUSY_HIGH: f64 = 0.7;
-/// Busy fraction below which a long queue means the accelerator is wasted (3.2: "~30%", with
-/// margin for the sampling of a short window).
+/// Busy fraction below which a long queue means the accelerator idles between steps (3.2 a:
+/// "~30%", with margin for the sampling of a short window).
 pub const BUSY_LOW: f64 = 0.5;
 /// Requests waiting per worker (engine plus gateway queue) that make a queue "full": more than
 /// a handful waiting means admission, not arrivals, sets the pace.
@@ -21,7 +21,8 @@ pub const QUEUE_LONG_PER_WORKER: f64 = 4.0;
 /// p95 time per output token past which decoding is slow (3.1's 8 → 35 ms; 30 ms is below
 /// reading speed for most users).
 pub const TPOT_SLOW_S: f64 = 0.030;
-/// Running sequences per worker that make a decode batch "large" (the step turns memory-bound).
+/// Running sequences per worker that make a decode batch "large" (the step turns memory-bound);
+/// below it a batch pinned at its cap is "small" (3.2 b).
 pub const BATCH_LARGE: f64 = 16.0;
 /// p95 TTFT still "fine" for 3.1 (the symptom is slow typing, not a slow start).
 pub const TTFT_FINE_S: f64 = 2.0;
@@ -163,23 +164,32 @@ fn cap_pressure(s: &Snapshot) -> Option<f64> {
     [seqs, tokens, kv].into_iter().flatten().reduce(f64::max)
 }
 
-/// 3.2: a long queue while the accelerator idles. (b) small batches when the batch is pinned at
-/// a cap (sequences, tokens or KV); otherwise (a) host-bound when host time between steps is a
-/// large share of the loop. The two exclude each other: a batch at its cap is the cap's doing.
+/// 3.2: a long queue while the accelerator is wasted. (b) small batches when the batch is
+/// pinned at a cap (sequences, tokens or KV) and is not already large on a saturated
+/// accelerator; otherwise (a) host-bound when the busy fraction is low and host time between
+/// steps is a large share of the loop. The two exclude each other: a batch at its cap is the
+/// cap's doing.
+///
+/// The busy fraction (time inside steps) does not decide (b): an engine stepping back to back
+/// on a batch of two is "busy" by that clock while the accelerator's capacity idles, so (b)
+/// rests on the batch against its cap, and busy is reported beside it.
 pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
     let queue = s.queue_per_worker?;
-    if queue < QUEUE_LONG_PER_WORKER || s.busy_fraction.is_some_and(|b| b >= BUSY_LOW) {
+    if queue < QUEUE_LONG_PER_WORKER {
         return None;
     }
+    let batch = s.batch_size_mean.or(s.running_per_worker);
+    let saturated_large =
+        s.busy_fraction.is_some_and(|b| b >= BUSY_HIGH) && batch.is_some_and(|b| b >= BATCH_LARGE);
     let pressure = cap_pressure(s);
-    if pressure.is_some_and(|p| p >= CAP_PINNED) {
+    if pressure.is_some_and(|p| p >= CAP_PINNED) && !saturated_large {
         let spec = Spec {
             symptom: "3.2",
             name: "small-batches",
             mechanism: "small batches: a sequence, token or KV cap keeps each step's batch small while requests queue, so the accelerator runs far below what it could batch",
             lever: "raise the cap that binds (max_num_seqs, max_num_batched_tokens, or KV blocks via memory share or a smaller KV dtype); expect throughput to grow about with the batch until busy nears 1",
             measurement: "busy fraction vs queue length vs batch size against its cap vs KV usage",
-            falsifier: "a batch below every cap while the queue is long means the cap is not what binds: long step gaps make it 3.2 (a) host-bound; a busy fraction near 1 at that batch makes it 3.1",
+            falsifier: "a batch below every cap while the queue is long means the cap is not what binds: long step gaps make it 3.2 (a) host-bound; raising the cap without throughput growing, TPOT climbing instead, makes it 3.1",
             impact: 3.0,
             risk: 1.0,
         };
@@ -188,10 +198,7 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
             &[
                 ("busy_fraction", s.busy_fraction),
                 ("queue_per_worker", Some(queue)),
-                (
-                    "batch_size_mean",
-                    s.batch_size_mean.or(s.running_per_worker),
-                ),
+                ("batch_size_mean", batch),
                 ("max_num_seqs", s.max_num_seqs),
                 ("tokens_per_step_mean", s.tokens_per_step_mean),
                 ("max_num_batched_tokens", s.max_num_batched_tokens),
@@ -206,7 +213,7 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
     }
     let busy = s.busy_fraction?;
     let host = s.host_share?;
-    if host < HOST_SHARE_HIGH {
+    if busy >= BUSY_LOW || host < HOST_SHARE_HIGH {
         return None;
     }
     let spec = Spec {

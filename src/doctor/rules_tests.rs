@@ -157,12 +157,21 @@ fn small_batches_falsified_by_a_batch_below_its_caps() {
         ..below
     };
     assert_eq!(names(&gaps), ["host-bound"]);
-    // A busy accelerator at that batch is not idle: no 3.2.
-    let busy = Snapshot {
+    // A saturated accelerator at a large batch pinned at its cap: not small batches.
+    let large = Snapshot {
         busy_fraction: Some(0.95),
+        batch_size_mean: Some(64.0),
+        running_per_worker: Some(64.0),
+        max_num_seqs: Some(64.0),
         ..small_batches_case()
     };
-    assert!(idle_with_queue(&busy).is_none());
+    assert!(idle_with_queue(&large).is_none());
+    // A batch of two stepping back to back is "busy" by the step clock, and still small.
+    let stepping = Snapshot {
+        busy_fraction: Some(0.98),
+        ..small_batches_case()
+    };
+    assert_eq!(names(&stepping), ["small-batches"]);
 }
 
 #[test]
@@ -182,6 +191,11 @@ fn host_bound_falsified_by_short_gaps_or_a_pinned_batch() {
         ..host_bound_case()
     };
     assert!(idle_with_queue(&no_queue).is_none());
+    let busy = Snapshot {
+        busy_fraction: Some(0.8),
+        ..host_bound_case()
+    };
+    assert!(idle_with_queue(&busy).is_none());
 }
 
 fn long_context_case() -> Snapshot {

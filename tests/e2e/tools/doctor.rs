@@ -278,7 +278,11 @@ async fn an_engine_capped_at_two_sequences_under_load_is_3_2_small_batches() {
         );
         return;
     }
-    assert_eq!(names(&report)[0], "small-batches", "{report:#}");
+    assert_eq!(
+        names(&report).first().map(String::as_str),
+        Some("small-batches"),
+        "{report:#}"
+    );
     assert_eq!(report["findings"][0]["confirming"]["max_num_seqs"], 2.0);
     assert!(
         !names(&report)
