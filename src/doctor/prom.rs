@@ -80,9 +80,12 @@ pub fn encode(q: &str) -> String {
     out
 }
 
+/// One series of an instant-query answer: its labels and value.
+pub type Series = (serde_json::Map<String, Value>, f64);
+
 /// The samples of an instant-query answer: each series' labels and value. An error when
 /// Prometheus said so or the answer is not one.
-pub fn parse_answer(body: &str) -> Result<Vec<(serde_json::Map<String, Value>, f64)>, String> {
+pub fn parse_answer(body: &str) -> Result<Vec<Series>, String> {
     let v: Value =
         serde_json::from_str(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
     if v["status"] != "success" {
@@ -115,7 +118,7 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<String, String>>,
 {
-    let one = |samples: Vec<(serde_json::Map<String, Value>, f64)>| samples.first().map(|s| s.1);
+    let one = |samples: Vec<Series>| samples.first().map(|s| s.1);
     let mut data = WindowData {
         window_s: window.as_secs().max(1) as f64,
         ..Default::default()
