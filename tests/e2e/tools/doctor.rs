@@ -291,3 +291,109 @@ async fn an_engine_capped_at_two_sequences_under_load_is_3_2_small_batches() {
         "{report:#}"
     );
 }
+
+/// `prometheus` on a free loopback port scraping `target` (host:port) every second; killed on
+/// drop.
+struct Prometheus {
+    url: String,
+    _child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    async fn start(target: &str) -> Prometheus {
+        let dir = TempDir::new("doctor-prom");
+        let config = dir.path.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+scrape_configs:\n  - job_name: gateway\n    static_configs: [{{targets: [\"{target}\"]}}]\n"
+            ),
+        )
+        .unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let mut cmd = common::process::command("prometheus");
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        let (child, _stderr, _stdout) = common::process::spawn(&mut cmd);
+        let url = format!("http://127.0.0.1:{port}");
+        common::wait_ok(&format!("{url}/-/ready"), Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("prometheus never became ready: {e}"));
+        Prometheus {
+            url,
+            _child: child,
+            _dir: dir,
+        }
+    }
+
+    /// The first value of an instant query, `None` for an empty answer.
+    async fn value(&self, query: &str) -> Option<f64> {
+        let url = format!(
+            "{}/api/v1/query?query={}",
+            self.url,
+            infergate::doctor::prom::encode(query)
+        );
+        let (status, body) = common::get(&url).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    }
+}
+
+#[tokio::test]
+async fn doctor_reads_the_same_window_through_prometheus() {
+    let (gw, _workers, _dir) = scripted_pool(Shape {
+        busy: 0.3,
+        host: 0.02,
+        batch: 2,
+        cap: 2,
+        waiting: 40,
+    })
+    .await;
+    let target = gw.admin.trim_start_matches("http://").to_string();
+    let prom = Prometheus::start(&target).await;
+    // Enough scrapes for a 5 s window of rates.
+    common::eventually(
+        "six scrapes of the gateway",
+        Duration::from_secs(30),
+        || async {
+            let n = prom
+                .value("max(count_over_time(infergate_worker_busy_seconds_total[6s]))")
+                .await;
+            n.filter(|&n| n >= 6.0)
+        },
+    )
+    .await;
+    let args = [
+        "doctor",
+        "--prometheus",
+        prom.url.as_str(),
+        "--window",
+        "5s",
+        "--pool",
+        POOL,
+        "--json",
+    ];
+    let run = infergate(&args, Duration::from_secs(30)).await;
+    let report: Value = serde_json::from_str(run.ok("infergate doctor --prometheus")).unwrap();
+    assert_eq!(names(&report), ["small-batches"], "{report:#}");
+    let f = &report["findings"][0];
+    let busy = f["confirming"]["busy_fraction"].as_f64().unwrap();
+    assert!(
+        (0.2..0.4).contains(&busy),
+        "busy {busy} for 0.3 scripted: {report:#}"
+    );
+    assert_eq!(f["confirming"]["max_num_seqs"], 2.0);
+    // PromQL's extrapolated increases divide to 2 within rounding.
+    let batch = f["confirming"]["batch_size_mean"].as_f64().unwrap();
+    assert!((batch - 2.0).abs() < 1e-9, "{report:#}");
+}
