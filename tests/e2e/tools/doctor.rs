@@ -218,6 +218,20 @@ async fn scripted_workers_pinned_at_their_cap_are_3_2_small_batches() {
     assert!(f["falsifier"].as_str().unwrap().contains("3.2 (a)"));
     let missing = report["missing"].to_string();
     assert!(!missing.contains("busy fraction"), "{missing}");
+    // The text report for a person: the same finding, its parts and values.
+    let args = ["doctor", "--admin", &gw.admin, "--window", "1s"];
+    let run = infergate(&args, Duration::from_secs(30)).await;
+    let text = run.ok("infergate doctor (text)");
+    assert!(text.contains("1. 3.2 small-batches"), "{text}");
+    for part in [
+        "mechanism:  small batches",
+        "lever:",
+        "confirming:",
+        "max_num_seqs 2.00",
+        "falsifier:",
+    ] {
+        assert!(text.contains(part), "no {part:?} in\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -396,4 +410,88 @@ async fn doctor_reads_the_same_window_through_prometheus() {
     // PromQL's extrapolated increases divide to 2 within rounding.
     let batch = f["confirming"]["batch_size_mean"].as_f64().unwrap();
     assert!((batch - 2.0).abs() < 1e-9, "{report:#}");
+}
+
+#[tokio::test]
+async fn nonsense_triage_metrics_are_rejected_at_the_poll_and_never_exported() {
+    let start = Instant::now();
+    let honest = Rogue::start(move |req: &common::rogue::RogueRequest| {
+        let t = start.elapsed().as_secs_f64();
+        let shape = Shape {
+            busy: 0.3,
+            host: 0.02,
+            batch: 2,
+            cap: 2,
+            waiting: 40,
+        };
+        answer(
+            200,
+            "text/plain",
+            if req.path == "/metrics" {
+                scripted_metrics(t, shape)
+            } else {
+                String::new()
+            },
+        )
+    })
+    .await;
+    // Sane queue gauges, a busy counter that is not a number and a falling histogram.
+    let liar = Rogue::start(|_req: &common::rogue::RogueRequest| {
+        answer(
+            200,
+            "text/plain",
+            "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n\
+infergate_engine_busy_seconds_total NaN\n\
+infergate_engine_batch_size_bucket{le=\"1\"} 9\ninfergate_engine_batch_size_bucket{le=\"2\"} 3\n",
+        )
+    })
+    .await;
+    let dir = TempDir::new("doctor-liar");
+    dir.write_config(&config_yaml(&[&honest.url, &liar.url], FAST_HEALTH));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let invalid =
+        format!("infergate_worker_poll_failures_total{{pool=\"{POOL}\",reason=\"invalid_value\"}}");
+    common::eventually(
+        "the liar's polls rejected",
+        Duration::from_secs(10),
+        || async { (gw.metric(&invalid).await >= 2.0).then_some(()) },
+    )
+    .await;
+    common::eventually(
+        "the honest worker's series",
+        Duration::from_secs(10),
+        || async {
+            let m = gw.metrics().await;
+            m.contains(&format!(
+                "infergate_worker_busy_seconds_total{{pool=\"{POOL}\",worker=\"{}\"}}",
+                honest.url
+            ))
+            .then_some(m)
+        },
+    )
+    .await;
+    let metrics = gw.metrics().await;
+    assert!(
+        !metrics.contains(&format!("worker=\"{}\"}} NaN", liar.url)),
+        "{metrics}"
+    );
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("infergate_worker_batch_size") && l.contains(&liar.url)),
+        "{metrics}"
+    );
+    assert_eq!(
+        gw.metric(&format!(
+            "infergate_worker_healthy{{pool=\"{POOL}\",worker=\"{}\"}}",
+            liar.url
+        ))
+        .await,
+        0.0,
+        "a worker that keeps lying is ejected"
+    );
+    // Doctor reads the honest worker alone, and still names its symptom.
+    let report = doctor(&gw.admin).await;
+    assert_eq!(names(&report), ["small-batches"], "{report:#}");
 }
