@@ -343,6 +343,12 @@ pub fn shared_system_prompt(s: &Snapshot) -> Option<Finding> {
 /// What the snapshot lacked, each with what it kept doctor from deciding.
 pub fn missing(s: &Snapshot) -> Vec<String> {
     let mut out = Vec::new();
+    if s.busy_fraction.is_some() && s.busy_workers < s.workers {
+        out.push(format!(
+            "busy fraction from {} of {} workers: the others export no infergate_engine_busy_seconds_total (vLLM, SGLang, TGI); it is their mean",
+            s.busy_workers, s.workers
+        ));
+    }
     let mut lack = |absent: bool, what: &str| {
         if absent {
             out.push(what.to_string());

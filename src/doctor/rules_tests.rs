@@ -8,6 +8,7 @@ fn healthy() -> Snapshot {
     Snapshot {
         window_s: 30.0,
         workers: 2,
+        busy_workers: 2,
         busy_fraction: Some(0.35),
         host_share: Some(0.05),
         step_gap_mean_s: Some(0.0005),
@@ -369,6 +370,14 @@ fn missing_data_is_named_and_ranks_lower() {
     assert_eq!(d.findings[0].name, "small-batches");
     assert_eq!(d.findings[0].evidence, PARTIAL_EVIDENCE);
     assert_eq!(d.findings[0].confirming["busy_fraction"], None);
+    // A pool mixing ours and vLLM: the busy fraction of those that report it, said so.
+    let mixed = Snapshot {
+        busy_workers: 1,
+        ..healthy()
+    };
+    let d = diagnose(&mixed);
+    assert_eq!(d.missing.len(), 1, "{:?}", d.missing);
+    assert!(d.missing[0].starts_with("busy fraction from 1 of 2 workers"));
     // Nothing at all: nothing found, everything missing.
     let d = diagnose(&Snapshot::default());
     assert!(d.findings.is_empty());

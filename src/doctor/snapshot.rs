@@ -16,7 +16,9 @@ pub struct Snapshot {
     pub window_s: f64,
     /// Workers polled (series of `infergate_worker_running`).
     pub workers: usize,
-    /// Mean share of wall time the workers' engines spent inside steps, 0..1.
+    /// Workers whose busy time was read (the others export none: vLLM, SGLang, TGI).
+    pub busy_workers: usize,
+    /// Mean share of wall time the reporting workers' engines spent inside steps, 0..1.
     pub busy_fraction: Option<f64>,
     /// Host seconds between steps (work pending) over host plus busy seconds, 0..1.
     pub host_share: Option<f64>,
@@ -141,6 +143,7 @@ impl Snapshot {
         Snapshot {
             window_s: w.window_s,
             workers,
+            busy_workers: busy.map_or(0, |b| b.series),
             busy_fraction,
             host_share,
             step_gap_mean_s: w
