@@ -12,9 +12,6 @@ use super::snapshot::{LONG_PROMPT_TOKENS, Snapshot};
 
 /// Busy fraction at or above which the accelerator counts as saturated (3.1: "GPU is busy").
 pub const BUSY_HIGH: f64 = 0.7;
-/// Busy fraction below which a long queue means the accelerator idles between steps (3.2 a:
-/// "~30%", with margin for the sampling of a short window).
-pub const BUSY_LOW: f64 = 0.5;
 /// Requests waiting per worker (engine plus gateway queue) that make a queue "full": more than
 /// a handful waiting means admission, not arrivals, sets the pace.
 pub const QUEUE_LONG_PER_WORKER: f64 = 4.0;
@@ -27,7 +24,8 @@ pub const BATCH_LARGE: f64 = 16.0;
 /// p95 TTFT still "fine" for 3.1 (the symptom is slow typing, not a slow start).
 pub const TTFT_FINE_S: f64 = 2.0;
 /// Share of the step loop spent on host work (host over host plus busy) that makes an engine
-/// host-bound (3.2 a): a third of the loop with the accelerator idle.
+/// host-bound (3.2 a): about a third of the loop with the accelerator idle (3.2's "~30% busy"
+/// is the far end of it).
 pub const HOST_SHARE_HIGH: f64 = 0.3;
 /// A batch at this share of its cap (sequences or tokens) is pinned there (3.2 b).
 pub const CAP_PINNED: f64 = 0.9;
@@ -164,11 +162,12 @@ fn cap_pressure(s: &Snapshot) -> Option<f64> {
     [seqs, tokens, kv].into_iter().flatten().reduce(f64::max)
 }
 
-/// 3.2: a long queue while the accelerator is wasted. (b) small batches when the batch is
-/// pinned at a cap (sequences, tokens or KV) and is not already large on a saturated
-/// accelerator; otherwise (a) host-bound when the busy fraction is low and host time between
-/// steps is a large share of the loop. The two exclude each other: a batch at its cap is the
-/// cap's doing.
+/// 3.2: a long queue while the accelerator is wasted. (a) host-bound when host time between
+/// steps is a large share of the loop (while work is pending, busy and host shares add up to
+/// about 1, so this is the busy fraction's shortfall named by its cause), whatever the batch
+/// (larger steps only amortise the host's cost); otherwise (b) small batches when the batch is pinned
+/// at a cap (sequences, tokens or KV) and is not already large on a saturated accelerator. The
+/// two exclude each other.
 ///
 /// The busy fraction (time inside steps) does not decide (b): an engine stepping back to back
 /// on a batch of two is "busy" by that clock while the accelerator's capacity idles, so (b)
@@ -181,8 +180,12 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
     let batch = s.batch_size_mean.or(s.running_per_worker);
     let saturated_large =
         s.busy_fraction.is_some_and(|b| b >= BUSY_HIGH) && batch.is_some_and(|b| b >= BATCH_LARGE);
+    let host_bound = match (s.busy_fraction, s.host_share) {
+        (Some(busy), Some(host)) => busy < BUSY_HIGH && host >= HOST_SHARE_HIGH,
+        _ => false,
+    };
     let pressure = cap_pressure(s);
-    if pressure.is_some_and(|p| p >= CAP_PINNED) && !saturated_large {
+    if pressure.is_some_and(|p| p >= CAP_PINNED) && !saturated_large && !host_bound {
         let spec = Spec {
             symptom: "3.2",
             name: "small-batches",
@@ -213,7 +216,7 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
     }
     let busy = s.busy_fraction?;
     let host = s.host_share?;
-    if busy >= BUSY_LOW || host < HOST_SHARE_HIGH {
+    if busy >= BUSY_HIGH || host < HOST_SHARE_HIGH {
         return None;
     }
     let spec = Spec {
@@ -221,8 +224,8 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
         name: "host-bound",
         mechanism: "host-bound: scheduling, tokenisation and detokenisation between steps keep the accelerator idle; each step waits on the CPU",
         lever: "take host work off the step loop (tokenise and detokenise on other threads, async scheduling) or make steps larger so the host cost is amortised",
-        measurement: "busy fraction vs host seconds between steps (step gap) vs queue length, batch below its caps",
-        falsifier: "short step gaps (host share low) with the queue still long mean the host is not the bottleneck: a batch pinned at a cap makes it 3.2 (b) small batches",
+        measurement: "host share of the step loop and step gap vs busy fraction vs queue length vs batch size",
+        falsifier: "short step gaps (host share low) with the queue still long mean the host is not the bottleneck: a batch pinned at a cap then makes it 3.2 (b) small batches",
         impact: 3.0,
         risk: 3.0,
     };

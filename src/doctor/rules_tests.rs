@@ -182,11 +182,17 @@ fn host_bound_falsified_by_short_gaps_or_a_pinned_batch() {
         ..host_bound_case()
     };
     assert!(idle_with_queue(&short).is_none());
+    // Pinned at a cap too, the host's share decides: (a); with short gaps the cap binds: (b).
     let pinned = Snapshot {
         max_num_seqs: Some(24.0),
         ..host_bound_case()
     };
-    assert_eq!(names(&pinned), ["small-batches"]);
+    assert_eq!(names(&pinned), ["host-bound"]);
+    let pinned_short = Snapshot {
+        host_share: Some(0.05),
+        ..pinned
+    };
+    assert_eq!(names(&pinned_short), ["small-batches"]);
     let no_queue = Snapshot {
         queue_per_worker: Some(0.5),
         ..host_bound_case()

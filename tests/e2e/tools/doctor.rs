@@ -495,3 +495,57 @@ infergate_engine_batch_size_bucket{le=\"1\"} 9\ninfergate_engine_batch_size_buck
     let report = doctor(&gw.admin).await;
     assert_eq!(names(&report), ["small-batches"], "{report:#}");
 }
+
+#[tokio::test]
+async fn an_engine_whose_host_work_stalls_its_steps_is_3_2_host_bound() {
+    let help = infergate(&["engine", "--help"], Duration::from_secs(30)).await;
+    if !help
+        .ok("infergate engine --help")
+        .contains("--sim-host-us-per-step")
+    {
+        common::skip::skipped(
+            "doctor host-bound on a real engine: the sim has no --sim-host-us-per-step yet",
+        );
+        return;
+    }
+    // 30 ms of host work before every step, against steps of about 10 ms at 32 sequences.
+    let engine = Engine::start(&[
+        "--gpu",
+        "l4",
+        "--max-num-seqs",
+        "32",
+        "--sim-host-us-per-step",
+        "30000",
+    ])
+    .await;
+    let dir = TempDir::new("doctor-host");
+    dir.write_config(&config_yaml(&[&engine.url], FAST_HEALTH));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let _load = load(gw.at("/v1/chat/completions"), None, 64, 64);
+    common::eventually(
+        "a queue behind the slow loop",
+        Duration::from_secs(20),
+        || async {
+            let waiting = gw
+                .metric(&format!("infergate_worker_waiting{{pool=\"{POOL}\"}}"))
+                .await;
+            let queued = gw
+                .metric(&format!("infergate_queue_depth{{pool=\"{POOL}\"}}"))
+                .await;
+            (waiting + queued >= 16.0).then_some(())
+        },
+    )
+    .await;
+    let report = doctor(&gw.admin).await;
+    assert_eq!(names(&report), ["host-bound"], "{report:#}");
+    let f = &report["findings"][0];
+    assert!(
+        f["confirming"]["host_share"].as_f64().unwrap() >= 0.5,
+        "{report:#}"
+    );
+    assert!(
+        f["confirming"]["busy_fraction"].as_f64().unwrap() < 0.5,
+        "{report:#}"
+    );
+}
