@@ -187,8 +187,10 @@ impl GatewayError {
                     format!("no healthy worker in pool `{pool}`"),
                 )
             },
+            // The connection is not reused: the gateway is going away (HTTP/2 strips the header).
             Self::Draining => Row {
                 retry_after_secs: Some(1),
+                headers: vec![("connection", "close".into())],
                 ..row(
                     S::SERVICE_UNAVAILABLE,
                     UNAVAILABLE,

@@ -86,6 +86,42 @@ mod allocator {
             }
         }
     }
+
+    unsafe extern "C" {
+        /// mimalloc's collection (in the library `libmimalloc-sys` builds; declared there only
+        /// with its `extended` feature, which would add a crate): with `force` false, frees
+        /// what this thread holds for nothing and purges every freed range whose purge delay
+        /// has passed.
+        fn mi_collect(force: bool);
+    }
+
+    /// How often the reclaimer asks mimalloc to purge.
+    const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Starts a thread that gives freed memory back to the OS. mimalloc purges a freed range
+    /// (`MADV_DONTNEED`) only once its delay (1 s) has passed and only when some thread calls
+    /// into it afterwards: a gateway that fell quiet after a burst kept it all resident (50
+    /// unfinished 6.25 MiB uploads: RSS still 83 MiB over its baseline 10 s after they closed;
+    /// with this thread, within 16 MiB of it after about 2 s). One `mi_collect(false)` a second
+    /// costs next to nothing: this thread's heap is empty, and the arenas are purged only where
+    /// a delay has run out.
+    pub fn spawn_reclaimer() {
+        let started = std::thread::Builder::new()
+            .name("infergate-reclaim".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(RECLAIM_EVERY);
+                    // SAFETY: `mi_collect` takes no pointers and may be called from any thread.
+                    unsafe { mi_collect(false) };
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(
+                error = %e,
+                "cannot start the memory reclaimer; freed memory goes back to the OS later"
+            );
+        }
+    }
 }
 
 /// Inference gateway and smart load balancer for LLM serving.
@@ -207,6 +243,7 @@ fn run_gateway(args: RunArgs, demo_key: bool) -> ExitCode {
         }
     };
     init_logs(loaded.0.log.format, &loaded.0.log.level);
+    allocator::spawn_reclaimer();
     block_on(infergate::up::run(args, loaded, demo_key))
 }
 

@@ -80,8 +80,9 @@ pub struct GatewayMetrics {
     pub poll_failures: IntCounterVec,
     /// `infergate_connections_open`: client connections open on the public listener.
     pub connections_open: IntGauge,
-    /// `infergate_request_body_bytes_held`: request body bytes held gateway-wide (read, or
-    /// reserved for a declared Content-Length), against `limits.max_buffered_body_bytes`.
+    /// `infergate_request_body_bytes_held`: memory of request bodies held gateway-wide (their
+    /// buffers' capacity, reserved before it is allocated), against
+    /// `limits.max_buffered_body_bytes`.
     pub body_bytes_held: IntGauge,
     /// `infergate_connections_refused_total{reason}`: connections closed at accept by a cap.
     pub connections_refused: IntCounterVec,
@@ -382,7 +383,7 @@ impl GatewayMetrics {
             body_bytes_held: {
                 let g = IntGauge::new(
                     "infergate_request_body_bytes_held",
-                    "Request body bytes held gateway-wide (read or reserved).",
+                    "Memory of request bodies held gateway-wide (buffer capacity, reserved before use).",
                 )?;
                 registry.register(Box::new(g.clone()))?;
                 g

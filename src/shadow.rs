@@ -3,7 +3,7 @@
 //! latency, output length) into metrics, and thrown away. The client's request never waits for,
 //! and is never changed or failed by, its shadow.
 
-use crate::config::{Problem, YamlPath};
+use crate::diagnostics::{Problem, YamlPath};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ struct ShadowsFile {
 /// Reads only the `shadows:` key of routing.yaml; errors are messages (model names unchecked).
 pub fn parse_shadows(text: &str) -> Result<BTreeMap<String, ShadowSpec>, Vec<String>> {
     let (specs, problems) = check_shadows(text, &|_| true);
-    crate::config::into_messages(specs, problems)
+    crate::diagnostics::into_messages(specs, problems)
 }
 
 /// Reads and checks the `shadows:` key of routing.yaml, model names against `known` (the

@@ -105,6 +105,20 @@ pub struct EngineArgs {
     /// Sim: mean answer length in tokens when EOS may end a sequence.
     #[arg(long, default_value_t = 256.0)]
     pub sim_mean_output_tokens: f64,
+    /// Sim: host microseconds before every step (the loop's fixed overhead), during which the
+    /// modelled GPU idles. With the three below, simulates a host-bound engine; 0 = the host
+    /// keeps up with the GPU.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_step: f64,
+    /// Sim: host microseconds per sequence in a step (scheduling it, streaming its output).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_seq: f64,
+    /// Sim: host microseconds per prompt token computed for the first time (tokenising it).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_prompt_token: f64,
+    /// Sim: host microseconds per generated token (detokenising it).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_output_token: f64,
     /// Fault: share of requests answered 500 before running (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_error_rate: f64,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::block_manager::CacheStats;
 use crate::clock::Clock;
+use crate::host_time::StepAccounting;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{EngineMetrics, FinishedRequest};
 use crate::roofline::StepCost;
@@ -46,6 +47,8 @@ pub struct EngineCore {
     entries: Vec<ScheduledSeq>,
     last_stats: CacheStats,
     last_end: Option<f64>,
+    /// Busy and host time of the steps, for the metrics.
+    timing: StepAccounting,
     kv_events: Option<Arc<KvEventHub>>,
     /// Clock time of each unfinished sequence's first token, by id (prefill and decode times).
     first_token_at: HashMap<u64, f64>,
@@ -76,6 +79,8 @@ impl EngineCore {
         metrics: Arc<EngineMetrics>,
         pending: Arc<AtomicUsize>,
     ) -> Self {
+        let caps = sched.config();
+        metrics.set_limits(caps.max_num_seqs, caps.max_num_batched_tokens);
         Self {
             sched,
             backend,
@@ -86,6 +91,7 @@ impl EngineCore {
             entries: Vec::new(),
             last_stats: CacheStats::default(),
             last_end: None,
+            timing: StepAccounting::default(),
             kv_events: None,
             first_token_at: HashMap::new(),
             group_of: HashMap::new(),
@@ -175,7 +181,8 @@ impl EngineCore {
         !self.sched.is_idle() || !self.draining.is_empty()
     }
 
-    /// Runs one engine step; waits on the clock for the step's cost.
+    /// Runs one engine step; waits on the clock for the step's cost (and, for a backend that
+    /// models it, the host time before it).
     pub fn step(&mut self) -> StepReport {
         let pending = self.pending.clone();
         let gone = self.sched.remove_where(|s| s.sink.is_closed());
@@ -191,10 +198,11 @@ impl EngineCore {
                 .inc();
         }
 
-        // Back to back with the previous step, a GPU overlaps the host work between steps: the
-        // next step starts when the previous one ended, not after this thread's bookkeeping.
+        // Back to back with the previous step, a modelled GPU overlaps this thread's bookkeeping:
+        // the next step is ready when the previous one ended (plus any host time the backend
+        // models). A real backend's step starts when it actually does.
         let now = self.clock.now();
-        let start = match self.last_end {
+        let ready = match self.last_end {
             Some(end) if now - end < BACK_TO_BACK_SECS => end,
             _ => now,
         };
@@ -204,28 +212,52 @@ impl EngineCore {
                 pending.fetch_sub(1, Ordering::AcqRel);
             }
             seq.finish = Some(FinishReason::Stop);
-            self.retire(seq, start);
+            self.retire(seq, ready);
         }
-        let batch = self.sched.schedule(start);
+        let batch = self.sched.schedule(ready);
         let preempted = batch.preempted;
         self.entries.clear();
         self.entries.extend_from_slice(&batch.seqs);
         if self.entries.is_empty() {
             self.last_end = None;
+            self.timing.skipped(!self.sched.is_idle());
             self.update_gauges();
             self.flush_outputs();
             return StepReport {
-                end: start,
+                end: ready,
                 ..StepReport::default()
             };
         }
+        let host = self
+            .backend
+            .host_seconds(self.sched.batch(), &self.sched.running);
+        let recomputed: usize = self
+            .entries
+            .iter()
+            .map(|e| {
+                let seq = &self.sched.running[e.index];
+                let from = seq.num_computed;
+                (from + e.num_tokens)
+                    .min(seq.recompute_until)
+                    .saturating_sub(from)
+            })
+            .sum();
         let cost = self
             .backend
             .execute(self.sched.batch(), &self.sched.running);
-        let end = start + cost.seconds;
+        let (start, end) = match host {
+            // Modelled host work holds the accelerator back: on the real clock it is waited for.
+            Some(h) => (ready + h, ready + h + cost.seconds),
+            // A real pass has just run for the time it measured; the host time is what passed.
+            None => {
+                let end = self.clock.now().max(ready + cost.seconds);
+                (end - cost.seconds, end)
+            }
+        };
         self.clock.sleep_until(end);
         self.last_end = Some(end);
         self.sched.commit_step();
+        self.metrics.recomputed_tokens.inc_by(recomputed as f64);
         self.metrics
             .steps
             .with_label_values(&[cost.path.as_str()])
@@ -287,6 +319,8 @@ impl EngineCore {
         for seq in finished {
             self.retire(seq, end);
         }
+        let times = self.timing.ran(now, start, end, !self.sched.is_idle());
+        self.metrics.observe_step(&times, self.entries.len());
         // Gauges first: a client that hears its request finished must not read stale ones.
         self.update_gauges();
         self.flush_outputs();

@@ -131,6 +131,8 @@ struct Setup {
     max_num_seqs: usize,
     max_num_batched_tokens: usize,
     mean_output_tokens: f64,
+    /// The sim backend's modelled host time (none by default).
+    host_cost: crate::host_time::HostCost,
 }
 
 impl Default for Setup {
@@ -140,6 +142,7 @@ impl Default for Setup {
             max_num_seqs: 64,
             max_num_batched_tokens: 2_048,
             mean_output_tokens: 1_000.0,
+            host_cost: crate::host_time::HostCost::default(),
         }
     }
 }
@@ -168,7 +171,8 @@ impl Harness {
             EOS,
             setup.mean_output_tokens,
             BS,
-        );
+        )
+        .with_host_cost(setup.host_cost);
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: setup.max_num_seqs,
@@ -857,3 +861,6 @@ fn the_engine_loop_serves_until_every_sender_is_gone() {
 
 #[path = "core_group_tests.rs"]
 mod group;
+
+#[path = "core_time_tests.rs"]
+mod time;

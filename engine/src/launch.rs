@@ -14,6 +14,7 @@ use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop};
 use crate::embeddings::Embedder;
 use crate::exec_path::CaptureSizes;
+use crate::host_time::HostCost;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{CacheSettings, EngineMetrics};
 use crate::model::forward::Model;
@@ -175,13 +176,21 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
         },
     )
     .with_capture_sizes(capture_sizes(args)?);
+    let host = HostCost::from_micros(
+        args.sim_host_us_per_step,
+        args.sim_host_us_per_seq,
+        args.sim_host_us_per_prompt_token,
+        args.sim_host_us_per_output_token,
+    );
+    host.check()?;
     let backend = SimBackend::new(
         roofline,
         tokenizer.word_tokens().to_vec(),
         tokenizer.eos(),
         args.sim_mean_output_tokens,
         args.block_size,
-    );
+    )
+    .with_host_cost(host);
     Ok(BackendParts {
         backend: Box::new(backend),
         default_name: name,

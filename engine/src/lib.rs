@@ -1,5 +1,7 @@
 //! infergate engine worker: an OpenAI-compatible server over a continuous-batching scheduler,
-//! a paged, prefix-cached KV block manager and a pluggable backend (`sim` today).
+//! a paged, prefix-cached KV block manager and a pluggable backend: `sim` (a roofline time model
+//! of a named GPU, with host time), `cpu` (a real Llama-family forward pass) and `cuda` (behind the
+//! `cuda` feature).
 #![deny(unsafe_code)]
 
 pub mod args;
@@ -12,6 +14,7 @@ pub mod embeddings;
 pub mod exec_path;
 pub mod generation;
 pub mod gguf;
+pub mod host_time;
 pub mod kv_events;
 pub mod launch;
 pub mod logprobs;

@@ -69,6 +69,23 @@ pub struct EngineMetrics {
     pub cache_config: GaugeVec,
     /// `process_start_time_seconds`: Unix time this engine started (a router sees restarts).
     pub start_time: Gauge,
+    /// `infergate_engine_busy_seconds_total`: time inside steps (the accelerator busy); its rate
+    /// is the busy fraction an operator reads as "GPU utilisation".
+    pub busy_seconds: Counter,
+    /// `infergate_engine_host_seconds_total`: time between steps while work was pending (the
+    /// host scheduling, tokenising, detokenising, streaming; idle time is not counted).
+    pub host_seconds: Counter,
+    /// `infergate_engine_step_gap_seconds`: that host time, per step.
+    pub step_gap: Histogram,
+    /// `infergate_engine_batch_size`: sequences in each step.
+    pub batch_size: Histogram,
+    /// `infergate_engine_recomputed_tokens_total`: tokens computed again after a preemption
+    /// (recompute), prefix-cache hits excluded.
+    pub recomputed_tokens: Counter,
+    /// `infergate_engine_max_num_seqs`: the configured cap on sequences per step.
+    pub max_num_seqs: Gauge,
+    /// `infergate_engine_max_num_batched_tokens`: the configured cap on tokens per step.
+    pub max_num_batched_tokens: Gauge,
 }
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -87,6 +104,16 @@ const E2E_BUCKETS: &[f64] = &[
 /// vLLM's buckets of `vllm:iteration_tokens_total`.
 const ITERATION_TOKEN_BUCKETS: &[f64] = &[
     1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// Buckets of `infergate_engine_step_gap_seconds`: 100 µs (a lean loop) to 10 s.
+const STEP_GAP_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Buckets of `infergate_engine_batch_size` (sequences per step).
+const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0,
+    1024.0,
 ];
 /// vLLM's buckets of `vllm:request_params_n`.
 const N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
@@ -369,6 +396,43 @@ impl EngineMetrics {
         }
         registry.register(Box::new(steps.clone()))?;
         registry.register(Box::new(rejected.clone()))?;
+        let busy_seconds = Counter::with_opts(opts(
+            "infergate_engine_busy_seconds_total",
+            "Seconds inside engine steps (the accelerator busy); its rate is the busy fraction.",
+        ))?;
+        let host_seconds = Counter::with_opts(opts(
+            "infergate_engine_host_seconds_total",
+            "Seconds between engine steps while requests waited or ran (host work: scheduling, tokenising, detokenising, streaming).",
+        ))?;
+        let step_gap = Histogram::with_opts(hist(
+            "infergate_engine_step_gap_seconds",
+            "Host time between the end of one step and the start of the next, while work was pending.",
+            STEP_GAP_BUCKETS,
+        ))?;
+        let batch_size = Histogram::with_opts(hist(
+            "infergate_engine_batch_size",
+            "Sequences in each engine step.",
+            BATCH_SIZE_BUCKETS,
+        ))?;
+        let recomputed_tokens = Counter::with_opts(opts(
+            "infergate_engine_recomputed_tokens_total",
+            "Tokens computed again after preemption by recompute.",
+        ))?;
+        let max_num_seqs = Gauge::with_opts(opts(
+            "infergate_engine_max_num_seqs",
+            "Configured most sequences per step (--max-num-seqs).",
+        ))?;
+        let max_num_batched_tokens = Gauge::with_opts(opts(
+            "infergate_engine_max_num_batched_tokens",
+            "Configured most tokens per step (--max-num-batched-tokens).",
+        ))?;
+        registry.register(Box::new(busy_seconds.clone()))?;
+        registry.register(Box::new(host_seconds.clone()))?;
+        registry.register(Box::new(step_gap.clone()))?;
+        registry.register(Box::new(batch_size.clone()))?;
+        registry.register(Box::new(recomputed_tokens.clone()))?;
+        registry.register(Box::new(max_num_seqs.clone()))?;
+        registry.register(Box::new(max_num_batched_tokens.clone()))?;
         Ok(Self {
             registry,
             running,
@@ -399,7 +463,29 @@ impl EngineMetrics {
             rejected,
             cache_config,
             start_time,
+            busy_seconds,
+            host_seconds,
+            step_gap,
+            batch_size,
+            recomputed_tokens,
+            max_num_seqs,
+            max_num_batched_tokens,
         })
+    }
+
+    /// Publishes the scheduler's caps, so that a batch pinned at one can be recognised.
+    pub fn set_limits(&self, max_num_seqs: usize, max_num_batched_tokens: usize) {
+        self.max_num_seqs.set(max_num_seqs as f64);
+        self.max_num_batched_tokens
+            .set(max_num_batched_tokens as f64);
+    }
+
+    /// Records one step: its time inside and the host time before it, and its batch size.
+    pub fn observe_step(&self, times: &crate::host_time::StepTimes, batch_size: usize) {
+        self.busy_seconds.inc_by(times.busy);
+        self.host_seconds.inc_by(times.gap);
+        self.step_gap.observe(times.gap);
+        self.batch_size.observe(batch_size as f64);
     }
 
     /// Publishes the KV cache's shape in `vllm:cache_config_info` under vLLM's label names,
@@ -542,11 +628,49 @@ mod tests {
             "vllm:request_time_per_output_token_seconds",
             "vllm:time_per_output_token_seconds",
             "vllm:iteration_tokens_total",
+            "vllm:inter_token_latency_seconds",
+            "infergate_engine_step_gap_seconds",
+            "infergate_engine_batch_size",
         ] {
             assert!(
                 text.contains(&format!("# TYPE {name} histogram")),
                 "{name} in {text}"
             );
         }
+        for (name, kind) in [
+            ("infergate_engine_busy_seconds_total", "counter"),
+            ("infergate_engine_host_seconds_total", "counter"),
+            ("infergate_engine_recomputed_tokens_total", "counter"),
+            ("vllm:num_preemptions_total", "counter"),
+            ("infergate_engine_max_num_seqs", "gauge"),
+            ("infergate_engine_max_num_batched_tokens", "gauge"),
+            ("vllm:kv_cache_usage_perc", "gauge"),
+            ("vllm:num_requests_running", "gauge"),
+            ("vllm:num_requests_waiting", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}")),
+                "{name} in {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_adds_busy_and_host_time_and_the_caps_show() {
+        let m = EngineMetrics::new("m").unwrap();
+        m.set_limits(8, 2048);
+        let times = crate::host_time::StepTimes {
+            busy: 0.02,
+            gap: 0.05,
+        };
+        m.observe_step(&times, 8);
+        m.observe_step(&times, 4);
+        assert!((m.busy_seconds.get() - 0.04).abs() < 1e-12);
+        assert!((m.host_seconds.get() - 0.1).abs() < 1e-12);
+        assert_eq!(m.step_gap.get_sample_count(), 2);
+        assert_eq!(m.batch_size.get_sample_sum(), 12.0);
+        let text = m.render();
+        assert!(text.contains("infergate_engine_max_num_seqs{model_name=\"m\"} 8"));
+        assert!(text.contains("infergate_engine_max_num_batched_tokens{model_name=\"m\"} 2048"));
     }
 }

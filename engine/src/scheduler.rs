@@ -304,6 +304,7 @@ impl Scheduler {
     fn preempt_last(&mut self) {
         if let Some(mut seq) = self.running.pop() {
             self.kv.free(&mut seq.block_table);
+            seq.recompute_until = seq.recompute_until.max(seq.num_computed);
             seq.num_computed = 0;
             seq.num_registered_blocks = 0;
             seq.anchors_attached = 0;

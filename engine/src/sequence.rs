@@ -138,6 +138,9 @@ pub struct Sequence {
     pub eager_steps: u32,
     /// Times preempted.
     pub preemptions: u32,
+    /// Most tokens computed before a preemption: positions below it computed again are
+    /// recomputed work.
+    pub recompute_until: usize,
     /// Set when generation ended.
     pub finish: Option<FinishReason>,
     /// Events not yet accepted by the sink.
@@ -197,6 +200,7 @@ impl Sequence {
             graph_steps: 0,
             eager_steps: 0,
             preemptions: 0,
+            recompute_until: 0,
             finish: None,
             pending_tokens: Vec::new(),
             pending_logprobs: Vec::new(),

@@ -21,6 +21,28 @@ pub use rate::CompletionRate;
 use state::{Key, Outcome, State, lock};
 use tokio::sync::oneshot;
 
+/// A pool's admission bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionSpec {
+    /// Requests the gateway sends to one worker at once; the rest wait in the queue. Default 256
+    /// (vLLM's default `max_num_seqs`).
+    pub max_in_flight_per_worker: usize,
+    /// Requests allowed to wait; beyond it new ones get 429 at once. Default 1024.
+    pub max_queue: usize,
+    /// Longest wait in the queue before a 429. Default 30s.
+    pub max_wait: Duration,
+}
+
+impl Default for AdmissionSpec {
+    fn default() -> Self {
+        Self {
+            max_in_flight_per_worker: 256,
+            max_queue: 1024,
+            max_wait: Duration::from_secs(30),
+        }
+    }
+}
+
 /// Sizes of one pool's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueConfig {

@@ -3,7 +3,7 @@
 //! `parse_models` checks every entry in one pass and yields the validated `CanarySpec`s.
 //! That each version's `model` exists in the main config is checked where that config is known.
 
-use crate::config::{Problem, YamlPath};
+use crate::diagnostics::{Problem, YamlPath};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -149,7 +149,7 @@ impl CanarySpec {
 /// message (model names unchecked).
 pub fn parse_models(text: &str) -> Result<BTreeMap<String, CanarySpec>, Vec<String>> {
     let (specs, problems) = check_models(text, &|_| true);
-    crate::config::into_messages(specs, problems)
+    crate::diagnostics::into_messages(specs, problems)
 }
 
 /// Reads and checks the `models:` key of routing.yaml, model names against `known` (the

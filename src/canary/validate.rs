@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::config::{Problem, YamlPath};
+use crate::diagnostics::{Problem, YamlPath};
 
 use super::spec::{
     AnalysisSpec, CanarySpec, DEFAULT_MAX_ERROR_RATE_DELTA, DEFAULT_MAX_P99_RATIO,

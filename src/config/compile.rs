@@ -4,12 +4,12 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use super::error::{ConfigError, ConfigErrors, Sink};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
 use super::{
     degradation_file, pools, prices_file, routing_file, sections, tenant_section, tiers_file,
 };
+use crate::diagnostics::{ConfigError, ConfigErrors, Sink};
 
 /// Where a policy file (routing.yaml, tenants.yaml) comes from.
 #[derive(Clone, Copy)]
@@ -226,7 +226,7 @@ fn canaries(
 ) {
     let known = |m: &str| models.iter().any(|r| r.name == m);
     let (specs, problems) = crate::canary::check_models(text, &known);
-    (specs, super::place::placed(text, file, problems))
+    (specs, crate::diagnostics::placed(text, file, problems))
 }
 
 /// The shadows of routing.yaml's `shadows:`, each model checked against the config; every
@@ -244,7 +244,7 @@ fn shadows(
     if !problems.is_empty() {
         return (
             Default::default(),
-            super::place::placed(text, file, problems),
+            crate::diagnostics::placed(text, file, problems),
         );
     }
     (specs, Vec::new())

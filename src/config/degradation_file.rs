@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::error::ConfigError;
-use super::place::{self, Problem, YamlPath};
 use super::snapshot::{ModelRoute, PoolSpec, TierSpec};
 use crate::degrade::policy::RawDegradationFile;
 use crate::degrade::{Action, DegradationPolicy};
+use crate::diagnostics::ConfigError;
+use crate::diagnostics::{self as place, Problem, YamlPath};
 
 /// The validated policies per pool, and every error found (tied to `file`, each at its line).
 pub(super) fn compile(

@@ -4,8 +4,6 @@
 
 mod compile;
 mod degradation_file;
-mod error;
-mod place;
 mod pools;
 mod prices_file;
 mod raw;
@@ -25,8 +23,7 @@ mod tests;
 
 use std::path::Path;
 
-pub use error::{ConfigError, ConfigErrors};
-pub use place::{Problem, Seg, YamlPath, into_messages};
+pub use crate::diagnostics::{ConfigError, ConfigErrors, Problem, Seg, YamlPath, into_messages};
 pub use snapshot::{
     AdminConfig, AdmissionSpec, ConnectionLimits, Dialect, ForwardConfig, HealthConfig, LogConfig,
     LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,

@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::error::Sink;
 use super::raw::{RawAdmission, RawModel, RawPool, RawWorker, Text};
 use super::snapshot::{AdmissionSpec, Dialect, ModelRoute, PoolSpec, WorkerSource};
 use super::values::{parse_duration, parse_worker_url};
+use crate::diagnostics::Sink;
 use crate::routing::{PolicyConfig, PrefixConfig};
 
 /// Re-resolution interval of a `dns` source when none is given.

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::error::Sink;
 use super::raw::{RawPricesFile, Text};
 use super::snapshot::{ModelRoute, TierSpec};
+use crate::diagnostics::Sink;
 use crate::pricing::{ModelPrice, Prices, multiplier_ppm, usd_per_million};
 
 /// Parses and checks prices.yaml; every bad value is reported with its line.

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use serde_saphyr::Location;
 
-use super::error::Sink;
 use super::raw::{RawRouting, RoutingKeys, Text};
+use crate::diagnostics::Sink;
 use crate::routing::{PolicyConfig, PrefixConfig};
 
 /// One pool's entry in routing.yaml.

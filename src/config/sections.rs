@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use serde_saphyr::Spanned;
 
-use super::error::Sink;
 use super::raw::{
     RawAdmin, RawDrain, RawForward, RawHealth, RawLimits, RawLog, RawOutlier, RawTls,
     RawUsageCheck, Text,
@@ -16,6 +15,7 @@ use super::snapshot::{
     AdminConfig, ConnectionLimits, ForwardConfig, HealthConfig, LogConfig, LogFormat, TlsConfig,
 };
 use super::values::{parse_duration, parse_socket_addr};
+use crate::diagnostics::Sink;
 use crate::workers::state::OutlierSettings;
 
 /// `health:` with defaults 250ms / 1s / 3 / 2, scrapes up to 4 MiB, KV event lines up to 4 MiB,
@@ -185,8 +185,8 @@ pub(super) fn max_body_bytes(sink: &mut Sink<'_>, raw: Option<&RawLimits>) -> us
     }
 }
 
-/// `limits.max_buffered_body_bytes`: request bodies held gateway-wide at once, default 256 MiB;
-/// it must hold at least one body of `max_body_bytes`.
+/// `limits.max_buffered_body_bytes`: memory of request bodies held gateway-wide at once (their
+/// buffers' capacity), default 256 MiB; it must hold at least one body of `max_body_bytes`.
 pub(super) fn max_buffered_body_bytes(
     sink: &mut Sink<'_>,
     raw: Option<&RawLimits>,

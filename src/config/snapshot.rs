@@ -33,8 +33,9 @@ pub struct Snapshot {
     pub drain_grace: Duration,
     /// Largest request body accepted, in bytes. Default 8 MiB (8,388,608).
     pub max_body_bytes: usize,
-    /// Request body bytes the gateway holds at once, over all requests (read or waiting to be
-    /// forwarded); past it new bodies get 503 with Retry-After. Default 256 MiB.
+    /// Memory of the request bodies the gateway holds at once, over all requests (read or
+    /// waiting to be forwarded), counted by allocated capacity; past it new bodies get 503 with
+    /// Retry-After. Default 256 MiB (32 bodies of the default `max_body_bytes`).
     pub max_buffered_body_bytes: usize,
     /// Client connection timeouts and caps (`limits:`).
     pub connections: ConnectionLimits,
@@ -116,16 +117,7 @@ impl Snapshot {
     }
 }
 
-/// A tenant: who may call, and under which tier.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TenantSpec {
-    /// Unique tenant name (metric label, logs).
-    pub name: String,
-    /// Name of its tier in `Snapshot::tiers`.
-    pub tier: String,
-    /// SHA-256 digests of its API keys, never empty, unique across tenants.
-    pub key_hashes: Vec<[u8; 32]>,
-}
+pub use crate::tenants::TenantSpec;
 
 /// What a tier allows: priority in admission queues, rate limits, token ceilings, models.
 #[derive(Debug, Clone, PartialEq)]
@@ -299,27 +291,7 @@ pub struct PoolSpec {
     pub admission: AdmissionSpec,
 }
 
-/// A pool's admission bounds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdmissionSpec {
-    /// Requests the gateway sends to one worker at once; the rest wait in the queue. Default 256
-    /// (vLLM's default `max_num_seqs`).
-    pub max_in_flight_per_worker: usize,
-    /// Requests allowed to wait; beyond it new ones get 429 at once. Default 1024.
-    pub max_queue: usize,
-    /// Longest wait in the queue before a 429. Default 30s.
-    pub max_wait: Duration,
-}
-
-impl Default for AdmissionSpec {
-    fn default() -> Self {
-        Self {
-            max_in_flight_per_worker: 256,
-            max_queue: 1024,
-            max_wait: Duration::from_secs(30),
-        }
-    }
-}
+pub use crate::admission::AdmissionSpec;
 
 /// Which metric names a worker's `/metrics` uses (defined with the parser that reads them).
 pub use crate::workers::load_metrics::Dialect;

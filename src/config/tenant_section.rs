@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde_saphyr::Location;
 
-use super::error::Sink;
 use super::raw::{RawTenant, Text};
 use super::snapshot::{TenantSpec, TierSpec};
 use super::tiers_file::names;
+use crate::diagnostics::Sink;
 use crate::tenants::keys::{hash_key, parse_hash};
 
 /// The validated tenants, and the key files they read (for the file watcher).

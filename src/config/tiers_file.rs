@@ -4,10 +4,10 @@
 
 use serde_saphyr::{Location, Spanned};
 
-use super::error::Sink;
 use super::raw::{RawBudget, RawTier, RawTiersFile, Text};
 use super::snapshot::{ModelRoute, TierSpec};
 use crate::budgets::{BudgetSpec, Period};
+use crate::diagnostics::Sink;
 
 /// Name of the built-in tier used when there is no tenants.yaml.
 pub(super) const BUILTIN_TIER: &str = "default";

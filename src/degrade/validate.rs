@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use crate::config::{Problem, YamlPath};
+use crate::diagnostics::{Problem, YamlPath};
 
 use super::policy::{
     Action, DEFAULT_MIN_DWELL, DEFAULT_TICK, DEFAULT_WINDOW, DegradationPolicy, Level,
@@ -20,7 +20,7 @@ const SIGNALS: [&str; 4] = ["queue_depth", "queue_wait_p95", "kv_usage", "ttft_p
 pub fn parse(text: &str) -> Result<BTreeMap<String, DegradationPolicy>, Vec<String>> {
     let raw: RawDegradationFile = serde_saphyr::from_str(text).map_err(|e| vec![e.to_string()])?;
     let (pools, problems) = check(&raw);
-    crate::config::into_messages(pools, problems)
+    crate::diagnostics::into_messages(pools, problems)
 }
 
 /// Validates a parsed file: every pool's policy (with bad values replaced by defaults, so the
@@ -41,7 +41,7 @@ impl DegradationPolicy {
     /// Checks one pool's entry; every error is reported, each prefixed with where it is.
     pub fn from_raw(pool: &str, raw: &RawPoolPolicy) -> Result<Self, Vec<String>> {
         let (policy, problems) = Self::checked(pool, &YamlPath::root(), raw);
-        crate::config::into_messages(policy, problems)
+        crate::diagnostics::into_messages(policy, problems)
     }
 
     /// Checks one pool's entry, written at `path`: the policy (bad values replaced by their

@@ -1,60 +1,309 @@
-//! Account: the request's metrics, tenant outcome and (for a refused or failed request) its
-//! usage row, once per request. A relayed answer is accounted when its body ends (see
-//! [`super::forward`]): its status is known only then.
+//! Account: the request's one exit. Whatever happened — a refusal or a failure answered here, a
+//! worker's answer relayed to its end (or broken off), a client that left before any answer —
+//! [`Exit::finish`] runs exactly once with the [`Outcome`], and writes the request's metrics,
+//! tenant outcome, canary sample, shadow comparison and usage-ledger row, and settles its rate
+//! limits and budgets. The exit lives in the request context while the phases fill in its row;
+//! when a worker answers it moves into the answer's end hook; if it is dropped unfinished (the
+//! client went away and hyper dropped the request), it finishes as [`Outcome::Gone`].
 
-use hyper::{Response, StatusCode};
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::ctx::RequestCtx;
-use crate::error::{GatewayError, ResBody};
-use crate::gateway::Gateway;
+use hyper::StatusCode;
 
-/// Account: count the request by model, pool and status, and per tenant (once per request).
-pub(super) fn account(
-    gw: &Gateway,
-    ctx: &RequestCtx,
-    res: &Response<ResBody>,
-    err: Option<&GatewayError>,
-) {
-    if ctx.counted_at_end && err.is_none() {
-        return;
+use super::reservation::Account;
+use super::split::VersionChoice;
+use crate::error::GatewayError;
+use crate::ledger::{UsageLedger, UsageRow};
+use crate::metrics::GatewayMetrics;
+use crate::proxy::body::EndReport;
+use crate::shadow::PrimaryOutcome;
+
+/// How a request ended.
+pub(super) enum Outcome<'a> {
+    /// Answered by the gateway: `err` is the refusal or failure (`None` for an answer the
+    /// gateway made itself, e.g. `GET /v1/models`).
+    Answered {
+        status: StatusCode,
+        err: Option<&'a GatewayError>,
+    },
+    /// A worker's answer, relayed until its body ended, broke off or its client left.
+    Relayed(EndReport),
+    /// The client left before any answer.
+    Gone,
+}
+
+/// The request's one exit: its usage row as far as the phases got, and everything its end
+/// reports to. Empty (`Default`) once finished or moved on: then it does nothing.
+#[derive(Default)]
+pub(crate) struct Exit {
+    /// `None` once finished (or moved into the relay's end hook).
+    metrics: Option<Arc<GatewayMetrics>>,
+    /// The usage row: request id, arrival, tenant, key, model, pool, version, queue time.
+    row: UsageRow,
+    /// The caller is known (authenticated): its outcome is counted and its row written.
+    caller: bool,
+    /// The request was validated: its model and pool label the request count.
+    targeted: bool,
+    /// Where the row goes, once the caller is known.
+    ledger: Option<Arc<UsageLedger>>,
+    /// Version of the prices of the snapshot the request started on.
+    price_version: u32,
+    /// The model priced first: the canary version's model, else the row's.
+    served_model: Option<String>,
+    /// The reservation, settled at the end (refunded whole when there was no answer).
+    account: Option<Box<Account>>,
+    /// The canary version that serves the request, once admitted.
+    version: Option<VersionChoice>,
+    /// The shadow comparison waiting for the client's own outcome.
+    shadow: Option<tokio::sync::oneshot::Sender<PrimaryOutcome>>,
+    started: Option<Instant>,
+}
+
+impl Drop for Exit {
+    fn drop(&mut self) {
+        // Unfinished: hyper dropped the request, so the client left before any answer.
+        self.end(Outcome::Gone);
     }
-    let status = res.status();
-    if let Some(t) = &ctx.target {
-        gw.metrics
-            .requests
-            .with_label_values(&[&t.model, &t.pool, status.as_str()])
-            .inc();
+}
+
+impl Exit {
+    /// An open exit for the request `request_id`, which arrived at `started` (Unix ms `start_ms`).
+    pub(super) fn open(
+        metrics: Arc<GatewayMetrics>,
+        request_id: &str,
+        started: Instant,
+        start_ms: i64,
+    ) -> Self {
+        let mut exit = Self::default();
+        exit.metrics = Some(metrics);
+        exit.row.request_id = request_id.to_owned();
+        exit.row.start_ms = start_ms;
+        exit.started = Some(started);
+        exit
     }
-    let tenant = ctx.tenant().unwrap_or("unknown");
-    // `upstream` and `internal` failures are not refusals of the caller.
-    let reason = err.map(GatewayError::reason);
-    let refused = reason.filter(|r| !matches!(*r, "upstream" | "internal"));
-    if let Some(reason) = reason {
-        if let Some(reason) = refused {
-            gw.metrics
-                .rejections
-                .with_label_values(&[tenant, reason])
+
+    /// The caller authenticated as `tenant` with key `key_id`; its row goes to `ledger`.
+    pub(super) fn caller(
+        &mut self,
+        (tenant, key_id): (&str, String),
+        ledger: Option<Arc<UsageLedger>>,
+        price_version: u32,
+    ) {
+        self.row.tenant = tenant.to_owned();
+        self.row.key_id = key_id;
+        self.caller = true;
+        self.ledger = ledger;
+        self.price_version = price_version;
+    }
+
+    /// The caller's tenant, once authenticated.
+    pub(super) fn tenant(&self) -> Option<&str> {
+        self.caller.then_some(self.row.tenant.as_str())
+    }
+
+    /// The request was validated: it asks for `model`, served by `pool`.
+    pub(super) fn target(&mut self, model: &str, pool: &str) {
+        self.row.model = model.to_owned();
+        self.row.pool = pool.to_owned();
+        self.targeted = true;
+    }
+
+    /// The model the request is now served as (a degradation fallback).
+    pub(super) fn model(&mut self, model: &str) {
+        self.row.model.replace_range(.., model);
+    }
+
+    /// The pool the request now goes to (degradation and the split may each move it).
+    pub(super) fn pool(&mut self, pool: &str) {
+        if self.row.pool != pool {
+            self.row.pool.replace_range(.., pool);
+        }
+    }
+
+    /// The canary version the split chose: named in the row, priced as its own model.
+    pub(super) fn version(&mut self, version: &VersionChoice) {
+        self.row.version.replace_range(.., &version.name);
+        self.served_model = Some(version.served_model.clone());
+    }
+
+    /// The reservation metering made.
+    pub(super) fn account(&mut self, account: Box<Account>) {
+        self.account = Some(account);
+    }
+
+    /// The reservation, while the request runs (admission attaches its permit to it).
+    pub(super) fn account_mut(&mut self) -> Option<&mut Account> {
+        self.account.as_deref_mut()
+    }
+
+    /// Time waited in the admission queue.
+    pub(super) fn queued(&mut self, waited: std::time::Duration) {
+        self.row.queue_ms = Some(waited.as_millis() as u64);
+    }
+
+    /// Time waited in the admission queue, once admitted.
+    #[cfg(test)]
+    pub(super) fn queue_ms(&self) -> Option<u64> {
+        self.row.queue_ms
+    }
+
+    /// The canary version that serves the request, set once admitted: from then on a routing
+    /// or upstream failure counts against it.
+    pub(super) fn serving(&mut self, version: Option<VersionChoice>) {
+        self.version = version;
+    }
+
+    /// The shadow comparison waiting for the client's own outcome.
+    pub(super) fn shadow(&mut self, shadow: Option<tokio::sync::oneshot::Sender<PrimaryOutcome>>) {
+        self.shadow = shadow;
+    }
+
+    /// Moves the exit on (into the relayed answer's end hook), leaving an empty one here.
+    pub(super) fn relay(&mut self) -> Exit {
+        std::mem::take(self)
+    }
+
+    /// Accounts the request once, by how it ended.
+    pub(super) fn finish(mut self, outcome: Outcome<'_>) {
+        self.end(outcome);
+    }
+
+    fn end(&mut self, outcome: Outcome<'_>) {
+        let Some(metrics) = self.metrics.take() else {
+            return;
+        };
+        match outcome {
+            Outcome::Answered { status, err } => self.answered(&metrics, status, err),
+            Outcome::Relayed(end) => self.relayed(&metrics, end),
+            Outcome::Gone => {
+                // nginx's code for a client that closed the connection before the answer.
+                if self.caller {
+                    self.record(self.ended_row(499, "client_gone"));
+                }
+            }
+        }
+        // Whatever was not settled above (no answer) is refunded whole here.
+        self.account = None;
+    }
+
+    /// A refusal, a failure before any worker answered, or an answer the gateway made.
+    fn answered(&mut self, m: &GatewayMetrics, status: StatusCode, err: Option<&GatewayError>) {
+        if self.targeted {
+            m.requests
+                .with_label_values(&[&self.row.model, &self.row.pool, status.as_str()])
                 .inc();
         }
-        // A refusal of a known caller is a ledger row too (an unknown one is not: a flood of
-        // bad keys must not fill the ledger).
-        if let Some(ledger) = ctx.ledger.as_ref().filter(|_| ctx.caller.is_some()) {
-            let mut row = ctx.ended_row(status.as_u16(), reason);
-            row.price_version = gw.live().snapshot.prices.version;
+        let tenant = self.tenant().unwrap_or("unknown");
+        // `upstream` and `internal` failures are not refusals of the caller.
+        let reason = err.map(GatewayError::reason);
+        let refused = reason.filter(|r| !matches!(*r, "upstream" | "internal"));
+        if let Some(reason) = reason {
+            if let Some(reason) = refused {
+                m.rejections.with_label_values(&[tenant, reason]).inc();
+            }
+            // A refusal of a known caller is a ledger row too (an unknown one is not: a flood
+            // of bad keys must not fill the ledger).
+            if self.caller {
+                let mut row = self.ended_row(status.as_u16(), reason);
+                row.price_version = self.price_version;
+                self.record(row);
+            }
+            // No answer at all from a version that was routed to counts against it.
+            if let Some(v) = &self.version {
+                v.record(m, false, None, None);
+            }
+        }
+        if !self.caller && err.is_none() {
+            return;
+        }
+        let outcome = match refused {
+            Some(_) => "rejected",
+            None => outcome_of(status.as_u16()),
+        };
+        m.tenant_requests
+            .with_label_values(&[tenant, outcome])
+            .inc();
+    }
+
+    /// A worker's answer, at the end of its body: counted by how it really ended (a stream can
+    /// still fail after its 200), compared with its shadow, sampled for the canary, settled.
+    fn relayed(&mut self, m: &GatewayMetrics, end: EndReport) {
+        let (status, outcome) = end_outcome(&end);
+        if self.targeted {
+            m.requests
+                .with_label_values(&[&self.row.model, &self.row.pool, status.as_str()])
+                .inc();
+        }
+        if let Some(tenant) = self.tenant() {
+            m.tenant_requests
+                .with_label_values(&[tenant, outcome])
+                .inc();
+        }
+        let elapsed = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        if let Some(tx) = self.shadow.take() {
+            let _ = tx.send(PrimaryOutcome {
+                status: end.status,
+                output_tokens: end.usage.map_or(end.content_events, |u| u.completion),
+                latency: elapsed,
+            });
+        }
+        // A client that hangs up says nothing about the version that served it: counted as
+        // cancelled, kept out of the canary analysis.
+        if let Some(v) = &self.version {
+            if end.client_gone {
+                v.count(m, "cancelled");
+            } else {
+                v.record(m, served_well(&end), end.ttft, end.max_gap);
+            }
+        }
+        let Some(account) = self.account.take() else {
+            return;
+        };
+        let served = self.served_model.as_deref().unwrap_or(&self.row.model);
+        let settled = account.settle(&end, (&self.row.model, served, &self.row.pool));
+        if self.ledger.is_none() {
+            return;
+        }
+        let mut row = std::mem::take(&mut self.row);
+        row.end_ms = crate::utc::now_ms();
+        row.status = end.status;
+        row.reason = if end.client_gone {
+            "client_gone".into()
+        } else if !end.completed {
+            "upstream_failed".into()
+        } else if !(200..300).contains(&end.status) {
+            "upstream_status".into()
+        } else {
+            String::new()
+        };
+        row.prompt_tokens = settled.tokens.prompt;
+        row.cached_tokens = settled.tokens.cached;
+        row.completion_tokens = settled.tokens.completion;
+        row.cost_nanousd = settled.cost_nanousd;
+        row.price_version = settled.price_version;
+        row.ttft_ms = end.ttft.map(|d| d.as_millis() as u64);
+        row.total_ms = elapsed.as_millis() as u64;
+        row.worker = end.worker;
+        self.record(row);
+    }
+
+    /// The row of a request that ends here, without an answer from a worker.
+    fn ended_row(&self, status: u16, reason: &str) -> UsageRow {
+        UsageRow {
+            end_ms: crate::utc::now_ms(),
+            status,
+            reason: reason.to_string(),
+            total_ms: self.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+            ..self.row.clone()
+        }
+    }
+
+    fn record(&self, row: UsageRow) {
+        if let Some(ledger) = &self.ledger {
             ledger.record(row);
         }
     }
-    if ctx.caller.is_none() && err.is_none() {
-        return;
-    }
-    let outcome = match refused {
-        Some(_) => "rejected",
-        None => outcome_of(status.as_u16()),
-    };
-    gw.metrics
-        .tenant_requests
-        .with_label_values(&[tenant, outcome])
-        .inc();
 }
 
 /// The `status` label and tenant outcome of a relayed answer, from how its body ended: a body

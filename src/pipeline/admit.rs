@@ -37,6 +37,6 @@ pub(super) async fn admit(
         .queue_wait
         .observe(permit.waited().as_secs_f64());
     pool.degrade.record_queue_wait(permit.waited());
-    ctx.queue_ms = Some(permit.waited().as_millis() as u64);
+    ctx.exit.queued(permit.waited());
     Ok(permit)
 }

@@ -87,9 +87,7 @@ pub(super) fn degrade(
         valid.body.set_string("model", route.upstream_name());
         valid.pool = route.pool;
         valid.model = model.to_string();
-        if let Some(t) = &mut ctx.target {
-            t.model = model.to_string();
-        }
+        ctx.exit.model(model);
         labels.push("fallback");
         count("fallback");
     }

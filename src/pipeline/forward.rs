@@ -1,31 +1,21 @@
-//! Forward: the request goes to its routed worker through the pooled client, the answer streams
-//! back through, and when its body ends (or the client leaves) the hook here accounts it: the
-//! request count and tenant outcome by how it really ended, the shadow comparison, the canary
-//! sample and the settlement of the reservation.
+//! Forward: the request goes to its routed worker through the pooled client and the answer
+//! streams back through; the request's exit rides in the answer's end hook, so the account phase
+//! runs when the body ends (or the client leaves), by how it really ended.
 
 use hyper::Response;
 use hyper::header::HeaderValue;
 
-use super::account::{end_outcome, served_well};
+use super::account::Outcome;
 use super::ctx::RequestCtx;
 use super::route::Routed;
 use super::split::VersionChoice;
-use crate::account::Account;
 use crate::config::Snapshot;
 use crate::error::{GatewayError, ResBody};
 use crate::gateway::Gateway;
+use crate::proxy::body::OnEnd;
 use crate::proxy::forward::{ForwardSettings, Outbound, forward as send};
 use crate::request::{Endpoint, ValidRequest};
-use crate::shadow::PrimaryOutcome;
 use crate::workers::pool::PoolRuntime;
-
-/// What the answer's end reports to besides the account.
-pub(super) struct Listeners {
-    /// The canary version that serves it.
-    pub version: Option<VersionChoice>,
-    /// The shadow comparison waiting for the client's own outcome.
-    pub shadow: Option<tokio::sync::oneshot::Sender<PrimaryOutcome>>,
-}
 
 /// The forward settings of `snapshot`.
 fn settings(snapshot: &Snapshot) -> ForwardSettings {
@@ -42,23 +32,21 @@ fn settings(snapshot: &Snapshot) -> ForwardSettings {
 }
 
 /// Sends `valid` to `first` (retrying others of `pool` before the first byte) and returns the
-/// answer; `account` settles when its body ends.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the forward phase joins the request, its route, its account and its listeners"
-)]
+/// answer; when a worker answers, the request's exit moves into the answer's end hook, which
+/// accounts it when the body ends (a stream can still fail after its 200).
 pub(super) async fn forward(
     gw: &Gateway,
     snapshot: &Snapshot,
     (pool, first): (&PoolRuntime, Routed),
     valid: &ValidRequest,
-    endpoint: Endpoint,
-    traceparent: Option<&HeaderValue>,
-    (account, listeners): (Box<Account>, Listeners),
+    (endpoint, traceparent): (Endpoint, Option<&HeaderValue>),
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
-    let Listeners { version, shadow } = listeners;
-    let started = ctx.started;
+    let exit = &mut ctx.exit;
+    let mut on_end = move || -> Option<OnEnd> {
+        let exit = exit.relay();
+        Some(Box::new(move |end| exit.finish(Outcome::Relayed(end))))
+    };
     let out = Outbound {
         path: endpoint.path(),
         // The one place the upstream body is built, after every phase has had its say.
@@ -71,59 +59,12 @@ pub(super) async fn forward(
         features: &valid.features,
         request_id: &ctx.request_id,
         traceparent,
-        started,
+        started: ctx.started,
         hide_usage_chunk: valid.stream && !valid.client_wants_usage,
         grace_over: gw.grace_over(),
-        on_end: Some(Box::new({
-            let version = version.clone();
-            let metrics = gw.metrics.clone();
-            let target = ctx
-                .target
-                .as_ref()
-                .map(|t| (t.model.clone(), t.pool.clone()));
-            let tenant = ctx.tenant().map(str::to_owned);
-            move |end| {
-                let (status, outcome) = end_outcome(&end);
-                if let Some((model, pool)) = &target {
-                    metrics
-                        .requests
-                        .with_label_values(&[model, pool, status.as_str()])
-                        .inc();
-                }
-                if let Some(tenant) = &tenant {
-                    metrics
-                        .tenant_requests
-                        .with_label_values(&[tenant, outcome])
-                        .inc();
-                }
-                if let Some(tx) = shadow {
-                    let _ = tx.send(PrimaryOutcome {
-                        status: end.status,
-                        output_tokens: end.usage.map_or(end.content_events, |u| u.completion),
-                        latency: started.elapsed(),
-                    });
-                }
-                // A client that hangs up says nothing about the version that served it: counted
-                // as cancelled, kept out of the canary analysis.
-                if let Some(v) = &version {
-                    if end.client_gone {
-                        v.count(&metrics, "cancelled");
-                    } else {
-                        v.record(&metrics, served_well(&end), end.ttft, end.max_gap);
-                    }
-                }
-                account.settle(end);
-            }
-        })),
+        on_end: &mut on_end,
     };
-    let forwarded = send(pool, first, out, settings(snapshot), &gw.metrics).await;
-    if let (Err(_), Some(v)) = (&forwarded, &version) {
-        // No answer at all counts against the version too.
-        v.record(&gw.metrics, false, None, None);
-    }
-    let res = forwarded?;
-    ctx.counted_at_end = true;
-    Ok(res)
+    send(pool, first, out, settings(snapshot), &gw.metrics).await
 }
 
 /// The gateway's own headers on an answer: the version that served it, the degradation actions

@@ -7,11 +7,10 @@
 use std::time::Instant;
 
 use super::ctx::RequestCtx;
-use crate::account::{Account, Usage};
+use super::reservation::{Account, Usage};
 use crate::config::{Snapshot, TenantSpec, TierSpec};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::ledger::UsageRow;
 use crate::limits::{ConcurrencySlot, Rejection, Reservation, TierLimits};
 use crate::proxy::usage_check::UsageBounds;
 use crate::request::{PromptSize, ValidRequest};
@@ -105,25 +104,8 @@ pub(super) async fn meter(
     }
     let budget_periods = crate::budgets::periods(budgets);
     let usage = Usage {
-        // Without a ledger only the model (the metrics' label) is needed.
-        row: if gw.ledger.is_some() {
-            ctx.usage_row()
-        } else {
-            UsageRow {
-                model: valid.model.clone(),
-                // The pool names the usage check's counter.
-                pool: ctx
-                    .target
-                    .as_ref()
-                    .map(|t| t.pool.clone())
-                    .unwrap_or_default(),
-                ..UsageRow::default()
-            }
-        },
         prices: snapshot.prices.clone(),
-        served_model: valid.model.clone(),
         tier: tier.name.clone(),
-        ledger: gw.ledger.clone(),
         budgets: gw.budgets.clone(),
         budget_periods: budget_periods.clone(),
         budget_estimate,
@@ -171,7 +153,6 @@ pub(super) async fn meter(
         (reserve, prompt_tokens),
         holds,
         usage,
-        ctx.started,
     ));
     if let (Some(shared), Some(held)) = (&gw.shared, held) {
         account.shared_by(shared.clone(), limits, held);

@@ -11,18 +11,19 @@
 //! 3. **read and validate** ([`validate`]): the bounded body, the OpenAI request against the
 //!    snapshot and tier, the prompt's token count and the context check;
 //! 4. **meter** ([`meter`]): cost budgets and rate limits reserve the request's cost (prompt
-//!    plus its `max_tokens`, at the dearest of the model's versions) into an
-//!    [`Account`](crate::account::Account), which settles it against the real usage;
+//!    plus `max_tokens × n`, at the dearest of the model's versions) into an
+//!    [`Account`](reservation::Account), which settles it against the real usage;
 //! 5. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
-//! 6. **split** ([`split`]): the canary version, sticky per session; the account is pointed at
-//!    the model and version the request now goes to;
+//! 6. **split** ([`split`]): the canary version, sticky per session;
 //! 7. **admit** ([`admit`]): the pool's priority queue;
 //! 8. **route** ([`route`]): the pool's policy picks a worker;
 //! 9. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
 //!    streams back through;
-//! 10. **account** ([`account`]): metrics, tenant outcome and usage row, once. For a relayed
-//!     answer this happens when its body ends (the forward phase's hook), so a stream that fails
-//!     after its 200 counts as the failure it is.
+//! 10. **account** ([`account`]): the request's one exit, opened at accept and filled in by the
+//!     phases, finishes once with the outcome: metrics, tenant outcome, canary sample, shadow
+//!     comparison, usage row, and the reservation settled. For a relayed answer the exit rides in
+//!     the body's end hook, so a stream that fails after its 200 counts as the failure it is; a
+//!     client that leaves before any answer drops it unfinished, which accounts it as gone.
 
 mod accept;
 mod account;
@@ -34,6 +35,7 @@ mod forward;
 mod meter;
 mod mirror;
 mod models;
+mod reservation;
 pub mod route;
 mod split;
 mod validate;
@@ -95,7 +97,7 @@ pub async fn handle<B: RequestBody>(
     gw: Arc<Gateway>,
     req: Request<LimitedBody<B>>,
 ) -> Result<Response<ResBody>, Infallible> {
-    let mut ctx = ctx::accept(&req);
+    let mut ctx = ctx::accept(&req, &gw.metrics);
     let dispatched = accept::hygiene(&req).map(|()| dispatch(&gw, req.method(), req.uri().path()));
     let res = match dispatched {
         Err(e) => Err(e),
@@ -104,12 +106,17 @@ pub async fn handle<B: RequestBody>(
         // here would copy into this one (BENCHMARKS.md, issue 12).
         Ok(Dispatch::Generate(endpoint)) => edge::boxed(|| run(&gw, req, endpoint, &mut ctx)).await,
     };
-    ctx.row_owned = true;
     let (res, err) = match res {
         Ok(r) => (r, None),
         Err(e) => (e.into_response(), Some(e)),
     };
-    account::account(&gw, &ctx, &res, err.as_ref());
+    // A relayed answer took the exit with it (its body's end accounts it); anything else is
+    // accounted now.
+    let status = res.status();
+    ctx.exit.relay().finish(account::Outcome::Answered {
+        status,
+        err: err.as_ref(),
+    });
     Ok(res)
 }
 
@@ -184,11 +191,11 @@ async fn run<B: RequestBody>(
     let (parts, body) = req.into_parts();
 
     let (tenant, key_id) = authenticate::authenticate(&live, &parts.headers)?;
-    ctx.caller = Some(ctx::Caller {
-        tenant: tenant.name.clone(),
-        key_id,
-    });
-    ctx.ledger = gw.ledger.clone();
+    ctx.exit.caller(
+        (&tenant.name, key_id),
+        gw.ledger.clone(),
+        snapshot.prices.version,
+    );
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
@@ -198,14 +205,11 @@ async fn run<B: RequestBody>(
     let validated =
         validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
     let prompt_tokens = validated.prompt_tokens;
-    ctx.target = Some(ctx::Target {
-        model: validated.valid.model.clone(),
-        pool: pool_at(&live, validated.valid.pool)?.name.clone(),
-        version: None,
-    });
+    let pool = pool_at(&live, validated.valid.pool)?;
+    ctx.exit.target(&validated.valid.model, &pool.name);
 
     let meter::Metered {
-        mut account,
+        account,
         reservation,
     } = meter::meter(
         gw,
@@ -217,43 +221,34 @@ async fn run<B: RequestBody>(
         ctx,
     )
     .await?;
+    ctx.exit.account(account);
 
+    // Degrade and split run after the reservation: the usage goes where the request goes.
     let mut valid = validated.valid;
     let degraded = degrade::degrade(gw, &live, &mut valid, &tier.name, prompt_tokens, ctx)?;
-    ctx.move_to_pool(&pool_at(&live, valid.pool)?.name);
-
+    ctx.exit.pool(&pool_at(&live, valid.pool)?.name);
     let version = split::split(&live, &mut valid, (&tenant.name, &ctx.request_id))?;
     let pool = pool_at(&live, valid.pool)?;
-    ctx.move_to_pool(&pool.name);
-    if let (Some(v), Some(t)) = (&version, &mut ctx.target) {
-        t.version = Some(v.name.clone());
-    }
-    if !degraded.is_empty() || version.is_some() {
-        // Degrade and split ran after the reservation: the usage goes where the request went.
-        let served = version.as_ref().map_or(&valid.model, |v| &v.served_model);
-        if let Some(t) = &ctx.target {
-            account.retarget((&t.model, &t.pool, t.version.as_deref()), served);
-        }
+    ctx.exit.pool(&pool.name);
+    if let Some(v) = &version {
+        ctx.exit.version(v);
     }
 
-    account.hold(admit::admit(pool, tier, ctx).await?);
+    let permit = admit::admit(pool, tier, ctx).await?;
+    if let Some(account) = ctx.exit.account_mut() {
+        account.hold(permit);
+    }
 
+    // From here on a failure counts against the version that was to serve the request.
+    ctx.exit.serving(version.clone());
     let by_load = !endpoint.generates();
-    let Some(first) = route::pick(pool, &valid.features, &[], by_load, &gw.metrics) else {
-        // No answer at all counts against the version too.
-        if let Some(v) = &version {
-            v.record(&gw.metrics, false, None, None);
-        }
+    let Some(first) = route::pick(pool, &valid.features, by_load, &gw.metrics) else {
         return Err(GatewayError::NoHealthyWorker(pool.name.clone()));
     };
-
     let shadow = mirror::mirror(gw, &live, &valid, endpoint, &ctx.request_id);
+    ctx.exit.shadow(shadow);
     // The edge let only a well-formed one through.
     let traceparent = parts.headers.get(edge::trace_context::TRACEPARENT);
-    let listeners = forward::Listeners {
-        version: version.clone(),
-        shadow,
-    };
     // Built in place on the heap, as `run` itself is (see `handle`).
     let mut res = edge::boxed(|| {
         forward::forward(
@@ -261,9 +256,7 @@ async fn run<B: RequestBody>(
             snapshot,
             (pool, first),
             &valid,
-            endpoint,
-            traceparent,
-            (account, listeners),
+            (endpoint, traceparent),
             ctx,
         )
     })

@@ -188,7 +188,7 @@ async fn accept_takes_the_clients_request_id_or_makes_one() {
             |req: Request<Full<Bytes>>| async move {
                 let mut res = hyper::Response::new(());
                 res.extensions_mut()
-                    .insert(ctx::accept(&req).request_id.clone());
+                    .insert(ctx::accept(&req, &metrics()).request_id.clone());
                 Ok::<_, std::convert::Infallible>(res)
             },
         ));
@@ -321,7 +321,7 @@ const SHED_AT_2: &str = "pools:\n  p:\n    levels:\n      - name: cap\n        e
 async fn degrade_caps_at_level_1_and_sheds_at_level_2() {
     let gw = gateway(&[], Some(GOLD), None, Some(SHED_AT_2));
     let live = gw.live();
-    let mut ctx = ctx::accept(&chat(HELLO));
+    let mut ctx = ctx::accept(&chat(HELLO), &gw.metrics);
     let mut v = validated(&gw, HELLO).await.valid;
     // Level 0: untouched.
     let labels = degrade::degrade(&gw, &live, &mut v, "gold", 3, &mut ctx).unwrap();
@@ -385,7 +385,7 @@ async fn meter_reserves_tokens_and_refuses_past_the_minute() {
         authenticate::authenticate(&live, &h).unwrap()
     };
     let tier = live.snapshot.tier("gold").unwrap();
-    let ctx = ctx::accept(&chat(HELLO));
+    let ctx = ctx::accept(&chat(HELLO), &gw.metrics);
     let body = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":600}"#;
     let reserve = |v: validate::Validated| {
         let slot = crate::limits::ConcurrencySlot::take(
@@ -439,9 +439,9 @@ async fn admit_gives_a_permit_and_notes_the_wait() {
     let gw = gateway(&[], Some(GOLD), None, None);
     let live = gw.live();
     let tier = live.snapshot.tier("gold").unwrap();
-    let mut ctx = ctx::accept(&chat(HELLO));
+    let mut ctx = ctx::accept(&chat(HELLO), &gw.metrics);
     let permit = admit::admit(&live.pools[0], tier, &mut ctx).await.unwrap();
-    assert!(ctx.queue_ms.is_some());
+    assert!(ctx.exit.queue_ms().is_some());
     assert!(permit.waited() < Duration::from_secs(5));
     assert_eq!(metric(&gw, "infergate_queue_wait_seconds_count", &[]), 1.0);
 }
@@ -457,13 +457,13 @@ async fn route_picks_a_healthy_worker_and_counts_why() {
     let live = gw.live();
     let pool = &live.pools[0];
     let v = validated(&gw, HELLO).await;
-    let (first, _) = route::pick(pool, &v.valid.features, &[], false, &gw.metrics).unwrap();
-    let (second, _) =
-        route::pick(pool, &v.valid.features, &[first.key], false, &gw.metrics).unwrap();
+    let (first, _) = route::pick(pool, &v.valid.features, false, &gw.metrics).unwrap();
+    let (second, _) = pool
+        .pick(&v.valid.features, &[first.key], false, &gw.metrics)
+        .unwrap();
     assert_ne!(first.key, second.key, "a retry goes to another worker");
     assert!(
-        route::pick(
-            pool,
+        pool.pick(
             &v.valid.features,
             &[first.key, second.key],
             false,
@@ -730,4 +730,9 @@ async fn past_the_in_flight_cap_a_request_gets_503_until_an_answer_is_done() {
         StatusCode::OK,
         "the finished answer gave its place back"
     );
+}
+
+/// Metrics of their own, for a context made without a gateway.
+fn metrics() -> std::sync::Arc<crate::metrics::GatewayMetrics> {
+    std::sync::Arc::new(crate::metrics::GatewayMetrics::new().unwrap())
 }

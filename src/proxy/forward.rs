@@ -15,7 +15,6 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::pipeline::route::Routed;
 use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use crate::proxy::hold::{HOLD_MAX_BYTES, Held, hold};
 use crate::proxy::usage::UsageTap;
@@ -23,6 +22,7 @@ use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
+use crate::workers::pool::Routed;
 use crate::workers::state::{Attempt, HealthChange, KvEventsState, OutlierSettings, WorkerState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 
@@ -67,8 +67,9 @@ pub struct Outbound<'a> {
     pub started: Instant,
     /// Remove the usage-only SSE chunk (the gateway asked for it, the client did not).
     pub hide_usage_chunk: bool,
-    /// Account phase hook, called once when the response body ends.
-    pub on_end: Option<OnEnd>,
+    /// Makes the account phase's hook when a worker answers (not before: a request no worker
+    /// answered is accounted by its caller); the hook is called once, when the body ends.
+    pub on_end: &'a mut (dyn FnMut() -> Option<OnEnd> + Send),
     /// Turns true when the drain's grace is over.
     pub grace_over: &'a tokio::sync::watch::Receiver<bool>,
 }
@@ -92,7 +93,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 pub async fn forward(
     pool: &PoolRuntime,
     first: Routed,
-    mut out: Outbound<'_>,
+    out: Outbound<'_>,
     settings: ForwardSettings,
     metrics: &Arc<GatewayMetrics>,
 ) -> Result<Response<ResBody>, GatewayError> {
@@ -208,7 +209,7 @@ pub async fn forward(
             Some(with_feedback(
                 pool,
                 out.features,
-                out.on_end.take(),
+                (out.on_end)(),
                 (worker.key, decision),
             )),
         )
@@ -374,7 +375,7 @@ fn claim(
     loop {
         let (worker, decision) = match next.take() {
             Some(routed) => routed,
-            None => crate::pipeline::route::pick(pool, out.features, tried, out.by_load, metrics)?,
+            None => pool.pick(out.features, tried, out.by_load, metrics)?,
         };
         match worker.admit(settings.outlier) {
             Some(turn) => return Some((worker, decision, turn)),

@@ -10,6 +10,7 @@ use super::{SimConfig, SimResult, load_policy, simulate};
 use crate::bench::parse_duration;
 use crate::routing::{PolicyConfig, PrefixConfig};
 use crate::workload::{self, Overrides};
+use infergate_engine::host_time::HostCost;
 
 /// Flags of `infergate sim`: a fleet on a virtual clock, the real router and engine schedulers.
 #[derive(Debug, Clone, clap::Args)]
@@ -83,6 +84,19 @@ pub struct SimArgs {
     /// Multiply every step time (to mirror engines run with `--fault-latency-multiplier`).
     #[arg(long, default_value_t = 1.0)]
     pub fault_latency_multiplier: f64,
+    /// Host microseconds before every engine step, as the engine's flag of that name (a
+    /// host-bound engine idles its GPU between steps).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_step: f64,
+    /// Host microseconds per sequence in a step, as the engine's flag.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_seq: f64,
+    /// Host microseconds per new prompt token (tokenising), as the engine's flag.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_prompt_token: f64,
+    /// Host microseconds per generated token (detokenising), as the engine's flag.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_host_us_per_output_token: f64,
     /// KV blocks per worker instead of the GPU memory budget's.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
@@ -130,6 +144,12 @@ impl SimArgs {
             kv_events: self.kv_events,
             chat_template: self.endpoint == "chat",
             latency_multiplier: self.fault_latency_multiplier,
+            host_cost: HostCost::from_micros(
+                self.sim_host_us_per_step,
+                self.sim_host_us_per_seq,
+                self.sim_host_us_per_prompt_token,
+                self.sim_host_us_per_output_token,
+            ),
             num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_queue: self.max_queue.unwrap_or(0),
             admission_per_worker: self.admission_per_worker.unwrap_or(0),

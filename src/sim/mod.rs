@@ -39,6 +39,7 @@ use crate::workload::{Overrides, Workload};
 use degradation::SimDegradation;
 use fleet::{Clients, Fleet};
 use gate::Gate;
+use infergate_engine::host_time::HostCost;
 use worker::{SimWorker, WorkerSpec};
 
 /// The simulated fleet: how many workers and how each engine is configured.
@@ -90,6 +91,8 @@ pub struct SimConfig {
     pub chat_template: bool,
     /// Multiplies every step time, as the engine's `--fault-latency-multiplier` does. Default 1.
     pub latency_multiplier: f64,
+    /// Host time per step, as the engine's `--sim-host-us-*` flags model it. Default none.
+    pub host_cost: HostCost,
 }
 
 impl Default for SimConfig {
@@ -116,6 +119,7 @@ impl Default for SimConfig {
             gpu_memory_utilization: 0.9,
             chat_template: true,
             latency_multiplier: 1.0,
+            host_cost: HostCost::default(),
         }
     }
 }

@@ -456,3 +456,43 @@ fn gateway_config_pool_settings_are_simulated_unless_flags_override_them() {
     assert!(err.contains("--gateway-config"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn modelled_host_time_passes_through_and_stretches_every_token() {
+    let a = args(&[
+        "--sim-host-us-per-step",
+        "20000",
+        "--sim-host-us-per-seq",
+        "5",
+    ]);
+    let host = HostCost::from_micros(20_000.0, 5.0, 0.0, 0.0);
+    assert_eq!(a.config().host_cost, host);
+    let (w, o) = chat();
+    let fast = simulate(&small_fleet(), &w, &o, &policy("least_load"))
+        .expect("runs")
+        .report;
+    let cfg = SimConfig {
+        host_cost: host,
+        ..small_fleet()
+    };
+    let slow = simulate(&cfg, &w, &o, &policy("least_load"))
+        .expect("runs")
+        .report;
+    // Every step waits 20 ms of host work on the virtual clock, so every token does.
+    assert!(
+        slow.itl.p50 >= fast.itl.p50 + 0.02,
+        "{} vs {}",
+        slow.itl.p50,
+        fast.itl.p50
+    );
+    let bad = SimConfig {
+        host_cost: HostCost::from_micros(-1.0, 0.0, 0.0, 0.0),
+        ..small_fleet()
+    };
+    let err = simulate(&bad, &w, &o, &policy("least_load")).err();
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("--sim-host-us-per-step")),
+        "{err:?}"
+    );
+}

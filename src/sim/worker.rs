@@ -9,6 +9,7 @@ use infergate_engine::backend::sim::SimBackend;
 use infergate_engine::block_manager::BlockManager;
 use infergate_engine::clock::{Clock, VirtualClock};
 use infergate_engine::core::EngineCore;
+use infergate_engine::host_time::HostCost;
 use infergate_engine::kv_events::{KvEventBatch, PrefixKeys};
 use infergate_engine::metrics::EngineMetrics;
 use infergate_engine::presets;
@@ -37,6 +38,7 @@ pub(super) struct WorkerSpec {
     prefix_caching: bool,
     kv_protected_fraction: f64,
     kv_events: bool,
+    host_cost: HostCost,
     model: String,
     /// The model preset's context length: the engines refuse longer requests.
     pub(super) max_model_len: usize,
@@ -94,6 +96,7 @@ impl WorkerSpec {
                 ..RooflineConfig::default()
             },
         );
+        cfg.host_cost.check()?;
         let tokenizer = SimTokenizer::shared()?;
         Ok(Self {
             roofline,
@@ -109,6 +112,7 @@ impl WorkerSpec {
             prefix_caching: cfg.prefix_caching,
             kv_protected_fraction: cfg.kv_protected_fraction,
             kv_events: cfg.kv_events,
+            host_cost: cfg.host_cost,
             model: cfg.model.clone(),
             max_model_len: model.max_model_len,
         })
@@ -168,7 +172,8 @@ impl SimWorker {
             spec.eos,
             MEAN_OUTPUT_TOKENS,
             spec.block_size,
-        );
+        )
+        .with_host_cost(spec.host_cost);
         let mut kv = BlockManager::new(spec.num_blocks, spec.block_size, spec.prefix_caching);
         kv.set_protected_fraction(spec.kv_protected_fraction);
         let kv_protected = (kv.protected_cap() * spec.block_size) as u64;

@@ -7,7 +7,7 @@ use std::io::Read;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::TenantSpec;
+use super::TenantSpec;
 
 /// Prefix of a key hash as written in the config.
 const HASH_PREFIX: &str = "sha256:";

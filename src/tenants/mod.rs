@@ -5,3 +5,14 @@
 pub mod keys;
 
 pub use keys::{KeyTable, bearer, format_hash, generate_key, hash_key, key_id, parse_hash};
+
+/// A tenant: who may call, and under which tier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantSpec {
+    /// Unique tenant name (metric label, logs).
+    pub name: String,
+    /// Name of its tier in `Snapshot::tiers`.
+    pub tier: String,
+    /// SHA-256 digests of its API keys, never empty, unique across tenants.
+    pub key_hashes: Vec<[u8; 32]>,
+}

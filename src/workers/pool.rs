@@ -5,13 +5,17 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::AdmissionSpec;
 use crate::admission::{AdmissionQueue, QueueConfig};
-use crate::config::AdmissionSpec;
 use crate::degrade::live::PoolDegradation;
+use crate::metrics::GatewayMetrics;
 use crate::routing::least_load::LeastLoad;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
 use crate::workers::state::WorkerState;
+
+/// A worker and why the policy chose it.
+pub type Routed = (Arc<WorkerState>, Decision);
 
 /// A routing policy together with the settings it was built from.
 pub struct PolicyHolder {
@@ -104,6 +108,26 @@ impl PoolRuntime {
     /// The policy (shared with the next snapshot when its settings are unchanged).
     pub fn policy(&self) -> &Arc<PolicyHolder> {
         &self.policy
+    }
+
+    /// [`route`](Self::route), with the pick counted by its reason (and a prefix its holders
+    /// lost, by why): the route phase's pick and the forward phase's re-pick before a retry.
+    pub fn pick(
+        &self,
+        features: &RequestFeatures,
+        exclude: &[u64],
+        by_load: bool,
+        metrics: &GatewayMetrics,
+    ) -> Option<Routed> {
+        let (worker, decision) = self.route(features, exclude, by_load)?;
+        self.series.count_decision(metrics, decision.reason);
+        if let Some(lost) = decision.lost {
+            metrics
+                .prefix_lost
+                .with_label_values(&[&self.name, lost.as_str()])
+                .inc();
+        }
+        Some((worker, decision))
     }
 
     /// Routes a request among the current workers, skipping those in `exclude` (already tried).

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_saphyr::{DefaultMessageFormatter, MessageFormatter};
 
 use super::build::{Problems, build};
+use crate::diagnostics::{ConfigError, ConfigErrors};
 use super::model::Workload;
 use super::spec::RawWorkload;
 
@@ -70,27 +70,21 @@ pub fn load_file(path: &Path) -> Result<Workload, String> {
 /// Parses workload YAML; `file` names it in errors, `stem` is the default name and `dir`
 /// anchors relative trace paths.
 pub fn parse(text: &str, file: &Path, stem: &str, dir: Option<&Path>) -> Result<Workload, String> {
-    let shown = file.display();
-    let raw: RawWorkload = serde_saphyr::from_str(text).map_err(|err| {
-        let inner = err.without_snippet();
-        let message = DefaultMessageFormatter.format_message(inner).into_owned();
-        match inner.location().map(|l| l.line()).filter(|&l| l > 0) {
-            Some(line) => format!("{shown}:{line}: {message}"),
-            None => format!("{shown}: {message}"),
-        }
-    })?;
-    build(raw, stem, dir).map_err(|problems| report(&shown.to_string(), problems))
+    let raw: RawWorkload =
+        serde_saphyr::from_str(text).map_err(|err| ConfigError::yaml(file, &err).to_string())?;
+    build(raw, stem, dir).map_err(|problems| report(file, problems))
 }
 
-/// Every problem, one line each, in file order.
-fn report(file: &str, mut problems: Problems) -> String {
+/// Every problem, one line each, in file order: located the way every config file's are
+/// ([`crate::diagnostics`]).
+fn report(file: &Path, mut problems: Problems) -> String {
     problems.sort_by_key(|(line, _)| line.unwrap_or(0));
-    let lines: Vec<String> = problems
+    let errors = problems
         .into_iter()
-        .map(|(line, message)| match line {
-            Some(line) => format!("{file}:{line}: {message}"),
-            None => format!("{file}: {message}"),
+        .map(|(line, message)| ConfigError {
+            line,
+            ..ConfigError::file(file, message)
         })
         .collect();
-    lines.join("\n")
+    ConfigErrors(errors).to_string()
 }

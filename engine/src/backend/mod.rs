@@ -40,6 +40,11 @@ pub trait Backend: Send {
     fn prompt_logprobs(&mut self, seq: &mut Sequence);
     /// End-of-sequence token id.
     fn eos_token(&self) -> u32;
+    /// Host seconds before `batch` can start, for a backend that models them (sim); `None` for
+    /// one that runs in real time, whose host time is what the clock measures.
+    fn host_seconds(&self, _batch: &Batch, _running: &[Sequence]) -> Option<f64> {
+        None
+    }
     /// Whether `token` ends generation (models may have several EOS tokens).
     fn is_eos(&self, token: u32) -> bool {
         token == self.eos_token()

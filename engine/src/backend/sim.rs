@@ -14,6 +14,7 @@
 mod dist;
 
 use crate::backend::{Backend, Sampled};
+use crate::host_time::{HostCost, HostWork};
 use crate::roofline::{RooflineModel, StepCost};
 use crate::scheduler::Batch;
 use crate::sequence::Sequence;
@@ -31,6 +32,8 @@ pub struct SimBackend {
     eos: u32,
     eos_probability: f64,
     block_size: usize,
+    /// Modelled host time per step (zero by default).
+    host: HostCost,
 }
 
 impl SimBackend {
@@ -60,7 +63,15 @@ impl SimBackend {
             in_vocab,
             eos,
             eos_probability: 1.0 / mean_output_tokens.max(1.0),
+            host: HostCost::default(),
         }
+    }
+
+    /// The same backend with `host` as the modelled host time of each step (a host-bound
+    /// engine idles its accelerator for it between steps).
+    pub fn with_host_cost(mut self, host: HostCost) -> Self {
+        self.host = host;
+        self
     }
 
     /// Whether `token` is in the vocabulary.
@@ -100,6 +111,10 @@ fn splitmix64(state: &mut u64) -> u64 {
 impl Backend for SimBackend {
     fn execute(&mut self, batch: &Batch, _running: &[Sequence]) -> StepCost {
         self.model.step_cost(&batch.shape)
+    }
+
+    fn host_seconds(&self, batch: &Batch, running: &[Sequence]) -> Option<f64> {
+        Some(self.host.seconds(&HostWork::of(batch, running)))
     }
 
     fn sample(&mut self, seq: &mut Sequence) -> Sampled {

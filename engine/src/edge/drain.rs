@@ -6,11 +6,16 @@
 //! polled, under its lock, on every wake of every connection (about 650 instructions a request
 //! through the gateway). Here a wake costs one atomic load and a waker comparison: a connection's
 //! waker is filed once, and again only if its task's waker changes.
+//!
+//! hyper's graceful shutdown keeps an HTTP/1.1 connection whose first request head is partly
+//! read until its header timer fires (it only closes a connection that has read nothing, or one
+//! idle between requests). [`Watcher::watch_begun`] drops such a connection when the drain
+//! starts instead, so a client that never finished a head does not hold the exit.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -34,6 +39,48 @@ struct Shared {
     wakers: Mutex<HashMap<u64, Waker>>,
     /// Woken when the last connection ends while draining.
     all_ended: tokio::sync::Notify,
+}
+
+/// Whether a connection's first request has begun (its head was parsed and handed to the
+/// service), or the drain dropped the connection before it did: see [`Watcher::watch_begun`].
+/// Clones share the state.
+#[derive(Debug, Clone, Default)]
+pub struct Begun(Arc<AtomicU8>);
+
+/// [`Begun`]'s states.
+const NOT_BEGUN: u8 = 0;
+const BEGUN: u8 = 1;
+const DROPPED: u8 = 2;
+
+impl Begun {
+    /// Not begun yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes that the first request began (unless the drain dropped the connection first).
+    pub fn set(&self) {
+        let _ = self
+            .0
+            .compare_exchange(NOT_BEGUN, BEGUN, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Whether the first request began.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire) == BEGUN
+    }
+
+    /// Whether the drain dropped the connection before its first request began.
+    pub fn dropped_unbegun(&self) -> bool {
+        self.0.load(Ordering::Acquire) == DROPPED
+    }
+
+    /// Marks the connection dropped, if its first request has not begun: one or the other.
+    fn drop_unbegun(&self) -> bool {
+        self.0
+            .compare_exchange(NOT_BEGUN, DROPPED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// A handle that watches connections of a [`Drain`] without being able to start it (tasks on
@@ -94,7 +141,18 @@ impl Watcher {
             id,
             filed: None,
             shutting_down: false,
+            unbegun: None,
         }
+    }
+
+    /// `conn`, as [`watch`](Self::watch); but if the drain starts before `begun` is set, the
+    /// connection is dropped at once, resolving to `Ok(())` with `begun` saying
+    /// [`dropped_unbegun`](Begun::dropped_unbegun) (its caller may still answer on the socket,
+    /// e.g. a 408 for a head that was partly sent).
+    pub fn watch_begun<C: GracefulConnection>(self, conn: C, begun: Begun) -> Watched<C> {
+        let mut watched = self.watch(conn);
+        watched.unbegun = Some(begun);
+        watched
     }
 }
 
@@ -106,6 +164,8 @@ pub struct Watched<C> {
     /// The waker last filed for this connection.
     filed: Option<Waker>,
     shutting_down: bool,
+    /// With [`Watcher::watch_begun`]: whether its first request began.
+    unbegun: Option<Begun>,
 }
 
 impl<C> std::fmt::Debug for Watched<C> {
@@ -132,6 +192,9 @@ impl<C: GracefulConnection> Future for Watched<C> {
             // one that starts after it wakes the waker.
             if this.shared.draining.load(Ordering::SeqCst) {
                 this.shutting_down = true;
+                if this.unbegun.as_ref().is_some_and(Begun::drop_unbegun) {
+                    return Poll::Ready(Ok(()));
+                }
                 this.conn.as_mut().graceful_shutdown();
             }
         }
@@ -197,6 +260,34 @@ mod tests {
         )
     }
 
+    /// Sends one request on `io`: while the service holds it (its release comes on `arrived`)
+    /// the drain does not end; once released, the answer arrives and the drain ends.
+    async fn drain_waits_for_the_request_in_progress(
+        drain: Drain,
+        io: DuplexStream,
+        arrived: &mut mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    ) {
+        let mut send = client(io).await;
+        let answer = tokio::spawn(async move {
+            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
+            res.into_body().collect().await.unwrap().to_bytes()
+        });
+        let release = arrived.recv().await.unwrap();
+        let mut shutdown = tokio::spawn(drain.shutdown());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
+                .await
+                .is_err(),
+            "the drain ended with a request still in progress"
+        );
+        release.send(()).unwrap();
+        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
+        tokio::time::timeout(Duration::from_secs(10), shutdown)
+            .await
+            .expect("the drain did not end after the answer")
+            .unwrap();
+    }
+
     async fn client(io: DuplexStream) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
@@ -210,26 +301,7 @@ mod tests {
         let drain = Drain::new();
         let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
         let (io, served) = serve(&drain, arrived_tx);
-        let mut send = client(io).await;
-        let answer = tokio::spawn(async move {
-            let res = send.send_request(Request::new(Empty::new())).await.unwrap();
-            res.into_body().collect().await.unwrap().to_bytes()
-        });
-        let release = arrived.recv().await.unwrap();
-        let mut shutdown = tokio::spawn(drain.shutdown());
-        // The request holds the drain open.
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), &mut shutdown)
-                .await
-                .is_err(),
-            "the drain ended with a request still in progress"
-        );
-        release.send(()).unwrap();
-        assert_eq!(answer.await.unwrap(), Bytes::from_static(b"done"));
-        tokio::time::timeout(Duration::from_secs(10), shutdown)
-            .await
-            .expect("the drain did not end after the answer")
-            .unwrap();
+        drain_waits_for_the_request_in_progress(drain, io, &mut arrived).await;
         served.await.unwrap();
     }
 
@@ -255,5 +327,75 @@ mod tests {
             .await
             .expect("a connection watched after the drain started stayed open")
             .unwrap();
+    }
+
+    /// A connection that sent part of its first head, watched with `watch_begun`; its task
+    /// says whether it ended dropped unbegun.
+    async fn half_head(drain: &Drain) -> (DuplexStream, tokio::task::JoinHandle<bool>) {
+        use hyper_util::server::conn::auto;
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1024);
+        let begun = Begun::new();
+        let svc_begun = begun.clone();
+        let svc = service_fn(move |_req: Request<Incoming>| {
+            svc_begun.set();
+            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
+        });
+        let conn = auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_only()
+            .serve_connection(TokioIo::new(server), svc)
+            .into_owned();
+        let watched = drain.watcher().watch_begun(conn, begun.clone());
+        let served = tokio::spawn(async move { watched.await.is_ok() && begun.dropped_unbegun() });
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        (client, served)
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_head_is_unfinished_is_dropped_when_the_drain_starts() {
+        let drain = Drain::new();
+        let (_client, served) = half_head(&drain).await;
+        // Let hyper read the half head (one turn of its task is enough; more do no harm).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), drain.shutdown())
+            .await
+            .expect("a half-sent head held the drain");
+        assert!(
+            served.await.unwrap(),
+            "the connection was not dropped unbegun"
+        );
+    }
+
+    #[tokio::test]
+    async fn watch_begun_leaves_a_begun_request_its_grace() {
+        use hyper_util::server::conn::auto;
+        let drain = Drain::new();
+        let (arrived_tx, mut arrived) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
+        let (io, server) = tokio::io::duplex(64 * 1024);
+        let begun = Begun::new();
+        let svc_begun = begun.clone();
+        let svc = service_fn(move |_req: Request<Incoming>| {
+            svc_begun.set();
+            let arrived = arrived_tx.clone();
+            async move {
+                let (tx, rx) = oneshot::channel();
+                let _ = arrived.send(tx);
+                let _ = rx.await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+            }
+        });
+        let conn = auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_only()
+            .serve_connection(TokioIo::new(server), svc)
+            .into_owned();
+        let watched = drain.watcher().watch_begun(conn, begun.clone());
+        let served = tokio::spawn(async move { watched.await.is_ok() && begun.is_set() });
+        drain_waits_for_the_request_in_progress(drain, io, &mut arrived).await;
+        assert!(served.await.unwrap());
     }
 }

@@ -26,7 +26,7 @@ use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 
 pub use body_limit::{BodyError, BodyLimitLayer, BodyLimits, LimitedBody};
-pub use drain::Drain;
+pub use drain::{Begun, Drain};
 pub use in_flight::{InFlight, InFlightBody, InFlightLayer};
 pub use request_id::{REQUEST_ID, RequestIdLayer};
 pub use trace_context::TraceContextLayer;

@@ -288,3 +288,183 @@ async fn every_vllm_metric_agrees_with_the_answers() {
     assert_eq!(load.kv_capacity, Some(blocks * 16));
     assert_eq!(load.kv_protected, Some(protected * 16));
 }
+
+/// The engine's `/metrics` text.
+async fn scrape(e: &Engine) -> String {
+    let (status, text) = get(&e.at("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    text
+}
+
+/// `n` completions of `max_tokens` tokens each, all at once, to keep the engine saturated.
+async fn saturate(e: &Engine, n: usize, max_tokens: u64) {
+    let mut set = JoinSet::new();
+    for i in 0..n {
+        let body = json!({"model": MODEL, "prompt": format!("Load request {i} about rivers"),
+                          "max_tokens": max_tokens, "ignore_eos": true});
+        set.spawn(send(e.at("/v1/completions"), body));
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.expect("request task").completion_tokens, max_tokens);
+    }
+}
+
+/// Busy and host seconds, steps and wall seconds of one saturating load.
+#[derive(Debug)]
+struct Load {
+    busy: f64,
+    host: f64,
+    steps: f64,
+    gaps_observed: f64,
+    wall: f64,
+}
+
+impl Load {
+    async fn run(e: &Engine, n: usize, max_tokens: u64) -> Load {
+        let before = scrape(e).await;
+        let started = std::time::Instant::now();
+        saturate(e, n, max_tokens).await;
+        let wall = started.elapsed().as_secs_f64();
+        let after = scrape(e).await;
+        let delta = |selector: &str| value(&after, selector) - value(&before, selector);
+        Load {
+            busy: delta("infergate_engine_busy_seconds_total"),
+            host: delta("infergate_engine_host_seconds_total"),
+            // One batch-size sample per step (the step counter has no series before a step).
+            steps: delta("infergate_engine_batch_size_count"),
+            gaps_observed: delta("infergate_engine_step_gap_seconds_count"),
+            wall,
+        }
+    }
+
+    /// Time inside steps over wall time: what an operator reads as GPU utilisation.
+    fn busy_fraction(&self) -> f64 {
+        self.busy / self.wall
+    }
+}
+
+#[tokio::test]
+async fn triage_metrics_are_exported_before_any_request_with_the_caps() {
+    let e = Engine::start(&["--max-num-seqs", "8", "--max-num-batched-tokens", "1024"]).await;
+    let text = scrape(&e).await;
+    for (name, kind) in [
+        ("infergate_engine_busy_seconds_total", "counter"),
+        ("infergate_engine_host_seconds_total", "counter"),
+        ("infergate_engine_recomputed_tokens_total", "counter"),
+        ("vllm:num_preemptions_total", "counter"),
+        ("infergate_engine_step_gap_seconds", "histogram"),
+        ("infergate_engine_batch_size", "histogram"),
+        ("vllm:iteration_tokens_total", "histogram"),
+        ("vllm:request_prompt_tokens", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:request_time_per_output_token_seconds", "histogram"),
+        ("infergate_engine_max_num_seqs", "gauge"),
+        ("infergate_engine_max_num_batched_tokens", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}")),
+            "{name} {kind} in:\n{text}"
+        );
+    }
+    assert_eq!(value(&text, "infergate_engine_max_num_seqs"), 8.0);
+    assert_eq!(
+        value(&text, "infergate_engine_max_num_batched_tokens"),
+        1024.0
+    );
+    assert_eq!(value(&text, "infergate_engine_busy_seconds_total"), 0.0);
+    assert_eq!(value(&text, "infergate_engine_host_seconds_total"), 0.0);
+}
+
+#[tokio::test]
+async fn a_saturated_engine_is_busy_and_spends_little_time_on_the_host() {
+    let e = Engine::start(&[]).await;
+    let load = Load::run(&e, 32, 150).await;
+    assert!(load.steps >= 150.0, "{load:?}");
+    assert_eq!(load.gaps_observed, load.steps, "{load:?}");
+    // The client's wall time also holds its own setup and the last answer's trip back.
+    assert!(load.busy_fraction() > 0.7, "{load:?}");
+    assert!(load.host < 0.1 * load.busy, "{load:?}");
+    let text = scrape(&e).await;
+    let batch = value(&text, "infergate_engine_batch_size_sum")
+        / value(&text, "infergate_engine_batch_size_count");
+    assert!(
+        batch > 16.0,
+        "32 requests at once run in large batches: {batch}"
+    );
+}
+
+#[tokio::test]
+async fn a_host_bound_engine_idles_its_accelerator_between_steps() {
+    // 20 ms of host work before every step, against steps of a few milliseconds.
+    let e = Engine::start(&["--sim-host-us-per-step", "20000"]).await;
+    let load = Load::run(&e, 32, 40).await;
+    assert!(load.steps >= 40.0, "{load:?}");
+    assert_eq!(load.gaps_observed, load.steps, "{load:?}");
+    // Every step waited its 20 ms, and the wait was real: it is in the wall time.
+    assert!(load.host >= 0.02 * load.steps * 0.999, "{load:?}");
+    assert!(load.wall >= load.host, "{load:?}");
+    assert!(load.busy_fraction() < 0.5, "{load:?}");
+    assert!(load.host > 2.0 * load.busy, "{load:?}");
+    // The host time keeps growing under further load.
+    let before = value(&scrape(&e).await, "infergate_engine_host_seconds_total");
+    saturate(&e, 4, 5).await;
+    let after = value(&scrape(&e).await, "infergate_engine_host_seconds_total");
+    assert!(after >= before + 0.02 * 5.0, "{before} -> {after}");
+}
+
+#[tokio::test]
+async fn the_cpu_backend_measures_the_same_triage_metrics() {
+    let _machine = common::machine::whole_machine().await;
+    // 8 sequences of ~32 tokens in 8 blocks of 16: decodes that need a second block preempt.
+    let (e, dir, model) = common::cpu_default(
+        "triage-metrics",
+        &[
+            "--num-gpu-blocks-override",
+            "8",
+            "--max-model-len",
+            "128",
+            "--max-num-seqs",
+            "6",
+        ],
+    )
+    .await;
+    let mut set = JoinSet::new();
+    for w in [
+        "rivers", "stones", "light", "gardens", "windows", "paper", "silver", "markets",
+    ] {
+        let body = json!({"model": model, "prompt": format!("A short story about {w}:"),
+                          "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+        set.spawn(send(e.at("/v1/completions"), body));
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.expect("request task").completion_tokens, 24);
+    }
+    let text = scrape(&e).await;
+    let steps = ["graph", "eager"]
+        .iter()
+        .filter_map(|p| {
+            find_metric(
+                &text,
+                &format!("infergate_engine_steps_total{{path=\"{p}\"}}"),
+            )
+        })
+        .sum::<f64>();
+    assert!(steps > 0.0);
+    assert_eq!(value(&text, "infergate_engine_batch_size_count"), steps);
+    assert_eq!(
+        value(&text, "infergate_engine_step_gap_seconds_count"),
+        steps
+    );
+    assert!(value(&text, "infergate_engine_batch_size_sum") <= 6.0 * steps);
+    assert_eq!(value(&text, "infergate_engine_max_num_seqs"), 6.0);
+    // Real forward passes take real time, and so does the host's sampling between them.
+    assert!(value(&text, "infergate_engine_busy_seconds_total") > 0.0);
+    assert!(value(&text, "infergate_engine_host_seconds_total") > 0.0);
+    let preemptions = value(&text, "vllm:num_preemptions_total");
+    assert!(preemptions > 0.0, "no preemption happened");
+    assert!(value(&text, "infergate_engine_recomputed_tokens_total") >= preemptions);
+    let _ = std::fs::remove_dir_all(dir);
+}

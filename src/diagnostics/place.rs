@@ -141,7 +141,7 @@ impl<'de> Visitor<'de> for NodeVisitor {
 
 /// The problems of `text` as errors of `file`, each at its line and column (the text is parsed
 /// once for all of them), in line order; a problem whose place is not found is about the file.
-pub(super) fn placed(text: &str, file: &Path, problems: Vec<Problem>) -> Vec<ConfigError> {
+pub fn placed(text: &str, file: &Path, problems: Vec<Problem>) -> Vec<ConfigError> {
     let root: Option<Node> = serde_saphyr::from_str(text).ok();
     let mut errors: Vec<ConfigError> = problems
         .into_iter()

@@ -86,14 +86,14 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// Collects errors for one file during validation.
-pub(super) struct Sink<'a> {
+pub struct Sink<'a> {
     file: &'a Path,
     errors: Vec<ConfigError>,
 }
 
 impl<'a> Sink<'a> {
     /// An empty sink for `file`.
-    pub(super) fn new(file: &'a Path) -> Self {
+    pub fn new(file: &'a Path) -> Self {
         Self {
             file,
             errors: Vec::new(),
@@ -101,23 +101,23 @@ impl<'a> Sink<'a> {
     }
 
     /// Records a problem at `location`.
-    pub(super) fn at(&mut self, location: &Location, message: impl Into<String>) {
+    pub fn at(&mut self, location: &Location, message: impl Into<String>) {
         self.errors
             .push(ConfigError::at(self.file, location, message));
     }
 
     /// Records a problem with no place in the file.
-    pub(super) fn whole(&mut self, message: impl Into<String>) {
+    pub fn whole(&mut self, message: impl Into<String>) {
         self.errors.push(ConfigError::file(self.file, message));
     }
 
     /// Records a YAML parse error.
-    pub(super) fn yaml(&mut self, err: &serde_saphyr::Error) {
+    pub fn yaml(&mut self, err: &serde_saphyr::Error) {
         self.errors.push(ConfigError::yaml(self.file, err));
     }
 
     /// The errors, sorted by line then column (file-level errors first).
-    pub(super) fn into_sorted(mut self) -> Vec<ConfigError> {
+    pub fn into_sorted(mut self) -> Vec<ConfigError> {
         self.errors.sort_by_key(|e| (e.line, e.column));
         self.errors
     }
