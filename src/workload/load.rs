@@ -3,11 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-
 use super::build::{Problems, build};
-use crate::diagnostics::{ConfigError, ConfigErrors};
 use super::model::Workload;
 use super::spec::RawWorkload;
+use crate::diagnostics::{ConfigError, ConfigErrors};
 
 /// Where named workloads live, relative to the current directory.
 pub const WORKLOAD_DIR: &str = "config/workloads";
