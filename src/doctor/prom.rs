@@ -152,18 +152,17 @@ where
                     continue;
                 };
                 let sum = one(parse_answer(&ask(sum).await?)?).unwrap_or(0.0);
-                let mut b: Vec<(f64, f64)> = parse_answer(&ask(buckets).await?)?
+                let b: Vec<(f64, f64)> = parse_answer(&ask(buckets).await?)?
                     .into_iter()
                     .filter_map(|(labels, v)| {
                         let le = labels.get("le")?.as_str()?.parse::<f64>().ok()?;
                         Some((le, v))
                     })
                     .collect();
-                b.sort_by(|x, y| x.0.total_cmp(&y.0));
                 data.hists.insert(
                     name,
                     Hist {
-                        buckets: b,
+                        buckets: Hist::cumulative(b),
                         sum,
                         count,
                     },

@@ -56,6 +56,19 @@ pub struct Hist {
 }
 
 impl Hist {
+    /// Buckets summed over series, sorted by bound; series with different bounds sum to counts
+    /// that dip at a bound only some have, and a cumulative count never falls, so each is
+    /// read as the running maximum.
+    pub fn cumulative(mut buckets: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut seen = 0.0_f64;
+        for (_, c) in &mut buckets {
+            seen = seen.max(*c);
+            *c = seen;
+        }
+        buckets
+    }
+
     /// Mean observation, `None` without observations.
     pub fn mean(&self) -> Option<f64> {
         (self.count > 0.0).then(|| self.sum / self.count)
@@ -340,11 +353,10 @@ impl WindowData {
                     None => buckets.push((le, inc)),
                 }
             }
-            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
             data.hists.insert(
                 name,
                 Hist {
-                    buckets,
+                    buckets: Hist::cumulative(buckets),
                     sum: sum.iter().map(|(_, v)| v).sum(),
                     count: count.iter().map(|(_, v)| v).sum(),
                 },
@@ -396,6 +408,12 @@ mod tests {
         assert_eq!(hist(&[]).quantile(0.5), None);
         assert_eq!(h.max_bound(), Some(2.0));
         assert_eq!(tail.max_bound(), Some(1.0));
+    }
+
+    #[test]
+    fn sums_over_different_bounds_never_fall() {
+        let b = Hist::cumulative(vec![(f64::INFINITY, 7.0), (1.5, 1.0), (1.0, 5.0)]);
+        assert_eq!(b, vec![(1.0, 5.0), (1.5, 5.0), (f64::INFINITY, 7.0)]);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! infinite, negative or past its ceiling, a histogram whose buckets are not cumulative or too
 //! many, makes the scrape invalid.
 
+use std::collections::HashMap;
+
 use super::load_metrics::{PollError, PollFailure};
 
 /// Largest value a mirrored counter may hold (1e15: a decade of a million tokens a second is
@@ -224,6 +226,19 @@ fn le_of(line: &str, name: &str) -> Result<f64, PollError> {
     }
 }
 
+/// A bucket line's labels but `le`: which label set (series) it belongs to.
+fn series_key(line: &str) -> String {
+    let (Some(open), Some(close)) = (line.find('{'), line.rfind('}')) else {
+        return String::new();
+    };
+    line.get(open + 1..close)
+        .unwrap_or("")
+        .split(',')
+        .filter(|pair| pair.split_once('=').is_none_or(|(k, _)| k.trim() != "le"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// What a sample line is, among the mirrored metrics.
 enum Part {
     Counter(usize),
@@ -258,6 +273,8 @@ fn part_of(name: &str) -> Option<Part> {
 /// bounds or whose cumulative counts fall as `le` grows.
 pub fn parse_triage(text: &str) -> Result<EngineTriage, PollError> {
     let mut out = EngineTriage::default();
+    // Each histogram label set's buckets, to check that each is cumulative.
+    let mut series: HashMap<(usize, String), Vec<(f64, f64)>> = HashMap::new();
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -282,6 +299,10 @@ pub fn parse_triage(text: &str) -> Result<EngineTriage, PollError> {
             Part::Bucket(i) => {
                 let count = bounded(name, value, MAX_COUNTER)?;
                 let le = le_of(line, name)?;
+                series
+                    .entry((i, series_key(line)))
+                    .or_default()
+                    .push((le, count));
                 let h = out.histograms[i].get_or_insert_with(HistogramData::default);
                 let full = h.buckets.len() >= MAX_BUCKETS;
                 match h.buckets.iter_mut().find(|(b, _)| *b == le) {
@@ -310,11 +331,24 @@ pub fn parse_triage(text: &str) -> Result<EngineTriage, PollError> {
             }
         }
     }
-    for (h, mirror) in out.histograms.iter_mut().zip(HISTOGRAMS) {
-        let Some(h) = h else { continue };
+    // Each label set's buckets must be cumulative: that is the worker's own arithmetic.
+    for ((i, _), mut buckets) in series {
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if buckets.windows(2).any(|w| w[1].1 < w[0].1) {
+            return Err(invalid(
+                HISTOGRAMS[i].source,
+                "buckets that are not cumulative",
+            ));
+        }
+    }
+    // Label sets with different bounds sum to counts that can dip at a bound only some have;
+    // a cumulative count never falls, so the sum is read as its running maximum.
+    for h in out.histograms.iter_mut().flatten() {
         h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        if h.buckets.windows(2).any(|w| w[1].1 < w[0].1) {
-            return Err(invalid(mirror.source, "buckets that are not cumulative"));
+        let mut seen = 0.0_f64;
+        for (_, c) in &mut h.buckets {
+            seen = seen.max(*c);
+            *c = seen;
         }
     }
     Ok(out)
@@ -396,6 +430,26 @@ vllm:request_prompt_tokens_bucket{engine=\"1\",le=\"+Inf\"} 4\n";
         let text =
             "vllm:prompt_tokens_total{a=\"1\"} 6e14\nvllm:prompt_tokens_total{a=\"2\"} 6e14\n";
         assert_eq!(reason(text), invalid);
+    }
+
+    #[test]
+    fn label_sets_with_different_bounds_sum_without_a_dip() {
+        // Each set cumulative; their sum at 1.5 (only B has it) would dip below A's count at 1.
+        let text = "infergate_engine_batch_size_bucket{e=\"a\",le=\"1\"} 5\n\
+infergate_engine_batch_size_bucket{e=\"a\",le=\"+Inf\"} 5\n\
+infergate_engine_batch_size_bucket{e=\"b\",le=\"1.5\"} 1\n\
+infergate_engine_batch_size_bucket{e=\"b\",le=\"+Inf\"} 2\n";
+        let t = parse_triage(text).unwrap();
+        let h = t.histograms[1].as_ref().unwrap();
+        assert_eq!(
+            h.buckets,
+            vec![(1.0, 5.0), (1.5, 5.0), (f64::INFINITY, 7.0)]
+        );
+        // One set falling is the worker's own error.
+        let falling = "infergate_engine_batch_size_bucket{e=\"a\",le=\"1\"} 5\n\
+infergate_engine_batch_size_bucket{e=\"a\",le=\"2\"} 4\n\
+infergate_engine_batch_size_bucket{e=\"b\",le=\"1\"} 0\n";
+        assert_eq!(reason(falling), Some(PollFailure::InvalidValue));
     }
 
     #[test]
