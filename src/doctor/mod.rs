@@ -6,6 +6,7 @@
 //! window; turns the window into a [`snapshot::Snapshot`] of plain numbers; and runs the pure
 //! rules of [`rules`] over it. I/O lives here, everything else is pure and tested.
 
+pub mod expo;
 pub mod prom;
 pub mod report;
 pub mod rules;
@@ -18,8 +19,9 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 
+use expo::parse_exposition;
 use snapshot::Snapshot;
-use window::{WindowData, parse_exposition};
+use window::WindowData;
 
 /// Largest answer doctor reads from the gateway or Prometheus.
 const MAX_BODY_BYTES: usize = 64 << 20;
