@@ -15,9 +15,9 @@ pub const BUSY_HIGH: f64 = 0.7;
 /// Requests waiting per worker (engine plus gateway queue) that make a queue "full": more than
 /// a handful waiting means admission, not arrivals, sets the pace.
 pub const QUEUE_LONG_PER_WORKER: f64 = 4.0;
-/// p95 time per output token past which decoding is slow (3.1's 8 → 35 ms; 30 ms is below
-/// reading speed for most users).
-pub const TPOT_SLOW_S: f64 = 0.030;
+/// p95 time per output token past which decoding is slow (3.1's 8 → 35 ms): 20 ms is 50
+/// tokens a second, where streamed text stops running ahead of a fast reader.
+pub const TPOT_SLOW_S: f64 = 0.020;
 /// Running sequences per worker that make a decode batch "large" (the step turns memory-bound);
 /// below it a batch pinned at its cap is "small" (3.2 b).
 pub const BATCH_LARGE: f64 = 16.0;
@@ -38,6 +38,14 @@ pub const LONG_PROMPT_SHARE_MIN: f64 = 0.005;
 pub const ITL_TAIL_RATIO: f64 = 5.0;
 /// A tail shorter than this is not a freeze anyone notices (3.4), whatever the ratio.
 pub const ITL_TAIL_MIN_S: f64 = 0.1;
+/// The largest inter-token gap at least this many times the mean TPOT is a freeze even when
+/// too rare to reach p99 (3.4: a few 30k-token prefills among thousands of tokens).
+pub const ITL_MAX_RATIO: f64 = 20.0;
+/// A largest gap from which a stream visibly freezes (3.4's "freezes for a moment").
+pub const ITL_FREEZE_S: f64 = 0.5;
+/// p99 prompt length over mean below which prompts are uniform (3.5: one shared system prompt
+/// plus a conversation); a long tail of documents is 3.3 or 3.4's traffic, not this.
+pub const PROMPT_UNIFORM_RATIO: f64 = 4.0;
 /// Prompt tokens per completion token above which prompts dominate cost (3.5: 1,800 vs 60).
 pub const PROMPT_HEAVY_RATIO: f64 = 10.0;
 /// Mean prompt length from which a shared prefix is worth caching (3.5), tokens.
@@ -162,12 +170,13 @@ fn cap_pressure(s: &Snapshot) -> Option<f64> {
     [seqs, tokens, kv].into_iter().flatten().reduce(f64::max)
 }
 
-/// 3.2: a long queue while the accelerator is wasted. (a) host-bound when host time between
-/// steps is a large share of the loop (while work is pending, busy and host shares add up to
-/// about 1, so this is the busy fraction's shortfall named by its cause), whatever the batch
-/// (larger steps only amortise the host's cost); otherwise (b) small batches when the batch is pinned
-/// at a cap (sequences, tokens or KV) and is not already large on a saturated accelerator. The
-/// two exclude each other.
+/// 3.2: a long queue while the accelerator is wasted, by one of two mechanisms that exclude
+/// each other. (b) small batches: the batch is pinned at a cap (sequences, tokens or KV) and is
+/// small (under [`BATCH_LARGE`]); a small batch leaves each step's fixed host cost unamortised,
+/// so a high host share then is the cap's consequence. (a) host-bound: host time between steps
+/// is a large share of the loop (while work is pending busy and host add up to about 1) with a
+/// batch that is not small. A larger batch pinned at a cap with short gaps, on an accelerator
+/// not yet saturated, is (b) again.
 ///
 /// The busy fraction (time inside steps) does not decide (b): an engine stepping back to back
 /// on a batch of two is "busy" by that clock while the accelerator's capacity idles, so (b)
@@ -184,8 +193,11 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
         (Some(busy), Some(host)) => busy < BUSY_HIGH && host >= HOST_SHARE_HIGH,
         _ => false,
     };
-    let pressure = cap_pressure(s);
-    if pressure.is_some_and(|p| p >= CAP_PINNED) && !saturated_large && !host_bound {
+    let pinned = cap_pressure(s).is_some_and(|p| p >= CAP_PINNED);
+    // A small batch at its cap leaves each step's fixed host cost unamortised too: the cap is
+    // the cause and the host share its consequence.
+    let small = batch.is_some_and(|b| b < BATCH_LARGE);
+    if pinned && (small || (!saturated_large && !host_bound)) {
         let spec = Spec {
             symptom: "3.2",
             name: "small-batches",
@@ -243,16 +255,23 @@ pub fn idle_with_queue(s: &Snapshot) -> Option<Finding> {
     ))
 }
 
+/// Whether the window saw a preemption or recomputed tokens.
+fn preempted(s: &Snapshot) -> bool {
+    s.preemptions.is_some_and(|p| p >= 1.0) || s.recomputed_tokens_per_s.is_some_and(|r| r > 0.0)
+}
+
+/// Whether the window saw 30k+ token prompts.
+fn long_prompts(s: &Snapshot) -> bool {
+    s.long_prompt_share
+        .is_some_and(|l| l >= LONG_PROMPT_SHARE_MIN)
+        || s.prompt_p99_tokens.is_some_and(|p| p >= LONG_PROMPT_TOKENS)
+}
+
 /// 3.3: preemptions (or recomputation, or a full KV cache) together with 30k+ token prompts.
 pub fn long_context(s: &Snapshot) -> Option<Finding> {
-    let preempted = s.preemptions.is_some_and(|p| p >= 1.0)
-        || s.recomputed_tokens_per_s.is_some_and(|r| r > 0.0);
+    let preempted = preempted(s);
     let kv_full = s.kv_usage_max.is_some_and(|k| k >= KV_FULL);
-    let long = s
-        .long_prompt_share
-        .is_some_and(|l| l >= LONG_PROMPT_SHARE_MIN)
-        || s.prompt_p99_tokens.is_some_and(|p| p >= LONG_PROMPT_TOKENS);
-    if !((preempted || kv_full) && long) {
+    if !((preempted || kv_full) && long_prompts(s)) {
         return None;
     }
     let spec = Spec {
@@ -278,14 +297,25 @@ pub fn long_context(s: &Snapshot) -> Option<Finding> {
     ))
 }
 
-/// 3.4: p99 inter-token latency far above a healthy mean TPOT (prefills stalling decodes).
+/// 3.4: p99 (or the largest) inter-token latency far above a healthy mean TPOT (prefills
+/// stalling decodes), on an accelerator that is not saturated at a large batch.
 pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
-    let p99 = s.itl_p99_s?;
-    let tpot = s.tpot_mean_s?;
-    if !(tpot > 0.0 && p99 >= ITL_TAIL_RATIO * tpot && p99 >= ITL_TAIL_MIN_S && tpot < TPOT_SLOW_S)
-    {
+    let tpot = s.tpot_mean_s.filter(|t| *t > 0.0)?;
+    let p99_tail = s
+        .itl_p99_s
+        .is_some_and(|p| p >= ITL_TAIL_RATIO * tpot && p >= ITL_TAIL_MIN_S);
+    let max_tail = s
+        .itl_max_s
+        .is_some_and(|m| m >= ITL_MAX_RATIO * tpot && m >= ITL_FREEZE_S);
+    // A saturated accelerator at a large batch slows every token: that is 3.1, not a freeze;
+    // gaps that come with preemptions of long prompts are recomputation: 3.3.
+    let saturated_large = s.busy_fraction.is_some_and(|b| b >= BUSY_HIGH)
+        && s.running_per_worker.is_some_and(|r| r >= BATCH_LARGE);
+    let recomputing = preempted(s) && long_prompts(s);
+    if !((p99_tail || max_tail) && tpot < TPOT_SLOW_S && !saturated_large && !recomputing) {
         return None;
     }
+    let p99 = s.itl_p99_s;
     let spec = Spec {
         symptom: "3.4",
         name: "itl-freeze",
@@ -299,10 +329,11 @@ pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
     Some(finding(
         spec,
         &[
-            ("itl_p99_s", Some(p99)),
+            ("itl_p99_s", p99),
             ("itl_max_s", s.itl_max_s),
             ("tpot_mean_s", Some(tpot)),
-            ("itl_p99_over_tpot_mean", Some(p99 / tpot)),
+            ("itl_p99_over_tpot_mean", p99.map(|p| p / tpot)),
+            ("itl_max_over_tpot_mean", s.itl_max_s.map(|m| m / tpot)),
         ],
         1.0,
     ))
@@ -314,7 +345,11 @@ pub fn shared_system_prompt(s: &Snapshot) -> Option<Finding> {
     let ratio = s.prompt_per_completion?;
     let cached = s.cached_share?;
     let long = s.prompt_mean_tokens.is_none_or(|m| m >= PROMPT_LONG_MEAN);
-    if !(ratio >= PROMPT_HEAVY_RATIO && cached < CACHED_LOW && long) {
+    let uniform = match (s.prompt_p99_tokens, s.prompt_mean_tokens) {
+        (Some(p99), Some(mean)) if mean > 0.0 => p99 <= PROMPT_UNIFORM_RATIO * mean,
+        _ => true,
+    };
+    if !(ratio >= PROMPT_HEAVY_RATIO && cached < CACHED_LOW && long && uniform) {
         return None;
     }
     let spec = Spec {

@@ -182,7 +182,8 @@ fn host_bound_falsified_by_short_gaps_or_a_pinned_batch() {
         ..host_bound_case()
     };
     assert!(idle_with_queue(&short).is_none());
-    // Pinned at a cap too, the host's share decides: (a); with short gaps the cap binds: (b).
+    // A batch of 24 pinned at its cap: the host's share decides: (a); with short gaps the cap
+    // binds: (b).
     let pinned = Snapshot {
         max_num_seqs: Some(24.0),
         ..host_bound_case()
@@ -190,9 +191,17 @@ fn host_bound_falsified_by_short_gaps_or_a_pinned_batch() {
     assert_eq!(names(&pinned), ["host-bound"]);
     let pinned_short = Snapshot {
         host_share: Some(0.05),
-        ..pinned
+        ..pinned.clone()
     };
     assert_eq!(names(&pinned_short), ["small-batches"]);
+    // A batch of 4 pinned at its cap: its host share is the small batch's doing: (b).
+    let small = Snapshot {
+        batch_size_mean: Some(4.0),
+        running_per_worker: Some(4.0),
+        max_num_seqs: Some(4.0),
+        ..pinned
+    };
+    assert_eq!(names(&small), ["small-batches"]);
     let no_queue = Snapshot {
         queue_per_worker: Some(0.5),
         ..host_bound_case()
@@ -268,6 +277,26 @@ fn an_itl_tail_over_a_healthy_mean_is_3_4() {
 }
 
 #[test]
+fn a_rare_long_freeze_is_3_4_from_the_largest_gap() {
+    // A few 30k-token prefills: p99 untouched, the largest gap seconds long.
+    let rare = Snapshot {
+        itl_p99_s: Some(0.0126),
+        itl_max_s: Some(2.5),
+        tpot_mean_s: Some(0.0078),
+        ..healthy()
+    };
+    assert_eq!(names(&rare), ["itl-freeze"]);
+    let f = itl_freeze(&rare).unwrap();
+    assert!(f.confirming["itl_max_over_tpot_mean"].unwrap() > 300.0);
+    // A largest gap of 150 ms is not a freeze.
+    let blip = Snapshot {
+        itl_max_s: Some(0.15),
+        ..rare
+    };
+    assert!(itl_freeze(&blip).is_none());
+}
+
+#[test]
 fn itl_freeze_falsified_by_a_slow_mean_or_a_short_tail() {
     let slow_mean = Snapshot {
         tpot_mean_s: Some(0.05),
@@ -276,10 +305,29 @@ fn itl_freeze_falsified_by_a_slow_mean_or_a_short_tail() {
     assert!(itl_freeze(&slow_mean).is_none());
     let jitter = Snapshot {
         itl_p99_s: Some(0.06),
+        itl_max_s: Some(0.08),
         tpot_mean_s: Some(0.002),
         ..itl_freeze_case()
     };
     assert!(itl_freeze(&jitter).is_none(), "60 ms is not a freeze");
+    // A saturated accelerator at a large batch with a tail: 3.1, not 3.4.
+    let peak = Snapshot {
+        itl_p99_s: Some(0.114),
+        tpot_mean_s: Some(0.0204),
+        tpot_p95_s: Some(0.0243),
+        busy_fraction: Some(0.99),
+        running_per_worker: Some(89.0),
+        batch_size_mean: Some(88.0),
+        ..itl_freeze_case()
+    };
+    assert_eq!(names(&peak), ["tpot-at-peak"]);
+    // The same gaps with preemptions of 30k-token prompts: recomputation, 3.3.
+    let recompute = Snapshot {
+        preemptions: Some(16.0),
+        long_prompt_share: Some(0.02),
+        ..itl_freeze_case()
+    };
+    assert_eq!(names(&recompute), ["long-context"]);
 }
 
 fn shared_prompt_case() -> Snapshot {
@@ -317,15 +365,22 @@ fn shared_prompt_falsified_by_a_working_cache_or_balanced_tokens() {
         ..shared_prompt_case()
     };
     assert!(shared_system_prompt(&short).is_none());
+    // A tail of 20k-token documents among chat: not a shared prompt, whatever the ratio.
+    let documents = Snapshot {
+        prompt_mean_tokens: Some(1792.0),
+        prompt_p99_tokens: Some(20_000.0),
+        ..shared_prompt_case()
+    };
+    assert!(shared_system_prompt(&documents).is_none());
 }
 
 #[test]
 fn findings_are_ranked_by_expected_value() {
-    // Small batches (3 / 1) before long context (2 / 2) and a host-free 3.4 (2 / 1).
+    // Small batches (3 / 1), then 3.4 (2 / 1), then long context on a full cache (2 / 2 × 0.6).
     let both = Snapshot {
         itl_p99_s: Some(0.5),
         tpot_mean_s: Some(0.01),
-        preemptions: Some(5.0),
+        kv_usage_max: Some(0.95),
         long_prompt_share: Some(0.05),
         ..small_batches_case()
     };
