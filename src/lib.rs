@@ -32,6 +32,7 @@ pub mod config;
 pub mod dashboard;
 pub mod degrade;
 pub mod diagnostics;
+pub mod doctor;
 pub mod duration;
 pub mod error;
 pub mod gateway;

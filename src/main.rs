@@ -155,6 +155,9 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// On-call triage: names the symptom (3.1–3.5) the gateway's live metrics show, with its
+    /// mechanism, lever, confirming measurement and falsifier.
+    Doctor(infergate::doctor::DoctorArgs),
     /// The usage ledger as a table: spend and tokens per day, tenant, model, key, version.
     Usage(infergate::usage_cli::UsageArgs),
     /// Configuration tools.
@@ -321,6 +324,26 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Doctor(args) => {
+            init_logs(LogFormat::Text, "warn");
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(infergate::doctor::run(&args)) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Usage(args) => match infergate::usage_cli::run(&args) {
             Ok(text) => {
                 print!("{text}");

@@ -12,6 +12,19 @@ use std::sync::{Arc, Mutex};
 use crate::routing::RouteReason;
 use crate::workers::state::WorkerState;
 
+/// A shared collector registered by reference, so the gateway keeps a handle to update it.
+struct ArcCollector<C>(Arc<C>);
+
+impl<C: prometheus::core::Collector> prometheus::core::Collector for ArcCollector<C> {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.0.collect()
+    }
+}
+
 /// Every gateway metric.
 pub struct GatewayMetrics {
     registry: Registry,
@@ -145,6 +158,10 @@ pub struct GatewayMetrics {
     pub shadow_latency_ratio: HistogramVec,
     /// `infergate_shadow_output_ratio{model}`: shadow output tokens / client's.
     pub shadow_output_ratio: HistogramVec,
+    /// `infergate_worker_*{pool,worker}`: the triage metrics polled from each worker (busy and
+    /// host seconds, batch size, step gaps, preemptions, prompt lengths, ITL, TPOT, prefix
+    /// cache, caps), exported again so `infergate doctor` needs only this `/metrics`.
+    pub worker_triage: Arc<crate::workers::triage_export::TriageExport>,
     /// The per-tenant series of each tenant and model seen, resolved once per pair.
     tenant_models: Mutex<HashMap<String, HashMap<String, Arc<TenantModelSeries>>>>,
     /// `infergate_flight_records_total{result}`: engine flight records on relayed answers (ok,
@@ -607,6 +624,11 @@ impl GatewayMetrics {
                 "infergate_shadow_output_ratio",
                 "Shadow output tokens over the client's.",
             )?,
+            worker_triage: {
+                let t = Arc::new(crate::workers::triage_export::TriageExport::new()?);
+                registry.register(Box::new(ArcCollector(t.clone())))?;
+                t
+            },
             tenant_models: Mutex::default(),
             flight_records: counter(
                 "infergate_flight_records_total",

@@ -88,6 +88,18 @@ impl Gateway {
                     .collect::<Vec<_>>()
             })
             .collect();
+        // The triage series of workers a reload removed go with their pollers.
+        let polled: HashSet<(String, String)> = live
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.workers()
+                    .iter()
+                    .map(|w| (p.name.clone(), w.url.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        self.metrics.worker_triage.retain(&polled);
         pollers.retain(|key, task| {
             let keep = wanted.contains(key) && !task.is_finished();
             if !keep {

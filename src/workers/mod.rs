@@ -1,8 +1,10 @@
 //! Upstream workers: their live state, pools, load polling and discovery.
 
 pub mod conns;
+pub mod engine_triage;
 pub mod kv_events;
 pub mod load_metrics;
 pub mod poller;
 pub mod pool;
 pub mod state;
+pub mod triage_export;

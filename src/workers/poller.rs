@@ -4,6 +4,10 @@
 //! `health.max_scrape_bytes` (a larger answer is never buffered whole) and within
 //! `health.timeout`, and its values are checked by [`parse_load`]. Each failure is counted by
 //! reason in `infergate_worker_poll_failures_total` and counts towards ejection.
+//!
+//! Engines that speak vLLM's names (vLLM and ours) also give their triage metrics (busy time,
+//! batch size, preemptions, ITL…, see [`parse_triage`]), checked the same way and exported
+//! again per pool and worker, so `infergate doctor` reads one `/metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +17,8 @@ use hyper::body::Bytes;
 
 use crate::metrics::GatewayMetrics;
 use crate::upstream::UpstreamClient;
-use crate::workers::load_metrics::{EngineLoad, PollError, PollFailure, parse_load};
+use crate::workers::engine_triage::{EngineTriage, parse_triage};
+use crate::workers::load_metrics::{Dialect, EngineLoad, PollError, PollFailure, parse_load};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::state::{HealthChange, WorkerState};
 
@@ -60,7 +65,10 @@ pub async fn poll_worker(
         .inc();
     let outcome = poll_once(client, &worker.url, pool_rt, settings).await;
     let change = match outcome {
-        Ok(load) => {
+        Ok((load, triage)) => {
+            if let Some(triage) = triage {
+                metrics.worker_triage.record(pool, &worker.url, triage);
+            }
             if worker.record_load(load) {
                 tracing::info!(pool, worker = %worker.url, "worker restarted: its prefix index entries are dropped");
                 pool_rt.forget_worker(worker.key);
@@ -98,13 +106,14 @@ pub async fn poll_worker(
     metrics.observe_worker(pool, worker);
 }
 
-/// One bounded scrape, parsed and checked.
+/// One bounded scrape, parsed and checked: the load, and the triage metrics of engines that
+/// speak vLLM's names.
 async fn poll_once(
     client: &UpstreamClient,
     base: &str,
     pool_rt: &PoolRuntime,
     settings: PollSettings,
-) -> Result<EngineLoad, PollError> {
+) -> Result<(EngineLoad, Option<EngineTriage>), PollError> {
     let text = tokio::time::timeout(
         settings.timeout,
         scrape(client, base, settings.max_scrape_bytes),
@@ -116,7 +125,12 @@ async fn poll_once(
             format!("no full answer within {:?}", settings.timeout),
         )
     })??;
-    parse_load(&text, pool_rt.dialect)
+    let load = parse_load(&text, pool_rt.dialect)?;
+    let triage = match pool_rt.dialect {
+        Dialect::Vllm | Dialect::Infergate => Some(parse_triage(&text)?),
+        Dialect::Sglang | Dialect::Tgi => None,
+    };
+    Ok((load, triage))
 }
 
 /// `GET {base}/metrics`, reading at most `max_bytes` of body: a declared or read length past it

@@ -1,5 +1,7 @@
-//! The tools: `bench`, `sim`, `plan`, `report` and the simulator's refusals.
+//! The tools: `bench`, `sim`, `plan`, `report`, `doctor`, the five symptoms' scenarios and the
+//! simulator's refusals.
 
+mod doctor;
 mod scenarios;
 mod sim_refusals;
 mod tools_cli;
