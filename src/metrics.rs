@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::routing::RouteReason;
-use crate::workers::state::WorkerState;
 
 /// A shared collector registered by reference, so the gateway keeps a handle to update it.
 struct ArcCollector<C>(Arc<C>);
@@ -158,10 +157,6 @@ pub struct GatewayMetrics {
     pub shadow_latency_ratio: HistogramVec,
     /// `infergate_shadow_output_ratio{model}`: shadow output tokens / client's.
     pub shadow_output_ratio: HistogramVec,
-    /// `infergate_worker_*{pool,worker}`: the triage metrics polled from each worker (busy and
-    /// host seconds, batch size, step gaps, preemptions, prompt lengths, ITL, TPOT, prefix
-    /// cache, caps), exported again so `infergate doctor` needs only this `/metrics`.
-    pub worker_triage: Arc<crate::workers::triage_export::TriageExport>,
     /// The per-tenant series of each tenant and model seen, resolved once per pair.
     tenant_models: Mutex<HashMap<String, HashMap<String, Arc<TenantModelSeries>>>>,
     /// `infergate_flight_records_total{result}`: engine flight records on relayed answers (ok,
@@ -624,11 +619,6 @@ impl GatewayMetrics {
                 "infergate_shadow_output_ratio",
                 "Shadow output tokens over the client's.",
             )?,
-            worker_triage: {
-                let t = Arc::new(crate::workers::triage_export::TriageExport::new()?);
-                registry.register(Box::new(ArcCollector(t.clone())))?;
-                t
-            },
             tenant_models: Mutex::default(),
             flight_records: counter(
                 "infergate_flight_records_total",
@@ -683,10 +673,18 @@ impl GatewayMetrics {
         series
     }
 
-    /// Updates the per-worker gauges.
-    pub fn observe_worker(&self, pool: &str, w: &WorkerState) {
-        let v = w.view();
-        let l = [pool, w.url.as_str()];
+    /// Registers a collector of the gateway's own (one that owns its series, e.g. the triage
+    /// figures polled from workers); it is shared, so its owner keeps updating it.
+    pub fn register<C: prometheus::core::Collector + 'static>(
+        &self,
+        collector: Arc<C>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(ArcCollector(collector)))
+    }
+
+    /// Updates the per-worker gauges of the worker at `url` from its routing view `v`.
+    pub fn observe_worker(&self, pool: &str, url: &str, v: &crate::routing::WorkerView) {
+        let l = [pool, url];
         self.worker_in_flight
             .with_label_values(&l)
             .set(f64::from(v.in_flight));

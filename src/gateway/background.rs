@@ -99,7 +99,7 @@ impl Gateway {
                     .collect::<Vec<_>>()
             })
             .collect();
-        self.metrics.worker_triage.retain(&polled);
+        self.triage.retain(&polled);
         pollers.retain(|key, task| {
             let keep = wanted.contains(key) && !task.is_finished();
             if !keep {
@@ -126,11 +126,24 @@ impl Gateway {
             let Some(worker) = pool.workers().iter().find(|w| w.key == key).cloned() else {
                 return;
             };
-            let settings = PollSettings::of(&live.snapshot.health);
+            let health = &live.snapshot.health;
+            let settings = PollSettings {
+                timeout: health.timeout,
+                eject_after: health.eject_after,
+                readmit_after: health.readmit_after,
+                max_scrape_bytes: health.max_scrape_bytes,
+            };
             let interval = live.snapshot.health.poll_interval;
             // An old snapshot is not kept alive by a poll in progress.
             drop(live);
-            poll_worker(&self.client, &worker, &pool, settings, &self.metrics).await;
+            poll_worker(
+                &self.client,
+                &worker,
+                &pool,
+                settings,
+                (&self.metrics, &self.triage),
+            )
+            .await;
             drop((pool, worker));
             tokio::time::sleep(interval).await;
         }

@@ -97,6 +97,9 @@ pub struct Gateway {
     live: ArcSwap<Live>,
     /// Gateway metrics.
     pub metrics: Arc<GatewayMetrics>,
+    /// The triage figures polled from workers, re-exported per pool and worker (registered in
+    /// `metrics`; the polls update it).
+    pub triage: Arc<crate::workers::triage_export::TriageExport>,
     /// Pooled client to workers.
     pub client: UpstreamClient,
     /// Per-tenant rate and concurrency limits.
@@ -150,6 +153,12 @@ impl Gateway {
             seed_budgets(&budgets, l.reader().as_ref())?;
         }
         let metrics = Arc::new(GatewayMetrics::new().map_err(|e| e.to_string())?);
+        let triage = Arc::new(
+            crate::workers::triage_export::TriageExport::new().map_err(|e| e.to_string())?,
+        );
+        metrics
+            .register(triage.clone())
+            .map_err(|e| e.to_string())?;
         let trace = match &snapshot.trace {
             Some(config) => Some(crate::trace::TraceWriter::start(
                 config,
@@ -170,6 +179,7 @@ impl Gateway {
                 discovery: Vec::new(),
             }),
             metrics,
+            triage,
             client,
             limiter: Arc::new(InProcessLimiter::new()),
             body_budget: Arc::default(),

@@ -21,6 +21,7 @@ use crate::workers::engine_triage::{EngineTriage, parse_triage};
 use crate::workers::load_metrics::{Dialect, EngineLoad, PollError, PollFailure, parse_load};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::state::{HealthChange, WorkerState};
+use crate::workers::triage_export::TriageExport;
 
 /// Health settings applied by a poll.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,17 +36,7 @@ pub struct PollSettings {
     pub max_scrape_bytes: usize,
 }
 
-impl PollSettings {
-    /// The settings of a config's `health:` section.
-    pub fn of(health: &crate::config::HealthConfig) -> Self {
-        Self {
-            timeout: health.timeout,
-            eject_after: health.eject_after,
-            readmit_after: health.readmit_after,
-            max_scrape_bytes: health.max_scrape_bytes,
-        }
-    }
-}
+impl PollSettings {}
 
 /// Scrapes one worker once and updates its state. A restart (new start time or KV size) or a
 /// re-admission voids what routing learned about the worker's cache.
@@ -54,7 +45,7 @@ pub async fn poll_worker(
     worker: &Arc<WorkerState>,
     pool_rt: &PoolRuntime,
     settings: PollSettings,
-    metrics: &GatewayMetrics,
+    (metrics, triage_export): (&GatewayMetrics, &TriageExport),
 ) {
     let pool = pool_rt.name.as_str();
     // Between polls is as good a time as any to close connections nobody used for a while.
@@ -67,13 +58,13 @@ pub async fn poll_worker(
     let change = match outcome {
         Ok((load, triage)) => {
             if let Some(triage) = triage {
-                metrics.worker_triage.record(pool, &worker.url, triage);
+                triage_export.record(pool, &worker.url, triage);
             }
             if worker.record_load(load) {
                 tracing::info!(pool, worker = %worker.url, "worker restarted: its prefix index entries are dropped");
                 pool_rt.forget_worker(worker.key);
             }
-            metrics.observe_worker(pool, worker);
+            metrics.observe_worker(pool, &worker.url, &worker.view());
             worker.record_success(settings.readmit_after)
         }
         Err(e) => {
@@ -103,7 +94,7 @@ pub async fn poll_worker(
         }
         HealthChange::None => {}
     }
-    metrics.observe_worker(pool, worker);
+    metrics.observe_worker(pool, &worker.url, &worker.view());
 }
 
 /// One bounded scrape, parsed and checked: the load, and the triage metrics of engines that
