@@ -18,9 +18,11 @@
 //!   over [`upstream`] (the pooled client).
 //! - **Configuration**: [`config`] compiles the YAML files into one snapshot; [`diagnostics`]
 //!   locates their errors (a leaf every domain's checks report through).
-//! - **Accounting and observability**: [`ledger`], [`usage_api`], [`dashboard`], [`metrics`].
+//! - **Accounting and observability**: [`ledger`], [`usage_api`], [`dashboard`], [`metrics`],
+//!   [`trace`] (the flight record of each request, as JSON lines).
 //! - **Tools** beside the gateway: [`bench`], [`sim`], [`plan`], [`report`], [`workload`],
-//!   [`usage_cli`]; small shared pieces: [`duration`], [`utc`].
+//!   [`usage_cli`], [`doctor`] (names a symptom from live metrics); small shared pieces:
+//!   [`duration`], [`utc`].
 #![forbid(unsafe_code)]
 
 pub mod admin;
