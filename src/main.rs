@@ -216,16 +216,35 @@ fn init_logs(format: LogFormat, level: &str) {
     }
 }
 
-fn block_on(f: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
+/// Runs `f` on a fresh multi-threaded runtime; `None` (said on stderr) when none could start.
+fn run_async<T>(f: impl std::future::Future<Output = T>) -> Option<T> {
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => Some(runtime.block_on(f)),
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            None
         }
-    };
-    match runtime.block_on(f) {
-        Ok(()) => ExitCode::SUCCESS,
+    }
+}
+
+fn block_on(f: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    match run_async(f) {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// A tool's report printed, or its error.
+fn printed(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -258,50 +277,16 @@ fn main() -> ExitCode {
         Command::Gateway(args) => run_gateway(args, false),
         Command::Bench(cli) => {
             init_logs(LogFormat::Text, "warn");
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(infergate::bench::main(cli)) {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run_async(infergate::bench::main(cli)).map_or(ExitCode::FAILURE, printed)
         }
-        Command::Sim(args) => match infergate::sim::run(&args) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Sim(args) => printed(infergate::sim::run(&args)),
         Command::Plan { command } => {
             let out = match command {
                 PlanCommand::Kv(a) => infergate::plan::run_kv(&a),
                 PlanCommand::Spec(a) => infergate::plan::run_spec(&a),
                 PlanCommand::Capacity(a) => infergate::plan::run_capacity(&a),
             };
-            match out {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            printed(out)
         }
         Command::Keys {
             command: KeysCommand::Create { tenant, tier },
@@ -326,34 +311,9 @@ fn main() -> ExitCode {
         },
         Command::Doctor(args) => {
             init_logs(LogFormat::Text, "warn");
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(infergate::doctor::run(&args)) {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run_async(infergate::doctor::run(&args)).map_or(ExitCode::FAILURE, printed)
         }
-        Command::Usage(args) => match infergate::usage_cli::run(&args) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Usage(args) => printed(infergate::usage_cli::run(&args)),
         Command::Config {
             command: ConfigCommand::Check { config },
         } => match infergate::config::load(&config) {

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use super::load_metrics::{PollError, PollFailure};
+use super::load_metrics::{PollError, PollFailure, samples};
 
 /// Largest value a mirrored counter may hold (1e15: a decade of a million tokens a second is
 /// 3e14). Past it the exporter is broken.
@@ -275,13 +275,7 @@ pub fn parse_triage(text: &str) -> Result<EngineTriage, PollError> {
     let mut out = EngineTriage::default();
     // Each histogram label set's buckets, to check that each is cumulative.
     let mut series: HashMap<(usize, String), Vec<(f64, f64)>> = HashMap::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
+    for (line, name, name_end) in samples(text) {
         let Some(part) = part_of(name) else {
             continue;
         };

@@ -216,6 +216,19 @@ impl Dialect {
     }
 }
 
+/// The sample lines of a Prometheus text scrape, each with its metric name and where the name
+/// ends (comments and blank lines skipped).
+pub(super) fn samples(text: &str) -> impl Iterator<Item = (&str, &str, usize)> {
+    text.lines().filter_map(|line| {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        Some((line, &line[..name_end], name_end))
+    })
+}
+
 /// Parses a scrape. Values of the same metric under several label sets (several models or
 /// engine cores) are summed; KV usage is averaged over them. Errors with
 /// [`PollFailure::NoMetrics`] when none of the dialect's queue metrics is present (usually the
@@ -227,13 +240,7 @@ pub fn parse_load(text: &str, dialect: Dialect) -> Result<EngineLoad, PollError>
     let (mut waiting, mut running, mut kv, mut kv_n) = (None::<f64>, None::<f64>, 0.0, 0u32);
     let mut kv_name: Option<&str> = None;
     let (mut kv_capacity, mut kv_protected, mut started_at) = (None::<u64>, None::<u64>, None);
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
+    for (line, name, name_end) in samples(text) {
         if names.cache_info == Some(name) {
             // An info metric: what matters is in its labels.
             if let Some(c) = tokens_from_info(line, "num_gpu_blocks")? {
