@@ -174,7 +174,8 @@ async fn a_50_mb_scrape_is_cut_off_and_counted_too_large() {
         (declared.metrics_polls() >= 3 && undeclared.metrics_polls() >= 3).then_some(())
     })
     .await;
-    all_served_by(&gw, &engine, 5).await;
+    // Warmed by as many requests as are sent below, so their own memory is in the baseline.
+    all_served_by(&gw, &engine, 30).await;
     let before = gw.rss_kib();
     bad.store(true, Ordering::Relaxed);
     let peak = Cell::new(before);
@@ -193,9 +194,11 @@ async fn a_50_mb_scrape_is_cut_off_and_counted_too_large() {
         .await;
     all_served_by(&gw, &engine, 30).await;
     let peak = peak.get().max(gw.rss_kib());
-    // Unbounded, each 50 MB scrape was buffered whole (+193 MiB measured).
+    // Unbounded, each 50 MB scrape was buffered whole and copied into a string (+193 MiB
+    // measured): one such scrape alone is over 100 MiB. Bounded at 1 MiB, what remains is
+    // allocator and connection slack (up to 42 MiB seen with the other trust tests beside it).
     let growth_mib = peak.saturating_sub(before) / 1024;
-    assert!(growth_mib < 40, "gateway RSS grew {growth_mib} MiB");
+    assert!(growth_mib < 64, "gateway RSS grew {growth_mib} MiB");
 }
 
 #[tokio::test]
