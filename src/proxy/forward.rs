@@ -17,7 +17,7 @@ use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use crate::proxy::hold::{HOLD_MAX_BYTES, Held, hold};
-use crate::proxy::usage::UsageTap;
+use crate::proxy::usage::{TokenUsage, UsageTap};
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::workers::conns::{Conn, SendError};
@@ -338,7 +338,10 @@ fn with_feedback(
     let features = features.clone();
     let series = pool.series.clone();
     Box::new(move |end| {
-        if let Some(usage) = end.usage {
+        if let Some(usage) = end
+            .usage
+            .filter(|u| plausible_for_feedback(u, features.prompt_bytes))
+        {
             match usage.cached {
                 Some(actual) => {
                     series.predicted_cached.inc_by(decision.predicted_cached);
@@ -360,6 +363,20 @@ fn with_feedback(
             hook(end);
         }
     })
+}
+
+/// Prompt tokens a prompt may hold beyond one per byte of its text: chat templates, special
+/// tokens, and the image or audio parts a URL of a few bytes stands for.
+const UNTEXTED_PROMPT_TOKENS: u64 = 64 * 1024;
+
+/// Whether a worker's usage may teach routing (the cached-token counters and the prefix
+/// index's feedback): no more cached than prompt tokens, and no more prompt tokens than the
+/// prompt's bytes can hold (BPE tokens are at least a byte each) plus [`UNTEXTED_PROMPT_TOKENS`].
+/// What the tenant is billed is checked apart, against the request's own bounds
+/// (`usage_check`).
+fn plausible_for_feedback(usage: &TokenUsage, prompt_bytes: usize) -> bool {
+    let most = (prompt_bytes as u64).saturating_add(UNTEXTED_PROMPT_TOKENS);
+    usage.prompt <= most && usage.cached.is_none_or(|c| c <= usage.prompt)
 }
 
 /// Whether a healthy worker of `pool` other than `current` is still untried.
@@ -509,5 +526,37 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     for name in named {
         headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(prompt: u64, cached: Option<u64>) -> TokenUsage {
+        TokenUsage {
+            prompt,
+            completion: 1,
+            cached,
+        }
+    }
+
+    #[test]
+    fn only_plausible_usage_teaches_routing() {
+        assert!(plausible_for_feedback(&usage(100, Some(64)), 400));
+        assert!(plausible_for_feedback(&usage(100, None), 400));
+        assert!(
+            plausible_for_feedback(&usage(400 + UNTEXTED_PROMPT_TOKENS, None), 400),
+            "a template and an image or two past the text"
+        );
+        assert!(!plausible_for_feedback(
+            &usage(401 + UNTEXTED_PROMPT_TOKENS, None),
+            400
+        ));
+        assert!(!plausible_for_feedback(&usage(100, Some(101)), 400));
+        assert!(!plausible_for_feedback(
+            &usage(u64::MAX, Some(u64::MAX)),
+            400
+        ));
     }
 }

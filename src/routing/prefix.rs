@@ -332,7 +332,7 @@ impl RoutingPolicy for CacheAware {
             self.index
                 .correct(worker_key, fb.predicted_cached, actual, block_tokens);
             // Exact correction for a precise worker (`refute` is a no-op for the others).
-            if actual + 2 * block_tokens as u64 <= fb.predicted_cached {
+            if actual.saturating_add(2 * block_tokens as u64) <= fb.predicted_cached {
                 let blocks = (actual as f64 / block_tokens.max(1.0)) as usize;
                 self.index.refute(worker_key, &req.prefix_hashes, blocks);
             }
