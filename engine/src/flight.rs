@@ -110,66 +110,32 @@ pub struct Features {
     pub images: u32,
 }
 
-/// The members of a request body that [`Features::probe`] reads; the rest is skipped.
-#[derive(Deserialize)]
-struct Probe {
-    #[serde(default)]
-    tools: Option<Vec<serde::de::IgnoredAny>>,
-    #[serde(default)]
-    response_format: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    messages: Option<Vec<ProbeMessage>>,
-}
-
-#[derive(Deserialize)]
-struct ProbeMessage {
-    #[serde(default)]
-    content: Option<ProbeContent>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ProbeContent {
-    Parts(Vec<ProbePart>),
-    Other(serde::de::IgnoredAny),
-}
-
-#[derive(Deserialize)]
-struct ProbePart {
-    #[serde(default, rename = "type")]
-    kind: Option<String>,
-}
-
 impl Features {
-    /// The body's `tools`, `response_format` and image parts; `stream` as given. A body of
-    /// another shape has none of them (the request parser judged it already).
-    pub fn probe(body: &[u8], stream: bool) -> Self {
-        let mut f = Self {
-            stream,
-            ..Self::default()
-        };
-        let Ok(p) = serde_json::from_slice::<Probe>(body) else {
-            return f;
-        };
-        f.tools = p.tools.is_some_and(|t| !t.is_empty());
-        f.response_format = p.response_format.is_some();
-        let images = p
-            .messages
-            .iter()
+    /// The request's `tools`, `response_format` and image parts, read from the body the request
+    /// parser already parsed (`body`, its top-level members); `stream` as given.
+    pub fn of(body: &serde_json::Map<String, serde_json::Value>, stream: bool) -> Self {
+        let present = |key: &str| body.get(key).filter(|v| !v.is_null());
+        let images = present("messages")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
             .flatten()
-            .filter_map(|m| match &m.content {
-                Some(ProbeContent::Parts(parts)) => Some(parts),
-                _ => None,
-            })
+            .filter_map(|m| m.get("content").and_then(serde_json::Value::as_array))
             .flatten()
             .filter(|part| {
-                part.kind
-                    .as_deref()
+                part.get("type")
+                    .and_then(serde_json::Value::as_str)
                     .is_some_and(|k| k == "image_url" || k == "input_image")
             })
             .count();
-        f.images = u32::try_from(images).unwrap_or(u32::MAX);
-        f
+        Self {
+            stream,
+            tools: present("tools")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|t| !t.is_empty()),
+            response_format: present("response_format").is_some(),
+            images: u32::try_from(images).unwrap_or(u32::MAX),
+            ..Self::default()
+        }
     }
 }
 
@@ -343,19 +309,23 @@ mod tests {
     }
 
     #[test]
-    fn features_are_probed_from_the_body() {
+    fn features_are_read_from_the_parsed_body() {
+        let of = |body: &[u8], stream| {
+            let value: serde_json::Value = serde_json::from_slice(body).unwrap();
+            Features::of(value.as_object().unwrap(), stream)
+        };
         let body = br#"{"model":"m","tools":[{"type":"function"}],"response_format":{"type":"json_object"},
             "messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]},
                         {"role":"user","content":"plain"}]}"#;
-        let f = Features::probe(body, true);
+        let f = of(body, true);
         assert!(f.tools && f.response_format && f.stream);
         assert_eq!(f.images, 1);
-        let f = Features::probe(
+        let f = of(
             br#"{"tools":[],"response_format":null,"prompt":"x"}"#,
             false,
         );
         assert_eq!(f, Features::default());
-        assert_eq!(Features::probe(b"[1,2]", false), Features::default());
+        assert_eq!(of(br#"{"messages":[1,2]}"#, false), Features::default());
     }
 
     #[test]

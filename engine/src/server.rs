@@ -407,6 +407,7 @@ async fn generate(
         best_of,
         echo,
         logprobs,
+        features,
         ..
     } = parsed;
     let prompts = tokenize_prompts(engine, endpoint, prompts, echo).await?;
@@ -511,7 +512,6 @@ async fn generate(
     }
 
     let frame = responses_echo.map(|e| ResponseFrame::new(model.clone(), e));
-    let features = crate::flight::Features::probe(&body, stream);
     let meta = ResponseMeta::new(endpoint, model);
     let plan = RequestPlan {
         prompts: plans,

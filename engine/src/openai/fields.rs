@@ -157,6 +157,11 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Every top-level member of the body.
+    pub(crate) fn members(&self) -> &'a Map<String, Value> {
+        self.map
+    }
+
     /// The raw value of `key`, `None` when missing or null.
     pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())

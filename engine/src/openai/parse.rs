@@ -65,6 +65,9 @@ pub struct ParsedRequest {
     /// Logprobs asked for, with this many alternatives per token (completions `logprobs`,
     /// chat `top_logprobs`); `None` when not asked for.
     pub logprobs: Option<usize>,
+    /// What the flight record says of the request's shape (tools, `response_format`, images),
+    /// read from the body parsed here.
+    pub features: crate::flight::Features,
 }
 
 /// Most stop strings a request may carry, as in OpenAI's API.
@@ -254,6 +257,7 @@ pub(super) fn common(
         best_of,
         echo: false,
         logprobs: None,
+        features: crate::flight::Features::of(f.members(), stream),
     })
 }
 
