@@ -16,7 +16,7 @@ use hyper::HeaderMap;
 use hyper::body::Bytes;
 use infergate::config::{Snapshot, load_str_with};
 use infergate::limits::{InProcessLimiter, Limiter, TierLimits};
-use infergate::request::{Endpoint, PromptSize, validate};
+use infergate::pipeline::validate::request::{Endpoint, PromptSize, validate};
 use infergate::tenants::{KeyTable, bearer, format_hash, hash_key};
 
 const TENANTS: usize = 1_000;

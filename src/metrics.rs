@@ -38,7 +38,7 @@ pub struct GatewayMetrics {
     /// `infergate_upstream_errors_total{pool,kind}`.
     pub upstream_errors: IntCounterVec,
     /// `infergate_upstream_usage_rejected_total{pool,reason}`: usage numbers a worker reported
-    /// that the request cannot have used (see [`crate::proxy::usage_check`]).
+    /// that the request cannot have used (see [`crate::usage_check`]).
     pub usage_rejected: IntCounterVec,
     /// Workers whose first usage lie was logged (each is logged once).
     usage_liars: Mutex<std::collections::HashSet<String>>,

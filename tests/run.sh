@@ -51,7 +51,7 @@ fi
 export SMOLLM2_GGUF="$PWD/$models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # NVRTC for the cuda backend's kernel-compile tests (no GPU needed): libnvrtc from its PyPI
-# wheel, into target/cuda-libs (never committed). Used by .ci/run's cuda step.
+# wheel, into target/cuda-libs (never committed).
 cudalibs=target/cuda-libs
 if [ ! -f "$cudalibs/libnvrtc.so.12" ]; then
   mkdir -p "$cudalibs/wheel"
@@ -60,6 +60,10 @@ if [ ! -f "$cudalibs/libnvrtc.so.12" ]; then
     "$(ls "$cudalibs"/wheel/nvidia_cuda_nvrtc_cu12-12.9.86-*.whl)" "$cudalibs"
   rm -rf "$cudalibs/wheel"
 fi
+
+# The cuda backend is built by default (it needs no CUDA to build): its no-GPU tests compile the
+# kernels with the NVRTC fetched above.
+export LD_LIBRARY_PATH="$PWD/$cudalibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 [ "${INFERGATE_SETUP_ONLY:-}" = 1 ] && exit 0
 exec cargo test --workspace "$@"

@@ -24,7 +24,7 @@ pub fn infergate_bin() -> PathBuf {
     if let Some(path) = option_env!("CARGO_BIN_EXE_infergate") {
         return PathBuf::from(path);
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/infergate");
+    let path = Path::new(kit::REPO).join("target/release/infergate");
     if !path.exists() {
         eprintln!(
             "error: {} is missing; run `cargo build --release` first",

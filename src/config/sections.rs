@@ -101,8 +101,8 @@ pub(super) fn forward(sink: &mut Sink<'_>, raw: Option<&RawForward>) -> ForwardC
 pub(super) fn usage_check(
     sink: &mut Sink<'_>,
     raw: Option<&RawUsageCheck>,
-) -> crate::proxy::usage_check::UsageCheckConfig {
-    let default = crate::proxy::usage_check::UsageCheckConfig::default();
+) -> crate::usage_check::UsageCheckConfig {
+    let default = crate::usage_check::UsageCheckConfig::default();
     let Some(raw) = raw else {
         return default;
     };
@@ -120,7 +120,7 @@ pub(super) fn usage_check(
         }
         Some(r) => r.value,
     };
-    crate::proxy::usage_check::UsageCheckConfig {
+    crate::usage_check::UsageCheckConfig {
         prompt_ratio,
         prompt_slack: raw.prompt_slack.unwrap_or(default.prompt_slack),
         media_part_tokens: raw.media_part_tokens.unwrap_or(default.media_part_tokens),

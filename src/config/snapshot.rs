@@ -26,7 +26,7 @@ pub struct Snapshot {
     /// Upstream timeouts and retries.
     pub forward: ForwardConfig,
     /// How far a worker's reported usage may stray from what the request made possible.
-    pub usage_check: crate::proxy::usage_check::UsageCheckConfig,
+    pub usage_check: crate::usage_check::UsageCheckConfig,
     /// Passive health: failed requests in a row that eject a worker, and ejection times.
     pub outlier: crate::workers::state::OutlierSettings,
     /// How long streams in flight may run after SIGTERM. Default 30 s.

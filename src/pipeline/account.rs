@@ -16,7 +16,7 @@ use super::split::VersionChoice;
 use crate::error::GatewayError;
 use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::body::EndReport;
+use crate::pipeline::forward::relay::body::EndReport;
 use crate::shadow::PrimaryOutcome;
 use crate::trace::{TraceLine, TraceWriter};
 
@@ -354,7 +354,9 @@ impl Exit {
 /// the worker broke off (a reset, an error event, a stream cut before `[DONE]`, a short body) is
 /// a 502 whatever status its headers had (a held whole answer: the 5xx its client got), and a
 /// client that left is nginx's 499.
-pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (StatusCode, &'static str) {
+pub(super) fn end_outcome(
+    end: &crate::pipeline::forward::relay::body::EndReport,
+) -> (StatusCode, &'static str) {
     if end.client_gone {
         (CLIENT_CLOSED, "cancelled")
     } else if !end.completed {
@@ -373,7 +375,7 @@ pub(super) fn end_outcome(end: &crate::proxy::body::EndReport) -> (StatusCode, &
 /// Whether a relayed answer counts as a success of the version that served it (the canary's
 /// analysis sample): read to its end, whole, with a 2xx. A stream that carried an error event
 /// or stopped before `[DONE]` is a failure whatever its head said.
-pub(super) fn served_well(end: &crate::proxy::body::EndReport) -> bool {
+pub(super) fn served_well(end: &crate::pipeline::forward::relay::body::EndReport) -> bool {
     end.completed && (200..300).contains(&end.status)
 }
 
@@ -395,7 +397,7 @@ pub(super) fn outcome_of(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::body::EndReport;
+    use crate::pipeline::forward::relay::body::EndReport;
 
     #[test]
     fn a_body_the_worker_broke_is_an_upstream_error_whatever_its_head_said() {

@@ -6,7 +6,7 @@ use super::ctx::RequestCtx;
 use crate::degrade::Verdict;
 use crate::error::GatewayError;
 use crate::gateway::{Gateway, Live};
-use crate::request::ValidRequest;
+use crate::pipeline::validate::request::ValidRequest;
 
 /// Applies the pool's degradation actions for `tier`: shed (429), refuse a long prompt (503),
 /// cap `max_tokens`, or send to the fallback model. Alters the request in place (it is not moved:

@@ -12,9 +12,9 @@ use crate::config::{Snapshot, TenantSpec, TierSpec};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::limits::{ConcurrencySlot, Rejection, Reservation, TierLimits};
-use crate::proxy::usage_check::UsageBounds;
-use crate::request::{PromptSize, ValidRequest};
+use crate::pipeline::validate::request::{PromptSize, ValidRequest};
 use crate::request_body::BodyHold;
+use crate::usage_check::UsageBounds;
 
 /// What metering hands on: the account that settles the request, and the limiter's answer
 /// (its `x-ratelimit-*` headers go on the response).

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::gateway::{Gateway, Live};
-use crate::request::{Endpoint, ValidRequest};
+use crate::pipeline::validate::request::{Endpoint, ValidRequest};
 
 /// Starts the shadow copy of a request when its model has a shadow and the request is sampled;
 /// returns where to report the client's own outcome. Any failure here only skips the shadow.

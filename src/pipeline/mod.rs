@@ -31,14 +31,14 @@ mod admit;
 mod authenticate;
 mod ctx;
 mod degrade;
-mod forward;
+pub mod forward;
 mod meter;
 mod mirror;
 mod models;
 mod reservation;
 pub mod route;
 mod split;
-mod validate;
+pub mod validate;
 
 #[cfg(test)]
 mod tests;
@@ -54,7 +54,7 @@ use infergate_engine::edge::{self, BodyLimits, InFlightBody, LimitedBody};
 use crate::error::{GatewayError, ResBody, json_response};
 use crate::gateway::Gateway;
 use crate::limits::ConcurrencySlot;
-use crate::request::Endpoint;
+use crate::pipeline::validate::request::Endpoint;
 use ctx::RequestCtx;
 
 /// The request bodies the pipeline reads: hyper's from a connection, or any other (tests

@@ -11,10 +11,10 @@ use crate::admission::Permit;
 use crate::budgets::{BudgetBook, Period};
 use crate::limits::{ConcurrencySlot, Limiter};
 use crate::metrics::GatewayMetrics;
+use crate::pipeline::forward::relay::body::EndReport;
 use crate::pricing::{Prices, TokenCounts};
-use crate::proxy::body::EndReport;
-use crate::proxy::usage_check::{self, UsageBounds, UsageCheckConfig};
 use crate::request_body::BodyHold;
+use crate::usage_check::{self, UsageBounds, UsageCheckConfig};
 
 /// What the account needs to price a request.
 pub struct Usage {
@@ -149,7 +149,7 @@ impl Account {
     /// per pool and reason, and logged once per worker.
     fn checked(
         &self,
-        u: crate::proxy::usage::TokenUsage,
+        u: crate::usage_check::TokenUsage,
         end: &EndReport,
         pool: &str,
     ) -> TokenCounts {

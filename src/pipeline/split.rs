@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::error::GatewayError;
 use crate::gateway::Live;
-use crate::request::ValidRequest;
+use crate::pipeline::validate::request::ValidRequest;
 
 /// The version a request was split to, and where to report how it went.
 #[derive(Clone)]

@@ -11,7 +11,7 @@ use hyper::{HeaderMap, Request, StatusCode};
 
 use super::*;
 use crate::gateway::{ConfigSource, Gateway};
-use crate::request::Endpoint;
+use crate::pipeline::validate::request::Endpoint;
 
 const KEY: &str = "ig-test-key-acme";
 

@@ -205,7 +205,7 @@ pub fn smollm2_gguf(quiet: bool) -> Option<String> {
             .ok()
             .map(std::path::PathBuf::from),
         Some(
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            std::path::PathBuf::from(super::REPO)
                 .join("target/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"),
         ),
     ]

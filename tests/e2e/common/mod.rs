@@ -5,6 +5,10 @@
 //! gives on demand ([`worker`]). Everything waits by polling against a
 //! deadline ([`poll`]), never by sleeping blindly; every child is killed when its handle drops.
 #![allow(dead_code, unused_imports)]
+
+/// The repository root (these tests and benchmarks belong to `src/cli`, two levels down).
+pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
 pub mod engine;
 pub mod gateway;
 pub mod http;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::Value;
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(crate::common::REPO)
 }
 
 fn read(rel: &str) -> String {
@@ -1221,10 +1221,10 @@ fn cuda_dockerfile_builds_the_cuda_engine_on_a_cuda_runtime() {
             "{b}"
         );
     }
-    let cargo = read("Cargo.toml");
+    let cargo = read("src/cli/Cargo.toml");
     assert!(
         cargo.contains("cuda = [\"infergate-engine/cuda\"]"),
-        "the root crate has no cuda feature"
+        "the binary's crate has no cuda feature"
     );
     // The runtime: a pinned CUDA 12 runtime image (cuBLAS 12 and NVRTC 12, what the backend
     // loads), non-root, the engine's health path, the cuda engine by default.

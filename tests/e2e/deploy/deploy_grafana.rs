@@ -94,7 +94,7 @@ fn registered_in(file: &Path, prefixes: &[&str]) -> BTreeSet<String> {
 }
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(crate::common::REPO)
 }
 
 /// Each dashboard JSON of deploy/grafana with its path, after the structural checks.

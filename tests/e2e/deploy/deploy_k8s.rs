@@ -30,7 +30,7 @@ const CRD_KINDS: [&str; 3] = ["ScaledObject", "ServiceMonitor", "PodMonitor"];
 const KUBE_VERSIONS: [&str; 2] = ["1.30", "1.37"];
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(crate::common::REPO)
 }
 
 fn k8s_dir() -> PathBuf {

@@ -146,7 +146,7 @@ async fn smollm2_answers_the_capital_of_france() {
     // same file (engine/tests/reference/smollm2_greedy.py).
     let fixture: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            PathBuf::from(crate::common::REPO)
                 .join("engine/tests/fixtures/reference/smollm2_greedy.json"),
         )
         .unwrap(),

@@ -15,7 +15,7 @@ use common::gateway::Gateway;
 use common::skip::skipped;
 
 fn sdk_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk")
+    Path::new(crate::common::REPO).join("tests/sdk")
 }
 
 /// Whether `program args` runs and exits 0 (the SDK is installed).

@@ -101,7 +101,7 @@ async fn dashboard_shows_each_tenants_spend_budgets_and_refusals() {
     let budgets: Value = serde_json::from_str(&text).expect("budgets JSON");
 
     let page = format!("{}/admin/dashboard", gw.admin);
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
+    let shot = Path::new(crate::common::REPO).join("target/dashboard.png");
     std::fs::create_dir_all(shot.parent().expect("target/")).expect("create target/");
     let _ = std::fs::remove_file(&shot);
     let dom_args = ["--dump-dom".to_string()];

@@ -328,7 +328,7 @@ scrape_configs:\n  - job_name: gateway\n    static_configs: [{{targets: [\"{targ
         let url = format!(
             "{}/api/v1/query?query={}",
             self.url,
-            infergate::doctor::prom::encode(query)
+            infergate_cli::doctor::prom::encode(query)
         );
         let (status, body) = common::get(&url).await;
         assert_eq!(status, StatusCode::OK, "{body}");

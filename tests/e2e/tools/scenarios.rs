@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::gateway::TempDir;
-use infergate::report::Report;
+use infergate_cli::report::Report;
 use tools_support::{infergate, report_of};
 
 const NAMES: [&str; 6] = [
@@ -23,7 +23,7 @@ const NAMES: [&str; 6] = [
 ];
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(crate::common::REPO)
 }
 
 /// A path under the repository, as a string for the command line.

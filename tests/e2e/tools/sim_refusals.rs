@@ -11,7 +11,7 @@ use crate::tools_support;
 use std::time::Duration;
 
 use common::gateway::{Gateway, TempDir};
-use infergate::workload::{self, Overrides};
+use infergate_cli::workload::{self, Overrides};
 use tools_support::{ShortWorkload, report_of, shared_machine};
 
 /// ~25 requests over 10 s; prompts uniform in 2,000..12,000 tokens with 1,024-token answers:

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::Engine;
 use common::gateway::{Gateway, TempDir, config_yaml, line_of, routing_yaml};
-use infergate::report::Report;
-use infergate::workload::{self, Overrides};
+use infergate_cli::report::Report;
+use infergate_cli::workload::{self, Overrides};
 use tools_support::{
     ShortWorkload, assert_close, float, infergate, infergate_json, read_report, report_of,
     shared_machine, uint, whole_machine,
@@ -522,7 +522,7 @@ async fn a_public_admin_listen_flag_needs_an_admin_key() {
             .args([
                 "gateway",
                 "--config",
-                concat!(env!("CARGO_MANIFEST_DIR"), "/config/infergate.yaml"),
+                &format!("{}/config/infergate.yaml", crate::common::REPO),
             ])
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0"])
             .stdin(std::process::Stdio::null())
@@ -611,7 +611,7 @@ async fn config_check_reports_every_error_of_every_section_with_its_line() {
     // The shipped config and policies, with one error in each of four sections: routing.yaml's
     // pools:, its canary models: and its shadows:, and degradation.yaml's levels.
     let dir = TempDir::new("config-check-lines");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::path::Path::new(crate::common::REPO);
     std::fs::create_dir_all(dir.path.join("config")).unwrap();
     std::fs::copy(
         root.join("config/infergate.yaml"),

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use infergate::report::Report;
+use infergate_cli::report::Report;
 use serde_json::Value;
 
 /// What a finished `infergate` run left behind.

@@ -1,0 +1,192 @@
+//! The simulated fleet's admission stage, the gateway's (`infergate::admission`) on virtual time: a
+//! fixed number of slots (in-flight requests per worker × workers) handed out at once while free;
+//! beyond them, requests wait in the gateway's own order ([`Waitlist`]: best priority first, then
+//! arrival, up to `max_queue` of them) for at most `max_wait`. Pure bookkeeping: the fleet's
+//! event loop owns time and routing.
+
+use std::collections::BTreeMap;
+
+use crate::workload::PlannedRequest;
+use infergate::admission::waitlist::{Key, Push, Waitlist};
+
+/// Where a waiter stands in the queue; also the key of its expiry.
+pub(super) type QueueKey = Key;
+
+/// A request that passed degradation and waits for (or is about to get) a slot.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    /// The planned request, its output length already capped by degradation.
+    pub req: PlannedRequest,
+    /// Prompt tokens as sent (template included).
+    pub prompt_tokens: u64,
+    /// Send time, seconds: the latency origin.
+    pub arrival: f64,
+}
+
+/// What queueing a request did.
+#[derive(Debug, Default)]
+pub(super) struct Enqueued {
+    /// The request's key, when it now waits.
+    pub queued: Option<QueueKey>,
+    /// The request refused (429) to keep the bound: the new one, or an evicted lower priority.
+    pub refused: Option<Waiting>,
+}
+
+/// Slots and the priority queue of the whole fleet.
+#[derive(Debug)]
+pub(super) struct Admission {
+    /// Requests in flight at once; 0 = no admission stage (everything is routed at once).
+    capacity: usize,
+    /// Longest wait before a 429, seconds.
+    max_wait: f64,
+    /// Tenant → priority; unlisted tenants (and requests without one) get 0.
+    priorities: BTreeMap<String, u32>,
+    waiters: Waitlist<Waiting>,
+}
+
+impl Admission {
+    /// No admission stage: every request is routed on arrival.
+    pub(super) fn off() -> Self {
+        Self::new(0, 0, 0.0, BTreeMap::new())
+    }
+
+    /// `capacity` slots, at most `max_queue` waiters (0 = unbounded) for at most `max_wait` s.
+    pub(super) fn new(
+        capacity: usize,
+        max_queue: usize,
+        max_wait: f64,
+        priorities: BTreeMap<String, u32>,
+    ) -> Self {
+        Self {
+            capacity,
+            max_wait,
+            priorities,
+            waiters: Waitlist::new((max_queue > 0).then_some(max_queue)),
+        }
+    }
+
+    /// True when requests pass through slots and the queue.
+    pub(super) fn is_on(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// True when a request may be routed now, given the requests in flight.
+    pub(super) fn has_slot(&self, in_flight: usize) -> bool {
+        !self.is_on() || in_flight < self.capacity
+    }
+
+    /// Longest wait in the queue, seconds.
+    pub(super) fn max_wait(&self) -> f64 {
+        self.max_wait
+    }
+
+    /// Requests waiting.
+    pub(super) fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The admission priority of a tenant.
+    pub(super) fn priority(&self, tenant: Option<&str>) -> u32 {
+        tenant
+            .and_then(|t| self.priorities.get(t))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Queues `w`, or refuses it (or a worse waiter) when the queue is full.
+    pub(super) fn enqueue(&mut self, w: Waiting) -> Enqueued {
+        let priority = self.priority(w.req.tenant.as_deref());
+        match self.waiters.push(priority, w) {
+            Push::Queued { key, evicted } => Enqueued {
+                queued: Some(key),
+                refused: evicted.map(|(_, w)| w),
+            },
+            Push::Full { item, .. } => Enqueued {
+                queued: None,
+                refused: Some(item),
+            },
+        }
+    }
+
+    /// The best waiter (highest priority, then earliest), taken out of the queue.
+    pub(super) fn pop_best(&mut self) -> Option<Waiting> {
+        self.waiters.pop_best()
+    }
+
+    /// The waiter under `key`, if it still waits (its expiry came due).
+    pub(super) fn remove(&mut self, key: QueueKey) -> Option<Waiting> {
+        self.waiters.remove(&key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn waiting(id: u64, tenant: &str) -> Waiting {
+        Waiting {
+            req: PlannedRequest {
+                id,
+                at: Duration::ZERO,
+                tenant: Some(tenant.to_owned()),
+                session: None,
+                group: None,
+                prompt: Vec::new(),
+                output_tokens: 1,
+            },
+            prompt_tokens: 0,
+            arrival: id as f64,
+        }
+    }
+
+    fn tiers() -> BTreeMap<String, u32> {
+        [("free".to_owned(), 1), ("paid".to_owned(), 10)].into()
+    }
+
+    #[test]
+    fn best_priority_first_then_arrival() {
+        let mut q = Admission::new(1, 0, 30.0, tiers());
+        for (id, tenant) in [
+            (0, "free"),
+            (1, "paid"),
+            (2, "other"),
+            (3, "paid"),
+            (4, "free"),
+        ] {
+            assert!(q.enqueue(waiting(id, tenant)).queued.is_some());
+        }
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop_best().map(|w| w.req.id)).collect();
+        assert_eq!(order, [1, 3, 0, 4, 2]);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_or_evicts_a_lower_priority() {
+        let mut q = Admission::new(1, 2, 30.0, tiers());
+        let first = q.enqueue(waiting(0, "free")).queued;
+        q.enqueue(waiting(1, "free"));
+        let refused = q.enqueue(waiting(2, "free"));
+        assert_eq!(refused.queued, None);
+        assert_eq!(refused.refused.map(|w| w.req.id), Some(2));
+        let evicting = q.enqueue(waiting(3, "paid"));
+        assert!(evicting.queued.is_some());
+        assert_eq!(
+            evicting.refused.map(|w| w.req.id),
+            Some(1),
+            "latest free goes"
+        );
+        assert_eq!(q.len(), 2);
+        let key = first.unwrap_or_default();
+        assert_eq!(q.remove(key).map(|w| w.req.id), Some(0));
+        assert!(q.remove(key).is_none(), "gone once");
+    }
+
+    #[test]
+    fn off_routes_everything() {
+        let q = Admission::off();
+        assert!(!q.is_on());
+        assert!(q.has_slot(1_000_000));
+        assert_eq!(q.priority(Some("paid")), 0);
+    }
+}
