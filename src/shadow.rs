@@ -17,7 +17,8 @@ use crate::metrics::GatewayMetrics;
 use crate::upstream::UpstreamClient;
 use crate::workers::pool::PoolRuntime;
 
-/// One model's shadow, from `policies/routing.yaml` `shadows:`.
+/// One model's shadow, from `policies/routing.yaml` `shadows:` (as written: defaults filled in,
+/// checked by [`check_shadows`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShadowSpec {
@@ -39,34 +40,32 @@ fn default_concurrency() -> usize {
     8
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct ShadowsFile {
-    #[serde(default)]
-    shadows: BTreeMap<String, ShadowSpec>,
-}
-
-/// Reads only the `shadows:` key of routing.yaml; errors are messages (model names unchecked).
+/// Reads only the `shadows:` key of routing.yaml text; errors are messages (model names
+/// unchecked). For unit tests; the config hands over the parsed section.
+#[cfg(test)]
 pub fn parse_shadows(text: &str) -> Result<BTreeMap<String, ShadowSpec>, Vec<String>> {
-    let (specs, problems) = check_shadows(text, &|_| true);
+    #[derive(Deserialize)]
+    struct ShadowsOnly {
+        #[serde(default)]
+        shadows: BTreeMap<String, ShadowSpec>,
+    }
+    let shadows = match serde_saphyr::from_str::<ShadowsOnly>(text) {
+        Ok(file) => file.shadows,
+        Err(e) => return Err(vec![format!("shadows: {e}")]),
+    };
+    let (specs, problems) = check_shadows(shadows, &|_| true);
     crate::diagnostics::into_messages(specs, problems)
 }
 
-/// Reads and checks the `shadows:` key of routing.yaml, model names against `known` (the
-/// config's models): the shadows and every problem, each with its place in the file.
+/// Checks routing.yaml's parsed `shadows:` section, model names against `known` (the config's
+/// models): the shadows and every problem, each with its place in the file.
 pub fn check_shadows(
-    text: &str,
+    shadows: BTreeMap<String, ShadowSpec>,
     known: &dyn Fn(&str) -> bool,
 ) -> (BTreeMap<String, ShadowSpec>, Vec<Problem>) {
-    let file: ShadowsFile = match serde_saphyr::from_str(text) {
-        Ok(f) => f,
-        Err(e) => {
-            let problem = Problem::at(&YamlPath::root(), format!("shadows: {e}"));
-            return (BTreeMap::new(), vec![problem]);
-        }
-    };
     let mut problems = Vec::new();
     let root = YamlPath::root().key("shadows");
-    for (model, s) in &file.shadows {
+    for (model, s) in &shadows {
         let at = root.key(model);
         let mut push = |key: Option<&str>, message: String| {
             let path = key.map_or_else(|| at.clone(), |k| at.key(k));
@@ -103,7 +102,7 @@ pub fn check_shadows(
             );
         }
     }
-    (file.shadows, problems)
+    (shadows, problems)
 }
 
 /// A shadow at run time: its spec and the permits that bound its concurrency.

@@ -29,4 +29,4 @@ mod testkit;
 pub use admin::{CanaryStatus, VersionSamples};
 pub use analysis::{Canary, Decision};
 pub use assign::{choose, key_of};
-pub use spec::{AnalysisSpec, CanarySpec, StickyKey, VersionSpec, check_models, parse_models};
+pub use spec::{AnalysisSpec, CanarySpec, StickyKey, VersionSpec, check_models};

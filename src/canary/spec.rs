@@ -1,7 +1,8 @@
 //! `models:` in `policies/routing.yaml`: per model, a canary split between a stable and a canary
-//! version, the sticky key and the automated analysis. The `Raw*` types are the file as written;
-//! `parse_models` checks every entry in one pass and yields the validated `CanarySpec`s.
-//! That each version's `model` exists in the main config is checked where that config is known.
+//! version, the sticky key and the automated analysis. The `Raw*` types are the section as
+//! written (the config parses routing.yaml once and hands the section over); `check_models`
+//! checks every entry in one pass and yields the validated `CanarySpec`s, each version's `model`
+//! checked against the config's models.
 
 use crate::diagnostics::{Problem, YamlPath};
 use std::collections::BTreeMap;
@@ -20,15 +21,8 @@ pub const DEFAULT_MAX_P99_RATIO: f64 = 1.5;
 /// Canary weights of the promotion schedule, in percent, when not given.
 pub const DEFAULT_SCHEDULE: [u32; 5] = [1, 5, 25, 50, 100];
 
-/// The parts of routing.yaml read here: only `models:`; every other key is left to its owner.
-#[derive(Debug, Default, Deserialize)]
-pub struct RawModelsFile {
-    /// Model name (as clients ask for it) → its canary split; absent or empty means none.
-    #[serde(default)]
-    pub models: Option<BTreeMap<String, RawCanary>>,
-}
-
-/// One model's canary entry as written.
+/// One model's canary entry as written (routing.yaml `models:` maps a model name, as clients ask
+/// for it, to one of these).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCanary {
@@ -145,42 +139,42 @@ impl CanarySpec {
     }
 }
 
-/// Reads only the `models:` key of routing.yaml: each model's canary split, every problem as a
-/// message (model names unchecked).
+/// Reads only the `models:` key of routing.yaml text: each model's canary split, every problem
+/// as a message (model names unchecked). For unit tests; the config hands over the parsed section.
+#[cfg(test)]
 pub fn parse_models(text: &str) -> Result<BTreeMap<String, CanarySpec>, Vec<String>> {
-    let (specs, problems) = check_models(text, &|_| true);
-    crate::diagnostics::into_messages(specs, problems)
-}
-
-/// Reads and checks the `models:` key of routing.yaml, model names against `known` (the
-/// config's models): the valid splits and every problem, each with its place in the file.
-pub fn check_models(
-    text: &str,
-    known: &dyn Fn(&str) -> bool,
-) -> (BTreeMap<String, CanarySpec>, Vec<Problem>) {
+    #[derive(Deserialize)]
+    struct ModelsOnly {
+        models: Option<BTreeMap<String, RawCanary>>,
+    }
     let blank = text
         .lines()
         .map(str::trim)
         .all(|l| l.is_empty() || l.starts_with('#') || l == "---");
     if blank {
-        return (BTreeMap::new(), Vec::new());
+        return Ok(BTreeMap::new());
     }
-    let raw: RawModelsFile = match serde_saphyr::from_str(text) {
-        Ok(raw) => raw,
-        Err(e) => {
-            return (
-                BTreeMap::new(),
-                vec![Problem::at(&YamlPath::root(), e.to_string())],
-            );
-        }
+    let models = match serde_saphyr::from_str::<ModelsOnly>(text) {
+        Ok(file) => file.models.unwrap_or_default(),
+        Err(e) => return Err(vec![e.to_string()]),
     };
+    let (specs, problems) = check_models(&models, &|_| true);
+    crate::diagnostics::into_messages(specs, problems)
+}
+
+/// Checks routing.yaml's parsed `models:` section, model names against `known` (the config's
+/// models): the valid splits and every problem, each with its place in the file.
+pub fn check_models(
+    models: &BTreeMap<String, RawCanary>,
+    known: &dyn Fn(&str) -> bool,
+) -> (BTreeMap<String, CanarySpec>, Vec<Problem>) {
     let mut problems = Vec::new();
     let mut specs = BTreeMap::new();
     let root = YamlPath::root().key("models");
-    for (model, entry) in raw.models.unwrap_or_default() {
-        match super::validate::check(&model, &root.key(&model), &entry, known) {
+    for (model, entry) in models {
+        match super::validate::check(model, &root.key(model), entry, known) {
             Ok(spec) => {
-                specs.insert(model, spec);
+                specs.insert(model.clone(), spec);
             }
             Err(found) => problems.extend(found),
         }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
 use super::{
-    degradation_file, pools, prices_file, routing_file, sections, tenant_section, tiers_file,
+    degradation_file, pools, prices_file, routing_doc, routing_file, sections, tenant_section,
+    tiers_file,
 };
 use crate::diagnostics::{ConfigError, ConfigErrors, Sink};
 
@@ -69,11 +70,29 @@ pub(super) fn compile(
 
     let mut pool_specs = pools::pools(&raw.pools, base, &mut sink);
     let models = pools::models(&raw.models, &pool_specs, &mut sink);
+    // routing.yaml is parsed once; its sections go to their checkers below.
+    let routing_doc = routing
+        .as_ref()
+        .map(|(text, file)| routing_doc::parse(text, file));
+    let (routing_pools, routing_models, routing_shadows) = match routing_doc {
+        Some(doc) => (doc.pools, doc.models, doc.shadows),
+        None => (
+            Ok(Vec::new()),
+            Ok(Default::default()),
+            Ok(Default::default()),
+        ),
+    };
     let mut routing_errors = Vec::new();
-    if let Some((routing_text, routing_path)) = &routing {
+    if let Some((_, routing_path)) = &routing {
         let mut routing_sink = Sink::new(routing_path);
-        let entries = routing_file::parse(routing_text, &mut routing_sink);
-        for entry in entries.unwrap_or_default() {
+        let entries = match routing_pools {
+            Ok(section) => routing_file::check(section, &mut routing_sink),
+            Err(err) => {
+                routing_errors.push(err);
+                Vec::new()
+            }
+        };
+        for entry in entries {
             match pool_specs.iter_mut().find(|p| p.name == entry.pool.value) {
                 Some(pool) => pool.policy = entry.policy,
                 None => routing_sink.at(
@@ -86,7 +105,7 @@ pub(super) fn compile(
                 ),
             }
         }
-        routing_errors = routing_sink.into_sorted();
+        routing_errors.extend(routing_sink.into_sorted());
     }
     let (tiers, tier_errors) = match &tenants {
         Some((tenants_text, tenants_path)) => {
@@ -131,18 +150,17 @@ pub(super) fn compile(
         }
         None => (Default::default(), Vec::new()),
     };
-    // A routing.yaml that is not YAML at all is reported once, above; errors in its `pools:`
-    // section do not hide those of its `models:` (canary) and `shadows:` sections.
-    let routing_is_yaml = routing
-        .as_ref()
-        .is_some_and(|(text, _)| serde_saphyr::from_str::<serde::de::IgnoredAny>(text).is_ok());
-    let (canaries, canary_errors) = match &routing {
-        Some((text, file)) if routing_is_yaml => canaries(text, file, &models),
-        _ => (Default::default(), Vec::new()),
+    // Errors in routing.yaml's `pools:` section do not hide those of its `models:` (canary) and
+    // `shadows:` sections; a routing.yaml that is not YAML at all is reported once, above.
+    let (canaries, canary_errors) = match (&routing, routing_models) {
+        (Some((text, file)), Ok(section)) => canaries(&section, text, file, &models),
+        (_, Err(err)) => (Default::default(), vec![err]),
+        (None, Ok(_)) => (Default::default(), Vec::new()),
     };
-    let (shadows, shadow_errors) = match &routing {
-        Some((text, file)) if routing_is_yaml => shadows(text, file, &models),
-        _ => (Default::default(), Vec::new()),
+    let (shadows, shadow_errors) = match (&routing, routing_shadows) {
+        (Some((text, file)), Ok(section)) => shadows(section, text, file, &models),
+        (_, Err(err)) => (Default::default(), vec![err]),
+        (None, Ok(_)) => (Default::default(), Vec::new()),
     };
     let (degradation_policies, degradation_errors) = match &degradation {
         Some((text, file)) => degradation_file::compile(text, file, &pool_specs, &tiers, &models),
@@ -215,9 +233,10 @@ pub(super) fn compile(
     }
 }
 
-/// The canary splits of routing.yaml's `models:`, each version's model checked against the
-/// config; every problem at its line.
+/// The canary splits of routing.yaml's parsed `models:`, each version's model checked against
+/// the config; every problem at its line (the text is read again only to place problems).
 fn canaries(
+    section: &std::collections::BTreeMap<String, crate::canary::spec::RawCanary>,
     text: &str,
     file: &Path,
     models: &[super::snapshot::ModelRoute],
@@ -226,13 +245,17 @@ fn canaries(
     Vec<ConfigError>,
 ) {
     let known = |m: &str| models.iter().any(|r| r.name == m);
-    let (specs, problems) = crate::canary::check_models(text, &known);
+    let (specs, problems) = crate::canary::check_models(section, &known);
+    if problems.is_empty() {
+        return (specs, Vec::new());
+    }
     (specs, crate::diagnostics::placed(text, file, problems))
 }
 
-/// The shadows of routing.yaml's `shadows:`, each model checked against the config; every
-/// problem at its line.
+/// The shadows of routing.yaml's parsed `shadows:`, each model checked against the config;
+/// every problem at its line (the text is read again only to place problems).
 fn shadows(
+    section: std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
     text: &str,
     file: &Path,
     models: &[super::snapshot::ModelRoute],
@@ -241,7 +264,7 @@ fn shadows(
     Vec<ConfigError>,
 ) {
     let known = |m: &str| models.iter().any(|r| r.name == m);
-    let (specs, problems) = crate::shadow::check_shadows(text, &known);
+    let (specs, problems) = crate::shadow::check_shadows(section, &known);
     if !problems.is_empty() {
         return (
             Default::default(),

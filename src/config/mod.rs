@@ -4,9 +4,11 @@
 
 mod compile;
 mod degradation_file;
+mod pool_policy;
 mod pools;
 mod prices_file;
 mod raw;
+mod routing_doc;
 mod routing_file;
 mod sections;
 mod snapshot;

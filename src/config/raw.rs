@@ -4,11 +4,9 @@
 use std::collections::HashMap;
 
 use serde::Deserialize;
-use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
 use super::snapshot::{Dialect, LogFormat};
-use crate::routing::PolicyConfig;
 
 /// A string with its place in the file.
 pub(super) type Text = Spanned<String>;
@@ -298,24 +296,4 @@ pub(super) struct RawTier {
     pub default_max_tokens: Option<Spanned<u32>>,
     pub models: Option<Vec<Text>>,
     pub budgets: Option<Vec<RawBudget>>,
-}
-
-/// `policies/routing.yaml`: pool name → policy.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRouting {
-    pub pools: Option<HashMap<Text, PolicyConfig>>,
-    /// Canary splits per model: accepted here, parsed by `crate::canary::parse_models`.
-    #[serde(rename = "models")]
-    pub _models: Option<serde::de::IgnoredAny>,
-    /// Shadow traffic per model: accepted here, parsed by `crate::shadow::parse_shadows`.
-    #[serde(rename = "shadows")]
-    pub _shadows: Option<serde::de::IgnoredAny>,
-}
-
-/// `policies/routing.yaml` read a second time for the place of every key under each pool, so a
-/// parameter out of range is reported on its own line (`PolicyConfig` itself carries no places).
-#[derive(Debug, Deserialize)]
-pub(super) struct RoutingKeys {
-    pub pools: Option<HashMap<Text, Option<HashMap<Text, IgnoredAny>>>>,
 }

@@ -1,11 +1,13 @@
-//! `policies/routing.yaml`: one routing policy per pool, with its parameters checked for range.
-//! Cross-checks against the pools of the main config happen in `compile`.
+//! `pools:` of `policies/routing.yaml`: one routing policy per pool, with its parameters checked
+//! for range. The section comes parsed (`routing_doc`); cross-checks against the pools of the
+//! main config happen in `compile`.
 
 use std::collections::HashMap;
 
 use serde_saphyr::Location;
 
-use super::raw::{RawRouting, RoutingKeys, Text};
+use super::pool_policy::RawPoolPolicy;
+use super::raw::Text;
 use crate::diagnostics::Sink;
 use crate::routing::{PolicyConfig, PrefixConfig};
 
@@ -17,62 +19,27 @@ pub(super) struct RoutingEntry {
     pub policy: PolicyConfig,
 }
 
-/// Parses and checks routing.yaml; entries come back in file order. `None` when the file does
-/// not parse (the error is in `sink`); entries with bad parameters are reported and dropped.
-pub(super) fn parse(text: &str, sink: &mut Sink<'_>) -> Option<Vec<RoutingEntry>> {
-    if is_blank(text) {
-        return Some(Vec::new());
-    }
-    let raw: RawRouting = match serde_saphyr::from_str(text) {
-        Ok(raw) => raw,
-        Err(err) => {
-            sink.yaml(&err);
-            return None;
-        }
-    };
-    // The strict parse succeeded, so this lenient one sees the same document.
-    let keys: HashMap<String, HashMap<String, Location>> =
-        match serde_saphyr::from_str::<RoutingKeys>(text) {
-            Ok(lines) => key_places(lines),
-            Err(_) => HashMap::new(),
-        };
-    let mut entries: Vec<RoutingEntry> = raw
-        .pools
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(pool, policy)| RoutingEntry { pool, policy })
-        .collect();
-    entries.sort_by_key(|e| (e.pool.referenced.line(), e.pool.referenced.column()));
-    let no_keys = HashMap::new();
-    entries.retain(|entry| {
-        let places = keys.get(&entry.pool.value).unwrap_or(&no_keys);
-        check(entry, places, sink)
-    });
-    Some(entries)
-}
-
-/// True when the text holds nothing but blank lines and comments.
-fn is_blank(text: &str) -> bool {
-    text.lines()
-        .map(str::trim)
-        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
-}
-
-/// Pool name → key name → where the key was written.
-fn key_places(lines: RoutingKeys) -> HashMap<String, HashMap<String, Location>> {
-    let pools = lines.pools.unwrap_or_default();
+/// Checks the parsed `pools:` section (in file order): entries with bad parameters are reported
+/// and dropped; the rest come back in file order.
+pub(super) fn check(pools: Vec<(Text, RawPoolPolicy)>, sink: &mut Sink<'_>) -> Vec<RoutingEntry> {
     pools
         .into_iter()
-        .map(|(pool, keys)| {
-            let keys = keys.unwrap_or_default().into_keys();
-            let places = keys.map(|k| (k.value, k.referenced)).collect();
-            (pool.value, places)
+        .filter_map(|(pool, raw)| {
+            let entry = RoutingEntry {
+                pool,
+                policy: raw.policy,
+            };
+            check_entry(&entry, &raw.places, sink).then_some(entry)
         })
         .collect()
 }
 
 /// Reports parameters out of range, or given to a policy that takes none; true when clean.
-fn check(entry: &RoutingEntry, places: &HashMap<String, Location>, sink: &mut Sink<'_>) -> bool {
+fn check_entry(
+    entry: &RoutingEntry,
+    places: &HashMap<String, Location>,
+    sink: &mut Sink<'_>,
+) -> bool {
     let pool = &entry.pool.value;
     let place = |key: &str| places.get(key).copied().unwrap_or(entry.pool.referenced);
     let mut clean = true;
