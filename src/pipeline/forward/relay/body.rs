@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use hyper::body::{Body, Bytes, Frame, Incoming};
 use tokio::time::{Sleep, sleep_until};
 
+use super::stream_end::{self, Fault, Tail};
+use super::usage::UsageTap;
 use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
-use crate::pipeline::forward::relay::stream_end::{self, Fault, Tail};
-use crate::pipeline::forward::relay::usage::UsageTap;
 use crate::usage_check::TokenUsage;
 use crate::workers::conns::Conn;
 use crate::workers::state::{Attempt, InFlightGuard, PrefillGuard};
@@ -174,7 +174,7 @@ impl ProxyBody {
         self
     }
 
-    /// Marks the answer as held back until complete (see [`crate::pipeline::forward::relay::hold`]).
+    /// Marks the answer as held back until complete (see [`super::hold`]).
     pub fn held(mut self) -> Self {
         self.held = true;
         self
@@ -241,13 +241,7 @@ impl ProxyBody {
             Ending::Failed(_) | Ending::ClientGone => return,
         };
         let r = &self.report;
-        crate::pipeline::forward::relay::send::judge(
-            turn,
-            failure,
-            &r.metrics,
-            &r.series.pool,
-            &r.request_id,
-        );
+        super::passive_health::judge(turn, failure, &r.metrics, &r.series.pool, &r.request_id);
     }
 
     /// Records the timing of a data frame and pushes the idle deadline back.

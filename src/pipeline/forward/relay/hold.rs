@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
+use super::body::ProxyBody;
 use crate::error::{BoxError, GatewayError};
-use crate::pipeline::forward::relay::body::ProxyBody;
 
 /// Most bytes of one answer held back; chat and completion answers are far smaller, a large
 /// embeddings answer may pass it. The usage tap scans a body up to the same size.

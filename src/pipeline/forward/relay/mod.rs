@@ -5,6 +5,7 @@
 pub mod body;
 pub mod hold;
 pub mod json_members;
+pub mod passive_health;
 pub mod send;
 pub mod stream_end;
 pub mod usage;

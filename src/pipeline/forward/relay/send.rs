@@ -2,7 +2,8 @@
 //! (routed again, without those tried) on a failure the error table marks retryable (a connect
 //! failure, a 503, an ejection), within the retry budget. Each request is a turn on its worker
 //! (one probe at a time for a worker back from an ejection), judged when it fails or its body
-//! ends: passive health. A whole answer is held until complete ([`crate::pipeline::forward::relay::hold`]).
+//! ends: passive health ([`super::passive_health`]). A whole answer is held until complete
+//! ([`super::hold`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,20 +14,19 @@ use hyper::body::Bytes;
 use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
+use super::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
+use super::hold::{HOLD_MAX_BYTES, Held, hold};
+use super::passive_health::judge;
+use super::usage::UsageTap;
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
-use crate::pipeline::forward::relay::body::{
-    BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended,
-};
-use crate::pipeline::forward::relay::hold::{HOLD_MAX_BYTES, Held, hold};
-use crate::pipeline::forward::relay::usage::UsageTap;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, RequestFeatures};
 use crate::usage_check::TokenUsage;
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::pool::Routed;
-use crate::workers::state::{Attempt, HealthChange, KvEventsState, OutlierSettings, WorkerState};
+use crate::workers::state::{Attempt, KvEventsState, OutlierSettings, WorkerState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
 
 /// Timeouts and retry budget of forwarding.
@@ -427,51 +427,6 @@ fn note_failure(
     // The worker's address goes to the log, never to the client.
     tracing::debug!(request_id, pool = %pool.name, worker = %worker.url, kind, "forward attempt failed");
     judge(turn, Some(kind), metrics, &pool.name, request_id);
-}
-
-/// Judges a request's `turn` on its worker (a `failure` of that kind, or a success) and counts
-/// what that did: an ejection by the failure that tipped it, a probe's result.
-pub(crate) fn judge(
-    turn: Attempt,
-    failure: Option<&'static str>,
-    metrics: &GatewayMetrics,
-    pool: &str,
-    request_id: &str,
-) {
-    let probe = turn.is_probe();
-    if failure.is_none() && !probe {
-        // Most requests: a success that changes nothing worth counting.
-        turn.succeeded();
-        return;
-    }
-    let worker = turn.worker().clone();
-    let change = match failure {
-        None => turn.succeeded(),
-        Some(_) => turn.failed(),
-    };
-    if probe {
-        let result = if failure.is_none() {
-            "passed"
-        } else {
-            "failed"
-        };
-        metrics.probes.with_label_values(&[pool, result]).inc();
-    }
-    match change {
-        HealthChange::Ejected => {
-            let kind = failure.unwrap_or("unknown");
-            metrics.ejections.with_label_values(&[pool]).inc();
-            metrics
-                .outlier_ejections
-                .with_label_values(&[pool, kind])
-                .inc();
-            tracing::warn!(request_id, pool, worker = %worker.url, kind, probe, "worker ejected after failed requests");
-        }
-        HealthChange::Readmitted => {
-            tracing::info!(pool, worker = %worker.url, "worker passed its probe: back to its full share");
-        }
-        HealthChange::None => {}
-    }
 }
 
 /// The upstream request; `prefix_keys` adds the routing keys for a worker with KV events.
