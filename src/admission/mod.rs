@@ -5,6 +5,10 @@
 //! most `max_wait`. Everything past the bound is refused at once, without being buffered, with a
 //! `Retry-After` derived from the observed completion rate and the queue position.
 //!
+//! With `fair_share` on, tenants within a priority take turns by least weighted service instead
+//! of arrival ([`fair`]): each admitted request charges its tenant its estimated weighted tokens,
+//! corrected by [`Permit::settle`] once the real usage is known.
+//!
 //! A [`Permit`] frees its slot on drop and hands it to the best waiter; tie it to the response
 //! body so cancellation and completion release it the same way. A waiter whose future is dropped
 //! (client gone) leaves the queue at once; a slot already handed to it moves on to the next.
@@ -13,13 +17,16 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod fair;
 pub mod rate;
 mod state;
 pub mod waitlist;
 
+pub use fair::FairWeights;
 pub use rate::CompletionRate;
 use state::{Key, Outcome, State, lock};
 use tokio::sync::oneshot;
+pub use waitlist::Ticket;
 
 /// A pool's admission bounds.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +38,8 @@ pub struct AdmissionSpec {
     pub max_queue: usize,
     /// Longest wait in the queue before a 429. Default 30s.
     pub max_wait: Duration,
+    /// Token-weighted fair share among tenants within a priority; `None`: first come.
+    pub fair_share: Option<FairWeights>,
 }
 
 impl Default for AdmissionSpec {
@@ -39,12 +48,13 @@ impl Default for AdmissionSpec {
             max_in_flight_per_worker: 256,
             max_queue: 1024,
             max_wait: Duration::from_secs(30),
+            fair_share: None,
         }
     }
 }
 
 /// Sizes of one pool's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueueConfig {
     /// Requests in flight at once: the sum of the workers' per-worker limits.
     pub capacity: usize,
@@ -52,6 +62,8 @@ pub struct QueueConfig {
     pub max_queue: usize,
     /// Longest a request waits before it is refused.
     pub max_wait: Duration,
+    /// Tenants take turns by weighted service (the weights price each request's ticket).
+    pub fair_share: Option<FairWeights>,
 }
 
 /// Why a request was not admitted.
@@ -109,6 +121,8 @@ impl std::error::Error for Refusal {}
 struct Shared {
     state: Mutex<State>,
     max_wait: Duration,
+    /// The fair-share weights; `None`: first come.
+    fair: Option<FairWeights>,
 }
 
 /// One pool's admission queue; clones share the queue.
@@ -120,11 +134,16 @@ pub struct AdmissionQueue {
 impl AdmissionQueue {
     /// An open queue with `cfg.capacity` free slots.
     pub fn new(cfg: QueueConfig) -> Self {
-        let state = Mutex::new(State::new(cfg.capacity, cfg.max_queue));
+        let state = Mutex::new(State::new(
+            cfg.capacity,
+            cfg.max_queue,
+            cfg.fair_share.is_some(),
+        ));
         Self {
             shared: Arc::new(Shared {
                 state,
                 max_wait: cfg.max_wait,
+                fair: cfg.fair_share,
             }),
         }
     }
@@ -140,7 +159,7 @@ impl AdmissionQueue {
     /// Waits for a slot, best priority (higher first) and then earliest arrival first. `now` is
     /// the request's arrival; the deadline is `now + max_wait`. Cancel safe: dropping the future
     /// leaves the queue.
-    pub async fn admit(&self, priority: u32, now: Instant) -> Result<Permit, Refusal> {
+    pub async fn admit(&self, ticket: Ticket<'_>, now: Instant) -> Result<Permit, Refusal> {
         let (key, rx) = {
             let mut st = lock(&self.shared.state);
             if st.closed {
@@ -150,9 +169,11 @@ impl AdmissionQueue {
             }
             if st.waiters.is_empty() && st.in_flight < st.capacity {
                 st.in_flight += 1;
-                return Ok(self.permit(Duration::ZERO, now));
+                // Served at once, but served: its tenant's turn counts it all the same.
+                st.waiters.settle(ticket.tenant, ticket.cost);
+                return Ok(self.permit(Duration::ZERO, now, ticket));
             }
-            st.enqueue(priority)?
+            st.enqueue(ticket)?
         };
         let mut waiting = Waiting {
             shared: Arc::clone(&self.shared),
@@ -180,7 +201,7 @@ impl AdmissionQueue {
         match outcome {
             Outcome::Slot => {
                 let granted = Instant::now();
-                Ok(self.permit(granted.saturating_duration_since(now), granted))
+                Ok(self.permit(granted.saturating_duration_since(now), granted, ticket))
             }
             Outcome::Refused(refusal) => Err(refusal),
         }
@@ -201,17 +222,24 @@ impl AdmissionQueue {
         lock(&self.shared.state).in_flight
     }
 
+    /// The fair-share weights, when tenants take turns.
+    pub fn fair_share(&self) -> Option<FairWeights> {
+        self.shared.fair
+    }
+
     /// `Retry-After` the queue would answer now for a request at `position`.
     pub fn retry_after(&self, position: usize) -> Duration {
         lock(&self.shared.state).retry_after(position)
     }
 
-    fn permit(&self, waited: Duration, granted: Instant) -> Permit {
+    fn permit(&self, waited: Duration, granted: Instant, ticket: Ticket<'_>) -> Permit {
         let shared = Arc::clone(&self.shared);
+        let fair = shared.fair.is_some();
         Permit {
             shared,
             waited,
             granted,
+            charge: fair.then(|| (Arc::from(ticket.tenant), ticket.cost)),
         }
     }
 }
@@ -222,9 +250,25 @@ pub struct Permit {
     shared: Arc<Shared>,
     waited: Duration,
     granted: Instant,
+    /// With fair share: the tenant and the estimate it was charged, corrected on drop.
+    charge: Option<(Arc<str>, f64)>,
 }
 
 impl Permit {
+    /// The request's real tokens, weighted, replace the estimate its tenant was charged. A
+    /// permit dropped without it refunds the estimate: a request that got no answer was given
+    /// no service.
+    pub fn settle(&mut self, input_tokens: u64, output_tokens: u64) {
+        let (Some((tenant, charged)), Some(weights)) = (self.charge.take(), self.shared.fair)
+        else {
+            return;
+        };
+        let service = weights.cost(input_tokens, output_tokens);
+        lock(&self.shared.state)
+            .waiters
+            .settle(&tenant, service - charged);
+    }
+
     /// Time spent queued before admission (zero when a slot was free), for the wait histogram.
     pub fn waited(&self) -> Duration {
         self.waited
@@ -233,7 +277,11 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        lock(&self.shared.state).release(Some(self.granted.elapsed()));
+        let mut st = lock(&self.shared.state);
+        if let Some((tenant, charged)) = self.charge.take() {
+            st.waiters.settle(&tenant, -charged);
+        }
+        st.release(Some(self.granted.elapsed()));
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use super::Refusal;
 use super::rate::CompletionRate;
 pub(super) use super::waitlist::Key;
-use super::waitlist::{Push, Waitlist};
+use super::waitlist::{Push, Ticket, Waitlist};
 
 /// What a waiter is told.
 #[derive(Debug)]
@@ -33,8 +33,12 @@ pub(super) struct State {
 
 impl State {
     /// An empty state.
-    pub fn new(capacity: usize, max_queue: usize) -> Self {
-        let waiters = Waitlist::new(Some(max_queue));
+    pub fn new(capacity: usize, max_queue: usize, fair: bool) -> Self {
+        let waiters = if fair {
+            Waitlist::fair(Some(max_queue))
+        } else {
+            Waitlist::new(Some(max_queue))
+        };
         let rate = CompletionRate::default();
         Self {
             capacity,
@@ -57,9 +61,12 @@ impl State {
 
     /// Queues a waiter, or refuses at once when the queue is full. A full queue makes room for a
     /// strictly higher priority by refusing its lowest-priority, latest waiter.
-    pub fn enqueue(&mut self, priority: u32) -> Result<(Key, oneshot::Receiver<Outcome>), Refusal> {
+    pub fn enqueue(
+        &mut self,
+        ticket: Ticket<'_>,
+    ) -> Result<(Key, oneshot::Receiver<Outcome>), Refusal> {
         let (tx, rx) = oneshot::channel();
-        match self.waiters.push(priority, tx) {
+        match self.waiters.push_ticket(ticket, tx) {
             Push::Full { position, .. } => Err(Refusal::QueueFull {
                 retry_after: self.retry_after(position),
                 position,

@@ -1,10 +1,15 @@
 //! The order of requests waiting for a slot, shared by the gateway's admission queue and the
 //! simulator's: best priority first, then arrival; at most `max_queue` waiters, a full list making
-//! room for a strictly higher priority by refusing its lowest-priority, latest waiter. Pure
-//! bookkeeping: the callers own slots, time and wake-ups.
+//! room for a strictly higher priority by refusing its lowest-priority, latest waiter. With fair
+//! share on ([`Waitlist::fair`]), tenants at the best priority take turns by least weighted
+//! service ([`super::fair`]), and a full list also makes room for a lighter tenant by refusing
+//! the heaviest one's latest waiter. Pure bookkeeping: the callers own slots, time and wake-ups.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::fair::FairShare;
 
 /// Where a waiter stands: (priority, higher first; arrival sequence).
 pub type Key = (Reverse<u32>, u64);
@@ -30,59 +35,154 @@ pub enum Push<T> {
     },
 }
 
+/// Who waits, for fair share: its tenant and the service it will be charged when it goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket<'a> {
+    /// Admission priority, higher first.
+    pub priority: u32,
+    /// The tenant it is served for ("" for requests without one: they share one turn).
+    pub tenant: &'a str,
+    /// Weighted tokens charged to the tenant when it goes (an estimate; see [`Waitlist::settle`]).
+    pub cost: f64,
+}
+
+/// A waiter and what fair share needs of it.
+#[derive(Debug)]
+struct Entry<T> {
+    item: T,
+    tenant: Arc<str>,
+    cost: f64,
+}
+
 /// Waiters in admission order.
 #[derive(Debug)]
 pub struct Waitlist<T> {
-    waiters: BTreeMap<Key, T>,
+    waiters: BTreeMap<Key, Entry<T>>,
     next_seq: u64,
     /// Most waiters at once; `None` = unbounded.
     max_queue: Option<usize>,
+    /// Turns among tenants; `None`: first come within a priority.
+    fair: Option<FairShare>,
 }
 
 impl<T> Waitlist<T> {
-    /// An empty list holding at most `max_queue` waiters (`None`: unbounded).
+    /// An empty list holding at most `max_queue` waiters (`None`: unbounded), first come first
+    /// served within a priority.
     pub fn new(max_queue: Option<usize>) -> Self {
         Self {
             waiters: BTreeMap::new(),
             next_seq: 0,
             max_queue,
+            fair: None,
         }
     }
 
-    /// Adds a waiter of `priority`, or refuses it (or a worse waiter) when the list is full.
+    /// An empty list whose tenants take turns by least weighted service within a priority.
+    pub fn fair(max_queue: Option<usize>) -> Self {
+        Self {
+            fair: Some(FairShare::default()),
+            ..Self::new(max_queue)
+        }
+    }
+
+    /// True when tenants take turns by fair share.
+    pub fn is_fair(&self) -> bool {
+        self.fair.is_some()
+    }
+
+    /// Adds a waiter of `priority` (no tenant, no cost), or refuses it (or a worse waiter) when
+    /// the list is full.
     pub fn push(&mut self, priority: u32, item: T) -> Push<T> {
-        let key = (Reverse(priority), self.next_seq);
+        let ticket = Ticket {
+            priority,
+            tenant: "",
+            cost: 0.0,
+        };
+        self.push_ticket(ticket, item)
+    }
+
+    /// Adds a waiter with its ticket, or refuses it (or a worse or heavier waiter) when full.
+    pub fn push_ticket(&mut self, ticket: Ticket<'_>, item: T) -> Push<T> {
+        let key = (Reverse(ticket.priority), self.next_seq);
         let mut evicted = None;
         if self.max_queue.is_some_and(|max| self.waiters.len() >= max) {
-            let evict = self
-                .waiters
-                .last_key_value()
-                .is_some_and(|(worst, _)| *worst > key);
-            if !evict {
-                let position = self.position(&key);
+            let victim = match &self.fair {
+                Some(fair) => fair.victim(ticket.priority, ticket.tenant),
+                None => self
+                    .waiters
+                    .last_key_value()
+                    .map(|(worst, _)| *worst)
+                    .filter(|worst| *worst > key),
+            };
+            let Some(victim) = victim else {
+                let position = self.ahead(&key, ticket.tenant);
                 return Push::Full { position, item };
-            }
-            let position = self.waiters.len().saturating_sub(1);
-            evicted = self.waiters.pop_last().map(|(_, w)| (position, w));
+            };
+            let position = self.position(&victim);
+            evicted = self.take(&victim).map(|e| (position, e.item));
         }
         self.next_seq += 1;
-        self.waiters.insert(key, item);
+        let tenant: Arc<str> = Arc::from(ticket.tenant);
+        if let Some(fair) = &mut self.fair {
+            fair.joined(key, &tenant);
+        }
+        let cost = ticket.cost;
+        self.waiters.insert(key, Entry { item, tenant, cost });
         Push::Queued { key, evicted }
     }
 
-    /// The best waiter, taken out.
+    /// The waiter that goes next, taken out; with fair share its tenant is charged its cost.
     pub fn pop_best(&mut self) -> Option<T> {
-        self.waiters.pop_first().map(|(_, w)| w)
+        let key = match &self.fair {
+            Some(fair) => fair.next()?,
+            None => *self.waiters.first_key_value()?.0,
+        };
+        let entry = self.take(&key)?;
+        if let Some(fair) = &mut self.fair {
+            fair.charge(&entry.tenant, entry.cost);
+        }
+        Some(entry.item)
+    }
+
+    /// Corrects `tenant`'s charge by `delta` once its request's real usage is known (the real
+    /// weighted tokens less the estimate charged when it went). No-op without fair share.
+    pub fn settle(&mut self, tenant: &str, delta: f64) {
+        if let Some(fair) = &mut self.fair {
+            fair.charge(tenant, delta);
+        }
+    }
+
+    /// `tenant`'s weighted service so far (0 without fair share).
+    pub fn served(&self, tenant: &str) -> f64 {
+        self.fair.as_ref().map_or(0.0, |f| f.counter(tenant))
     }
 
     /// The waiter under `key`, taken out, if it still waits.
     pub fn remove(&mut self, key: &Key) -> Option<T> {
-        self.waiters.remove(key)
+        self.take(key).map(|e| e.item)
     }
 
-    /// Waiters ahead of `key`.
+    /// Waiters served before `key` (with fair share, if counters stay level).
     pub fn position(&self, key: &Key) -> usize {
-        self.waiters.range(..key).count()
+        let tenant = self.waiters.get(key).map_or("", |e| e.tenant.as_ref());
+        self.ahead(key, tenant)
+    }
+
+    /// Waiters served before a waiter of `tenant` standing at `key`.
+    fn ahead(&self, key: &Key, tenant: &str) -> usize {
+        match &self.fair {
+            Some(fair) => fair.position(*key, tenant),
+            None => self.waiters.range(..key).count(),
+        }
+    }
+
+    /// Takes the entry under `key` out of the list and of the fair-share lanes.
+    fn take(&mut self, key: &Key) -> Option<Entry<T>> {
+        let entry = self.waiters.remove(key)?;
+        if let Some(fair) = &mut self.fair {
+            fair.left(*key, &entry.tenant);
+        }
+        Some(entry)
     }
 
     /// Waiters now.
@@ -95,9 +195,16 @@ impl<T> Waitlist<T> {
         self.waiters.is_empty()
     }
 
-    /// Takes every waiter out, best first.
+    /// Takes every waiter out, best priority and earliest first.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + use<T> {
-        std::mem::take(&mut self.waiters).into_values()
+        if let Some(fair) = &mut self.fair {
+            for (key, entry) in &self.waiters {
+                fair.left(*key, &entry.tenant);
+            }
+        }
+        std::mem::take(&mut self.waiters)
+            .into_values()
+            .map(|e| e.item)
     }
 }
 
@@ -142,5 +249,60 @@ mod tests {
         assert_eq!(w.remove(&first), None, "gone once");
         assert_eq!(w.drain().collect::<Vec<_>>(), ["d"]);
         assert!(w.is_empty());
+    }
+
+    fn ticket(tenant: &str, cost: f64) -> Ticket<'_> {
+        Ticket {
+            priority: 0,
+            tenant,
+            cost,
+        }
+    }
+
+    #[test]
+    fn with_fair_share_a_flooding_tenant_does_not_take_its_neighbours_turns() {
+        let mut w = Waitlist::fair(None);
+        // a queues 6 heavy requests before b and c queue one light request each.
+        for i in 0..6 {
+            w.push_ticket(ticket("a", 1000.0), format!("a{i}"));
+        }
+        w.push_ticket(ticket("b", 100.0), "b0".into());
+        w.push_ticket(ticket("c", 100.0), "c0".into());
+        let order: Vec<String> = std::iter::from_fn(|| w.pop_best()).collect();
+        // a's first goes (all level, earliest), then b and c before a's backlog.
+        assert_eq!(order[..3], ["a0", "b0", "c0"]);
+        assert!(w.served("a") >= 6000.0 && w.served("b") == 100.0);
+    }
+
+    #[test]
+    fn with_fair_share_a_full_list_refuses_the_heaviest_tenant_not_a_newcomer() {
+        let mut w = Waitlist::fair(Some(4));
+        for i in 0..4 {
+            w.push_ticket(ticket("a", 1.0), i);
+        }
+        // a's fifth is refused (it would push out its own)...
+        assert!(matches!(
+            w.push_ticket(ticket("a", 1.0), 4),
+            Push::Full { item: 4, .. }
+        ));
+        // ...but b's first takes the place of a's latest.
+        match w.push_ticket(ticket("b", 1.0), 10) {
+            Push::Queued { evicted, .. } => assert_eq!(evicted.map(|e| e.1), Some(3)),
+            full => panic!("{full:?}"),
+        }
+        assert_eq!(w.len(), 4);
+    }
+
+    #[test]
+    fn settling_corrects_a_tenants_turn() {
+        let mut w = Waitlist::fair(None);
+        w.push_ticket(ticket("a", 500.0), 0);
+        assert_eq!(w.pop_best(), Some(0));
+        assert_eq!(w.served("a"), 500.0);
+        w.settle("a", -400.0);
+        assert_eq!(w.served("a"), 100.0);
+        let mut fifo: Waitlist<u8> = Waitlist::new(None);
+        fifo.settle("a", 5.0);
+        assert_eq!(fifo.served("a"), 0.0, "first come keeps no counters");
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::raw::{RawAdmission, RawModel, RawPool, RawWorker, Text};
 use super::snapshot::{AdmissionSpec, Dialect, ModelRoute, PoolSpec, WorkerSource};
 use super::values::{parse_duration, parse_worker_url};
+use crate::admission::FairWeights;
 use crate::diagnostics::Sink;
 use crate::routing::{PolicyConfig, PrefixConfig};
 
@@ -124,6 +125,25 @@ fn admission(pool: &str, raw: Option<&RawAdmission>, sink: &mut Sink<'_>) -> Adm
                 &text.referenced,
                 format!("pool `{pool}`: max_wait: {message}"),
             ),
+        }
+    }
+    if let Some(fair) = &raw.fair_share {
+        let default = FairWeights::default();
+        let weights = FairWeights {
+            input: fair.value.input_weight.unwrap_or(default.input),
+            output: fair.value.output_weight.unwrap_or(default.output),
+        };
+        let valid = |w: f64| w.is_finite() && (0.0..=1e6).contains(&w);
+        if !valid(weights.input) || !valid(weights.output) || weights.input + weights.output == 0.0
+        {
+            sink.at(
+                &fair.referenced,
+                format!(
+                    "pool `{pool}`: fair_share: input_weight and output_weight must be numbers in [0, 1e6], not both 0"
+                ),
+            );
+        } else {
+            spec.fair_share = Some(weights);
         }
     }
     spec

@@ -235,6 +235,15 @@ pub(super) struct RawAdmission {
     pub max_in_flight_per_worker: Option<Spanned<usize>>,
     pub max_queue: Option<usize>,
     pub max_wait: Option<Text>,
+    pub fair_share: Option<Spanned<RawFairShare>>,
+}
+
+/// `admission.fair_share:` `{input_weight, output_weight}` (`{}` for the defaults).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFairShare {
+    pub input_weight: Option<f64>,
+    pub output_weight: Option<f64>,
 }
 
 /// One entry of a pool's `workers:`, a single-key map naming its kind.

@@ -235,7 +235,9 @@ async fn run<B: RequestBody>(
         ctx.exit.version(v);
     }
 
-    let permit = admit::admit(pool, tier, ctx).await?;
+    let most_output = valid.max_tokens.saturating_mul(u64::from(valid.n));
+    let tokens = (prompt_tokens, most_output);
+    let permit = admit::admit(pool, (tier, &tenant.name), tokens, ctx).await?;
     if let Some(account) = ctx.exit.account_mut() {
         account.hold(permit);
     }

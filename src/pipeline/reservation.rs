@@ -141,6 +141,10 @@ impl Account {
                 ..Settled::default()
             },
         };
+        if let Some(permit) = self.permit.as_mut() {
+            // Fair share: the tenant's turn is charged what was really served.
+            permit.settle(tokens.prompt, tokens.completion);
+        }
         self.close(tokens.prompt.saturating_add(tokens.completion));
         settled
     }

@@ -74,6 +74,7 @@ impl PoolRuntime {
             capacity: spec.max_in_flight_per_worker,
             max_queue: spec.max_queue,
             max_wait: spec.max_wait,
+            fair_share: spec.fair_share,
         })
     }
 

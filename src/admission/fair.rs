@@ -1,0 +1,337 @@
+//! Token-weighted fair share among a queue's tenants: the Virtual Token Counter ("Fairness in
+//! Serving Large Language Models", OSDI 2024). Each tenant's counter is the weighted service it
+//! has been given (input and output tokens, weighted); when a slot frees, the backlogged tenant
+//! with the least counter goes next; a tenant that becomes backlogged starts at the least counter
+//! of those already waiting, so idle time banks no credit. Priorities stay strict above it: only
+//! the best priority present competes. Within a tenant, arrival order.
+//!
+//! Pure bookkeeping over the waitlist's keys; the [`super::waitlist::Waitlist`] owns the waiters.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::waitlist::Key;
+
+/// Weights of the service a request is charged, per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FairWeights {
+    /// Per prompt token.
+    pub input: f64,
+    /// Per completion token (decode costs more per token than prefill; VTC's default is 2).
+    pub output: f64,
+}
+
+impl Default for FairWeights {
+    fn default() -> Self {
+        Self {
+            input: 1.0,
+            output: 2.0,
+        }
+    }
+}
+
+impl FairWeights {
+    /// The service of `input` prompt and `output` completion tokens.
+    pub fn cost(&self, input: u64, output: u64) -> f64 {
+        self.input * input as f64 + self.output * output as f64
+    }
+}
+
+/// Idle tenants' counters kept at most: past it, those not ahead of the queue's virtual time go
+/// (a return would lift them to it anyway), then, if still too many, every idle one (a return
+/// starts at the virtual time, gaining at most the lead it had): bounded memory.
+const KEEP_IDLE: usize = 256;
+
+/// The counters and, per priority, each tenant's waiting arrivals.
+#[derive(Debug, Default)]
+pub struct FairShare {
+    /// Weighted service given per tenant.
+    counters: HashMap<Arc<str>, f64>,
+    /// Priority (best first) → tenant → arrival sequences waiting.
+    lanes: BTreeMap<Reverse<u32>, HashMap<Arc<str>, BTreeSet<u64>>>,
+    /// Waiters per tenant, over all priorities: a tenant is backlogged while it has one.
+    backlog: HashMap<Arc<str>, usize>,
+    /// The least counter among backlogged tenants, as of the last change (never goes back).
+    vtime: f64,
+}
+
+impl FairShare {
+    /// A waiter of `tenant` joined under `key`. A tenant that was not backlogged is lifted to
+    /// the least counter of those waiting (to the virtual time when nobody waits).
+    pub fn joined(&mut self, key: Key, tenant: &Arc<str>) {
+        if !self.backlog.contains_key(tenant) {
+            let lift = self.least_backlogged().unwrap_or(self.vtime);
+            let counter = self.counters.entry(Arc::clone(tenant)).or_insert(0.0);
+            *counter = counter.max(lift);
+        }
+        *self.backlog.entry(Arc::clone(tenant)).or_insert(0) += 1;
+        let lane = self.lanes.entry(key.0).or_default();
+        lane.entry(Arc::clone(tenant)).or_default().insert(key.1);
+    }
+
+    /// The waiter of `tenant` under `key` left (served, refused, expired or gone).
+    pub fn left(&mut self, key: Key, tenant: &str) {
+        if let Some(lane) = self.lanes.get_mut(&key.0) {
+            if let Some(seqs) = lane.get_mut(tenant) {
+                seqs.remove(&key.1);
+                if seqs.is_empty() {
+                    lane.remove(tenant);
+                }
+            }
+            if lane.is_empty() {
+                self.lanes.remove(&key.0);
+            }
+        }
+        if let Some(waiting) = self.backlog.get_mut(tenant) {
+            *waiting = waiting.saturating_sub(1);
+            if *waiting == 0 {
+                self.backlog.remove(tenant);
+            }
+        }
+        self.advance();
+    }
+
+    /// The key that goes next: at the best priority present, the earliest waiter of the tenant
+    /// with the least counter (ties: the earlier waiter).
+    pub fn next(&self) -> Option<Key> {
+        let (priority, lane) = self.lanes.iter().next()?;
+        lane.iter()
+            .filter_map(|(tenant, seqs)| Some((self.counter(tenant), *seqs.first()?)))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, seq)| (*priority, seq))
+    }
+
+    /// Adds `service` (possibly negative: a correction once the real usage is known) to
+    /// `tenant`'s counter.
+    pub fn charge(&mut self, tenant: &str, service: f64) {
+        if !service.is_finite() {
+            return;
+        }
+        let counter = match self.counters.get_mut(tenant) {
+            Some(counter) => {
+                *counter = (*counter + service).max(0.0);
+                *counter
+            }
+            None => {
+                self.counters.insert(Arc::from(tenant), service.max(0.0));
+                service.max(0.0)
+            }
+        };
+        if self.backlog.is_empty() {
+            // Served with nobody waiting: whoever comes next starts level with it.
+            self.vtime = self.vtime.max(counter);
+        }
+        self.advance();
+        self.forget_idle();
+    }
+
+    /// `tenant`'s counter (0 for one never served).
+    pub fn counter(&self, tenant: &str) -> f64 {
+        self.counters.get(tenant).copied().unwrap_or(0.0)
+    }
+
+    /// Waiters served before `key` (a waiter of `tenant`) if the counters stay level: those of
+    /// better priority, the tenant's own ahead of it, and from every other tenant at its
+    /// priority as many as it has ahead plus one. What `Retry-After` is computed from.
+    pub fn position(&self, key: Key, tenant: &str) -> usize {
+        let better: usize = self
+            .lanes
+            .range(..key.0)
+            .flat_map(|(_, lane)| lane.values())
+            .map(BTreeSet::len)
+            .sum();
+        let Some(lane) = self.lanes.get(&key.0) else {
+            return better;
+        };
+        let own = lane
+            .get(tenant)
+            .map_or(0, |seqs| seqs.range(..key.1).count());
+        let others: usize = lane
+            .iter()
+            .filter(|(t, _)| t.as_ref() != tenant)
+            .map(|(_, seqs)| seqs.len().min(own + 1))
+            .sum();
+        better + own + others
+    }
+
+    /// The waiter a full queue refuses to make room for a waiter of `tenant` at `priority`:
+    /// at the worst priority present, the latest waiter of the tenant with the most waiters
+    /// there (ties: the larger counter). `None` when that waiter is better than the newcomer:
+    /// a better priority, or a tenant no more backlogged there than the newcomer's plus one.
+    pub fn victim(&self, priority: u32, tenant: &str) -> Option<Key> {
+        let (worst, lane) = self.lanes.iter().next_back()?;
+        let (heavy, seqs) = lane.iter().max_by(|a, b| {
+            a.1.len()
+                .cmp(&b.1.len())
+                .then(self.counter(a.0).total_cmp(&self.counter(b.0)))
+        })?;
+        let key = (*worst, *seqs.last()?);
+        if worst.0 < priority {
+            return Some(key);
+        }
+        let newcomer = lane.get(tenant).map_or(0, BTreeSet::len);
+        (worst.0 == priority && heavy.as_ref() != tenant && seqs.len() > newcomer + 1)
+            .then_some(key)
+    }
+
+    /// Backlogged tenants.
+    pub fn backlogged(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// The least counter among backlogged tenants.
+    fn least_backlogged(&self) -> Option<f64> {
+        self.backlog
+            .keys()
+            .map(|t| self.counter(t))
+            .min_by(f64::total_cmp)
+    }
+
+    /// Moves the virtual time up to the least backlogged counter.
+    fn advance(&mut self) {
+        if let Some(least) = self.least_backlogged() {
+            self.vtime = self.vtime.max(least);
+        }
+    }
+
+    /// Forgets idle tenants' counters that a return would lift to the virtual time anyway.
+    fn forget_idle(&mut self) {
+        if self.counters.len() <= self.backlog.len() + KEEP_IDLE {
+            return;
+        }
+        let (vtime, backlog) = (self.vtime, &self.backlog);
+        self.counters
+            .retain(|tenant, counter| backlog.contains_key(tenant) || *counter > vtime);
+        if self.counters.len() > self.backlog.len() + KEEP_IDLE {
+            let backlog = &self.backlog;
+            self.counters
+                .retain(|tenant, _| backlog.contains_key(tenant));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> Arc<str> {
+        Arc::from(name)
+    }
+
+    fn key(priority: u32, seq: u64) -> Key {
+        (Reverse(priority), seq)
+    }
+
+    #[test]
+    fn the_least_served_backlogged_tenant_goes_next() {
+        let mut f = FairShare::default();
+        let (a, b) = (t("a"), t("b"));
+        for seq in 0..4 {
+            f.joined(key(0, seq), &a);
+        }
+        f.joined(key(0, 4), &b);
+        // Both start level: the earlier waiter (a's) goes first.
+        assert_eq!(f.next(), Some(key(0, 0)));
+        f.left(key(0, 0), "a");
+        f.charge("a", 100.0);
+        // a has 100, b 0: b's waiter goes before a's earlier ones.
+        assert_eq!(f.next(), Some(key(0, 4)));
+        f.left(key(0, 4), "b");
+        f.charge("b", 10.0);
+        assert_eq!(f.next(), Some(key(0, 1)));
+    }
+
+    #[test]
+    fn a_returning_tenant_starts_at_the_virtual_time_not_with_banked_credit() {
+        let mut f = FairShare::default();
+        let (a, b) = (t("a"), t("b"));
+        for seq in 0..3 {
+            f.joined(key(0, seq), &a);
+            f.left(key(0, seq), "a");
+            f.charge("a", 1000.0);
+        }
+        f.joined(key(0, 10), &a);
+        // b was idle while a was served alone: it starts at a's level, not at 0.
+        f.joined(key(0, 11), &b);
+        assert_eq!(f.counter("b"), f.counter("a"));
+        assert_eq!(f.next(), Some(key(0, 10)), "level counters: arrival order");
+    }
+
+    #[test]
+    fn a_better_priority_goes_first_whatever_its_counter() {
+        let mut f = FairShare::default();
+        let (a, b) = (t("a"), t("b"));
+        f.joined(key(0, 0), &a);
+        f.joined(key(5, 1), &b);
+        f.charge("b", 1e9);
+        assert_eq!(f.next(), Some(key(5, 1)));
+        assert_eq!(f.position(key(0, 0), "a"), 1);
+    }
+
+    #[test]
+    fn position_counts_other_tenants_turns_interleaved() {
+        let mut f = FairShare::default();
+        let (a, b, c) = (t("a"), t("b"), t("c"));
+        for seq in 0..10 {
+            f.joined(key(0, seq), &a);
+        }
+        f.joined(key(0, 10), &b);
+        f.joined(key(0, 11), &c);
+        f.joined(key(0, 12), &c);
+        // b's only waiter: one of a's and one of c's may go before it.
+        assert_eq!(f.position(key(0, 10), "b"), 2);
+        // a's 5th: 4 of its own, 1 of b's, 2 of c's.
+        assert_eq!(f.position(key(0, 4), "a"), 4 + 1 + 2);
+    }
+
+    #[test]
+    fn a_full_queue_makes_room_from_the_heaviest_tenant_only_for_a_lighter_one() {
+        let mut f = FairShare::default();
+        let (a, b) = (t("a"), t("b"));
+        for seq in 0..5 {
+            f.joined(key(0, seq), &a);
+        }
+        f.joined(key(0, 5), &b);
+        assert_eq!(f.victim(0, "b"), Some(key(0, 4)), "a's latest goes for b");
+        assert_eq!(f.victim(0, "a"), None, "a does not push out its own or b's");
+        assert_eq!(f.victim(0, "c"), Some(key(0, 4)));
+        assert_eq!(
+            f.victim(1, "a"),
+            Some(key(0, 4)),
+            "a better priority always may"
+        );
+    }
+
+    #[test]
+    fn idle_counters_are_forgotten_past_a_bound() {
+        let mut f = FairShare::default();
+        let busy = t("busy");
+        f.joined(key(0, 0), &busy);
+        f.charge("busy", 10.0);
+        for i in 0..(KEEP_IDLE as u64 + 50) {
+            let name = format!("t{i}");
+            f.joined(key(0, i + 1), &t(&name));
+            f.left(key(0, i + 1), &name);
+            f.charge(&name, 1.0);
+        }
+        assert!(f.counters.len() <= KEEP_IDLE + 2, "{}", f.counters.len());
+        assert_eq!(
+            f.counter("busy"),
+            10.0,
+            "a backlogged tenant keeps its counter"
+        );
+        assert_eq!(f.backlogged(), 1);
+    }
+
+    #[test]
+    fn nonsense_charges_are_ignored_and_counters_stay_non_negative() {
+        let mut f = FairShare::default();
+        f.charge("a", f64::NAN);
+        f.charge("a", f64::INFINITY);
+        assert_eq!(f.counter("a"), 0.0);
+        f.charge("a", 5.0);
+        f.charge("a", -50.0);
+        assert_eq!(f.counter("a"), 0.0);
+    }
+}
