@@ -85,6 +85,11 @@ impl<T> Waitlist<T> {
         }
     }
 
+    /// The bound on waiters (`None`: unbounded).
+    pub fn max_queue(&self) -> Option<usize> {
+        self.max_queue
+    }
+
     /// True when tenants take turns by fair share.
     pub fn is_fair(&self) -> bool {
         self.fair.is_some()

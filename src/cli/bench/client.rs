@@ -136,6 +136,7 @@ impl Target {
             e2e: 0.0,
             prompt_tokens: req.prompt.len() as u64,
             output_tokens: 0,
+            asked_output_tokens: u64::from(req.output_tokens),
         };
         let sent = match self.request(req) {
             Ok(r) => tokio::time::timeout(self.idle_timeout, self.client.request(r)).await,

@@ -42,6 +42,9 @@ pub struct RequestRecord {
     pub prompt_tokens: u64,
     /// Generated tokens (from the usage chunk, else the content chunks counted).
     pub output_tokens: u64,
+    /// Output tokens the request asked for (its `max_tokens`): with the prompt, its demand.
+    #[serde(default)]
+    pub asked_output_tokens: u64,
 }
 
 impl RequestRecord {
@@ -90,6 +93,12 @@ pub struct Breakdown {
     pub e2e_p99: f64,
     /// Share of the slice's requests that met the SLO.
     pub goodput: f64,
+    /// Tokens served to the slice's successful requests (prompt and output).
+    #[serde(default)]
+    pub served_tokens: u64,
+    /// Tokens the slice's requests asked for, all of them (prompt and `max_tokens`): its demand.
+    #[serde(default)]
+    pub asked_tokens: u64,
 }
 
 /// The summary of a run. Latencies are seconds; percentiles are over successful requests, ITL over
@@ -133,6 +142,11 @@ pub struct Report {
     pub slo_itl_s: f64,
     /// Per tenant.
     pub by_tenant: BTreeMap<String, Breakdown>,
+    /// Jain's fairness index over tenants of served tokens against each one's max-min fair
+    /// share of what was served (water-filled over their demands): 1 when every tenant got its
+    /// fair share, towards 1/n as one takes the others'. 1 with fewer than two tenants.
+    #[serde(default)]
+    pub jain_index: f64,
     /// Per worker.
     pub by_worker: BTreeMap<String, Breakdown>,
     /// Per execution path.

@@ -167,6 +167,13 @@ impl Report {
                 out.push_str(&breakdown_table(title, slices));
             }
         }
+        if self.by_tenant.len() >= 2 {
+            let _ = writeln!(
+                out,
+                "Jain's index over tenants (served tokens against each one's max-min fair share): {:.3}",
+                self.jain_index
+            );
+        }
         if !self.by_engine.is_empty() {
             out.push('\n');
             out.push_str(&engine_table(&self.by_engine));

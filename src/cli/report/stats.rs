@@ -89,7 +89,7 @@ pub fn summarize(
         .count();
     let slice =
         |key: fn(&RequestRecord) -> Option<&str>| breakdowns(records, key, slo_ttft_s, slo_itl_s);
-    Report {
+    let mut report = Report {
         title: title.to_owned(),
         duration_s,
         requests: records.len() as u64,
@@ -107,11 +107,49 @@ pub fn summarize(
         goodput: share(good as f64, records.len() as f64),
         slo_ttft_s,
         slo_itl_s,
+        jain_index: 1.0,
         by_tenant: slice(|r| r.tenant.as_deref()),
         by_worker: slice(|r| r.worker.as_deref()),
         by_path: slice(|r| r.path.as_deref()),
         by_engine: BTreeMap::new(),
         extra: BTreeMap::new(),
+    };
+    report.jain_index = jain_index(&report.by_tenant);
+    report
+}
+
+/// Jain's index of each tenant's served tokens over its max-min fair share of all that was
+/// served: capacity water-filled over the demands, smallest first.
+fn jain_index(by_tenant: &BTreeMap<String, Breakdown>) -> f64 {
+    if by_tenant.len() < 2 {
+        return 1.0;
+    }
+    let mut demands: Vec<(f64, f64)> = by_tenant
+        .values()
+        .map(|b| {
+            (
+                b.asked_tokens.max(b.served_tokens) as f64,
+                b.served_tokens as f64,
+            )
+        })
+        .collect();
+    demands.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut left: f64 = demands.iter().map(|d| d.1).sum();
+    let n = demands.len();
+    let ratios: Vec<f64> = demands
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(demand, served))| {
+            let fair = demand.min(left / (n - i) as f64);
+            left -= fair;
+            (fair > 0.0).then(|| served / fair)
+        })
+        .collect();
+    let (sum, squares): (f64, f64) = (ratios.iter().sum(), ratios.iter().map(|x| x * x).sum());
+    if squares > 0.0 {
+        sum * sum / (ratios.len() as f64 * squares)
+    } else {
+        1.0
     }
 }
 
@@ -141,6 +179,15 @@ fn breakdowns(
                 itl_p99: Percentiles::of(&s.itl).p99,
                 e2e_p99: Percentiles::of(&s.e2e).p99,
                 goodput: share(good as f64, rs.len() as f64),
+                served_tokens: rs
+                    .iter()
+                    .filter(|r| r.ok())
+                    .map(|r| r.prompt_tokens + r.output_tokens)
+                    .sum(),
+                asked_tokens: rs
+                    .iter()
+                    .map(|r| r.prompt_tokens + r.asked_output_tokens)
+                    .sum(),
             };
             (k.to_owned(), b)
         })

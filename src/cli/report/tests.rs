@@ -17,6 +17,7 @@ fn rec(id: u64, status: u16, ttft: Option<f64>, itl: &[f64], e2e: f64) -> Reques
         e2e,
         prompt_tokens: 0,
         output_tokens: itl.len() as u64 + u64::from(ttft.is_some()),
+        asked_output_tokens: itl.len() as u64 + 1,
     }
 }
 
@@ -247,4 +248,61 @@ fn diff_shows_ratios() {
     assert_eq!(row("goodput"), ["goodput", "20.0%", "40.0%", "2.000"]);
     assert_eq!(row("requests"), ["requests", "5", "5", "1.000"]);
     assert_eq!(row("preemptions"), ["preemptions", "-", "3", "-"]);
+}
+
+#[test]
+fn jain_index_is_one_for_a_max_min_fair_split_and_lower_for_first_come() {
+    // Demands (asked tokens): a 1000, b 100, c 100; 600 tokens served in all. Max-min fair:
+    // b 100, c 100, a 400.
+    let served = |tenant: &str, asked: u64, got: u64| {
+        let mut r = tagged(rec(0, 200, Some(0.1), &[], 0.2), tenant, None, None);
+        r.prompt_tokens = 0;
+        r.asked_output_tokens = asked;
+        r.output_tokens = got;
+        r
+    };
+    let fair = [
+        served("a", 1000, 400),
+        served("b", 100, 100),
+        served("c", 100, 100),
+    ];
+    let r = summarize(
+        "t",
+        &fair,
+        1.0,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    assert!((r.jain_index - 1.0).abs() < 1e-9, "{}", r.jain_index);
+    assert_eq!(r.by_tenant["a"].served_tokens, 400);
+    assert_eq!(r.by_tenant["a"].asked_tokens, 1000);
+    // First come, in proportion to demand: a 500, b 50, c 50.
+    let fcfs = [
+        served("a", 1000, 500),
+        served("b", 100, 50),
+        served("c", 100, 50),
+    ];
+    let r = summarize(
+        "t",
+        &fcfs,
+        1.0,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    // x = (1.25, 0.5, 0.5): (2.25)^2 / (3 * 2.0625)
+    assert!(
+        (r.jain_index - 2.25 * 2.25 / (3.0 * 2.0625)).abs() < 1e-9,
+        "{}",
+        r.jain_index
+    );
+    // One tenant (or none): trivially fair.
+    let one = [served("a", 10, 5)];
+    let r = summarize(
+        "t",
+        &one,
+        1.0,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    assert_eq!(r.jain_index, 1.0);
 }

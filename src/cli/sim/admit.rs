@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use crate::workload::PlannedRequest;
-use infergate::admission::waitlist::{Key, Push, Waitlist};
+use infergate::admission::FairWeights;
+use infergate::admission::waitlist::{Key, Push, Ticket, Waitlist};
 
 /// Where a waiter stands in the queue; also the key of its expiry.
 pub(super) type QueueKey = Key;
@@ -42,6 +43,8 @@ pub(super) struct Admission {
     /// Tenant → priority; unlisted tenants (and requests without one) get 0.
     priorities: BTreeMap<String, u32>,
     waiters: Waitlist<Waiting>,
+    /// Fair-share weights, when tenants take turns.
+    fair: Option<FairWeights>,
 }
 
 impl Admission {
@@ -62,7 +65,36 @@ impl Admission {
             max_wait,
             priorities,
             waiters: Waitlist::new((max_queue > 0).then_some(max_queue)),
+            fair: None,
         }
+    }
+
+    /// Tenants take turns by token-weighted fair share (`None`: first come), as the gateway's.
+    pub(super) fn with_fair_share(mut self, fair: Option<FairWeights>) -> Self {
+        if let Some(weights) = fair {
+            self.waiters = Waitlist::fair(self.waiters.max_queue());
+            self.fair = Some(weights);
+        }
+        self
+    }
+
+    /// The queue ticket of `w`: its tier's priority, its tenant and, with fair share, the
+    /// weighted tokens it will be served (the workload's output length is its `max_tokens`).
+    fn ticket<'a>(&self, w: &'a Waiting) -> Ticket<'a> {
+        let tenant = w.req.tenant.as_deref();
+        Ticket {
+            priority: self.priority(tenant),
+            tenant: tenant.unwrap_or(""),
+            cost: self.fair.map_or(0.0, |f| {
+                f.cost(w.prompt_tokens, u64::from(w.req.output_tokens))
+            }),
+        }
+    }
+
+    /// `w` goes to a worker without waiting: with fair share its tenant's turn counts it too.
+    pub(super) fn served_at_once(&mut self, w: &Waiting) {
+        let ticket = self.ticket(w);
+        self.waiters.settle(ticket.tenant, ticket.cost);
     }
 
     /// True when requests pass through slots and the queue.
@@ -95,8 +127,14 @@ impl Admission {
 
     /// Queues `w`, or refuses it (or a worse waiter) when the queue is full.
     pub(super) fn enqueue(&mut self, w: Waiting) -> Enqueued {
-        let priority = self.priority(w.req.tenant.as_deref());
-        match self.waiters.push(priority, w) {
+        let tenant = w.req.tenant.clone().unwrap_or_default();
+        let Ticket { priority, cost, .. } = self.ticket(&w);
+        let ticket = Ticket {
+            priority,
+            tenant: &tenant,
+            cost,
+        };
+        match self.waiters.push_ticket(ticket, w) {
             Push::Queued { key, evicted } => Enqueued {
                 queued: Some(key),
                 refused: evicted.map(|(_, w)| w),

@@ -122,6 +122,11 @@ pub struct SimArgs {
     /// Default: the --gateway-config pool's `max_wait`, else 30s.
     #[arg(long, value_parser = parse_duration)]
     pub max_wait: Option<Duration>,
+    /// Tenants take turns in the admission queue by token-weighted fair share (input weight 1,
+    /// output weight 2), as the gateway's `admission.fair_share`; `--fair-share off` for first
+    /// come. Default: the --gateway-config pool's setting, else off.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub fair_share: Option<String>,
     /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
     /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
     #[arg(long = "tier", value_parser = parse_tier)]
@@ -184,7 +189,15 @@ impl SimArgs {
         c.admission_per_worker = self.admission_per_worker.unwrap_or(0);
         c.max_wait = self.max_wait.unwrap_or(Duration::from_secs(30));
         c.priorities = self.tiers.iter().cloned().collect();
+        c.fair_share = self.fair_share_flag().flatten();
         c
+    }
+
+    /// `--fair-share`: `Some(None)` for off, `Some(Some(default weights))` for on.
+    fn fair_share_flag(&self) -> Option<Option<infergate::admission::FairWeights>> {
+        self.fair_share
+            .as_deref()
+            .map(|v| (v == "on").then(infergate::admission::FairWeights::default))
     }
 
     /// The model the flags name, else the default preset's.
@@ -283,6 +296,7 @@ pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), Strin
             .unwrap_or(a.max_in_flight_per_worker);
         cfg.max_queue = args.max_queue.unwrap_or(a.max_queue);
         cfg.max_wait = args.max_wait.unwrap_or(a.max_wait);
+        cfg.fair_share = args.fair_share_flag().unwrap_or(a.fair_share);
         cfg.degradation = snapshot.degradation.get(&pool.name).cloned();
         cfg.gateway = Some(Box::new(snapshot));
     } else if args.pool.is_some() {

@@ -157,6 +157,7 @@ mod tests {
             e2e: 1.0,
             prompt_tokens: 1900,
             output_tokens: 100,
+            asked_output_tokens: 100,
         };
         let cost = |cached| -> BTreeMap<_, _> {
             cost_extra(&prices, "m", std::slice::from_ref(&record), cached)

@@ -318,10 +318,11 @@ impl Fleet {
             arrival: t,
         };
         if self.admission.has_slot(self.live.len()) {
-            if self.admission.is_on()
-                && let Some(d) = &mut self.degradation
-            {
-                d.record_queue_wait(0.0, t);
+            if self.admission.is_on() {
+                self.admission.served_at_once(&waiting);
+                if let Some(d) = &mut self.degradation {
+                    d.record_queue_wait(0.0, t);
+                }
             }
             if let Some(w) = self.route(waiting, t)
                 && !self.workers[w].busy
@@ -343,7 +344,8 @@ impl Fleet {
 
     /// Records `req`, sent at `arrival`, as refused with `status` at `now` before reaching a worker.
     fn refuse(&mut self, req: PlannedRequest, arrival: f64, status: u16, prompt: u64, now: f64) {
-        let mut record = refused(req.id, arrival, status, req.tenant, prompt);
+        let asked = u64::from(req.output_tokens);
+        let mut record = refused(req.id, arrival, status, req.tenant, (prompt, asked));
         record.e2e = now - arrival;
         self.records.push(record);
         self.client_done(now);

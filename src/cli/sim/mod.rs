@@ -82,6 +82,9 @@ pub struct SimConfig {
     pub max_wait: Duration,
     /// Admission priority per tenant, higher first; tenants not listed get 0.
     pub priorities: BTreeMap<String, u32>,
+    /// Token-weighted fair share among tenants in the admission queue (the gateway's
+    /// `admission.fair_share`); `None` = first come (default).
+    pub fair_share: Option<infergate::admission::FairWeights>,
     /// Graded degradation by tier (tier = tenant name) on virtual time; `None` = off (default).
     pub degradation: Option<DegradationPolicy>,
     /// Tokens per KV block (default 16).
@@ -116,6 +119,7 @@ impl Default for SimConfig {
             admission_per_worker: 0,
             max_wait: Duration::from_secs(30),
             priorities: BTreeMap::new(),
+            fair_share: None,
             degradation: None,
             block_size: 16,
             gpu_memory_utilization: 0.9,
@@ -173,7 +177,8 @@ pub fn simulate(
             cfg.max_queue,
             cfg.max_wait.as_secs_f64(),
             cfg.priorities.clone(),
-        ),
+        )
+        .with_fair_share(cfg.fair_share),
     };
     let fleet = Fleet::new(
         workers,

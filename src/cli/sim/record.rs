@@ -19,6 +19,7 @@ pub(super) struct Live {
     last: f64,
     itl: Vec<f64>,
     output_tokens: u64,
+    asked_output_tokens: u64,
 }
 
 impl Live {
@@ -39,6 +40,7 @@ impl Live {
             last: arrival,
             itl: Vec::with_capacity(output_tokens as usize),
             output_tokens: 0,
+            asked_output_tokens: u64::from(output_tokens),
         }
     }
 
@@ -79,6 +81,7 @@ impl Live {
             e2e: now - self.arrival,
             prompt_tokens: info.map_or(self.prompt_tokens, |i| i.prompt_tokens as u64),
             output_tokens: info.map_or(self.output_tokens, |i| i.completion_tokens as u64),
+            asked_output_tokens: self.asked_output_tokens,
         }
     }
 }
@@ -90,7 +93,7 @@ pub(super) fn refused(
     at: f64,
     status: u16,
     tenant: Option<String>,
-    prompt_tokens: u64,
+    (prompt_tokens, asked_output_tokens): (u64, u64),
 ) -> RequestRecord {
     RequestRecord {
         id,
@@ -104,5 +107,6 @@ pub(super) fn refused(
         e2e: 0.0,
         prompt_tokens,
         output_tokens: 0,
+        asked_output_tokens,
     }
 }

@@ -27,6 +27,11 @@ const SHIPPED: &[(&str, &str)] = &[
         "tiers",
         include_str!("../../../config/workloads/tiers.yaml"),
     ),
+    // Fair share (issue 45): one tenant sends ten times its neighbours' tokens.
+    (
+        "noisy-neighbour",
+        include_str!("../../../config/workloads/noisy-neighbour.yaml"),
+    ),
     // The five symptoms' scenarios (config/scenarios/NAME).
     (
         "tpot-at-peak",
