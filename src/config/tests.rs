@@ -296,3 +296,31 @@ fn the_trace_section_resolves_its_path_and_checks_its_numbers() {
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert!(errs[0].2.contains("trace: give `path`"), "{errs:#?}");
 }
+
+#[test]
+fn a_pools_fair_share_takes_weights_or_the_defaults() {
+    let with = |fair: &str| format!("{MINIMAL}    admission: {{fair_share: {fair}}}\n");
+    let snap = load_both(&with("{}"), None).unwrap();
+    let weights = snap.pools[0].admission.fair_share.unwrap();
+    assert_eq!((weights.input, weights.output), (1.0, 2.0));
+    let snap = load_both(&with("{input_weight: 0.5, output_weight: 4}"), None).unwrap();
+    let weights = snap.pools[0].admission.fair_share.unwrap();
+    assert_eq!((weights.input, weights.output), (0.5, 4.0));
+    assert_eq!(
+        load_both(MINIMAL, None).unwrap().pools[0]
+            .admission
+            .fair_share,
+        None
+    );
+    one_error(
+        &with("{input_weight: -1}"),
+        7,
+        "pool `p`: fair_share: input_weight and output_weight must be numbers in [0, 1e6]",
+    );
+    one_error(
+        &with("{input_weight: 0, output_weight: 0}"),
+        7,
+        "not both 0",
+    );
+    one_error(&with("{weight: 1}"), 7, "weight");
+}

@@ -1,0 +1,91 @@
+//! Fair share under contention: a pool with one slow worker, one request in flight at a time and
+//! `admission.fair_share` on. A tenant that floods the queue does not keep a neighbour of the
+//! same tier waiting behind its whole backlog: the neighbour's requests go in turn with it.
+
+use crate::common;
+use crate::tenant_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::StatusCode;
+use tenant_support::{Gw, POOL, Setup, completion, key_of, post};
+use tokio::task::JoinSet;
+
+use common::Engine;
+
+/// Where `name` finished in `order`.
+fn rank(order: &[String], name: &str) -> usize {
+    order
+        .iter()
+        .position(|n| n == name)
+        .unwrap_or_else(|| panic!("{name} never finished: {order:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenant_does_not_take_its_neighbours_turns() {
+    // An L4 decodes llama-3-8b at ~70 ms a token: the first request holds the only slot for
+    // seconds while the others queue behind it.
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    let gw = Gw::start(&Setup {
+        workers: &[&engine.url],
+        admission: Some(
+            "{max_in_flight_per_worker: 1, max_queue: 50, max_wait: 60s, fair_share: {input_weight: 1, output_weight: 2}}",
+        ),
+        tenants: &[("noisy", "std"), ("quiet", "std")],
+        tiers: "tiers:\n  std: {priority: 1}\n",
+        ..Setup::default()
+    })
+    .await;
+    let url = gw.at("/v1/completions");
+    let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
+    let finished: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut tasks = JoinSet::new();
+    let mut send = |name: String, tenant: &str, max_tokens: u64| {
+        let (url, key, finished) = (url.clone(), key_of(tenant), finished.clone());
+        let body = completion(&format!("request {name} of the same length"), max_tokens);
+        tasks.spawn(async move {
+            let reply = post(&url, Some(&key), &body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{name}: {}", reply.text);
+            finished.lock().unwrap().push(name);
+        });
+    };
+
+    // The noisy tenant takes the only slot for ~3 s, then queues six more requests before the
+    // quiet one queues two, one at a time so that their arrival order is known.
+    send("occupier".into(), "noisy", 40);
+    engine
+        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
+            v == 1.0
+        })
+        .await;
+    let queued = [("noisy", 6), ("quiet", 2)];
+    let mut n = 0.0;
+    for (tenant, count) in queued {
+        for i in 1..=count {
+            send(format!("{tenant}-{i}"), tenant, 4);
+            n += 1.0;
+            gw.expect_metric(&depth, n, Duration::from_secs(10)).await;
+        }
+    }
+    assert!(
+        finished.lock().unwrap().is_empty(),
+        "the occupier finished before all eight were queued: the test cannot tell the order"
+    );
+
+    tasks.join_all().await;
+    let order = finished.lock().unwrap().clone();
+    assert_eq!(order.len(), 9, "{order:?}");
+    // First come would serve all six noisy requests first. With fair share the quiet tenant,
+    // level with the noisy one when it starts waiting, alternates with it (give or take one
+    // turn for the difference between the estimated and the reported prompt tokens).
+    assert!(
+        rank(&order, "quiet-1") < rank(&order, "noisy-3"),
+        "quiet-1 waited behind the noisy backlog: {order:?}"
+    );
+    assert!(
+        rank(&order, "quiet-2") < rank(&order, "noisy-5"),
+        "quiet-2 waited behind the noisy backlog: {order:?}"
+    );
+    gw.expect_metric(&depth, 0.0, Duration::from_secs(5)).await;
+}
