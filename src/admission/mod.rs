@@ -78,6 +78,13 @@ pub enum Refusal {
     Timeout { retry_after: Duration },
     /// The pool is draining (503).
     Draining { retry_after: Duration },
+    /// The wait the queue predicts (`predicted`, from its drain rate) is past the request's
+    /// deadline (429 at once); `retry_after` is when the queue ahead will have drained enough.
+    Deadline {
+        retry_after: Duration,
+        predicted: Duration,
+        deadline: Duration,
+    },
 }
 
 impl Refusal {
@@ -86,16 +93,18 @@ impl Refusal {
         match self {
             Self::QueueFull { retry_after, .. }
             | Self::Timeout { retry_after }
-            | Self::Draining { retry_after } => *retry_after,
+            | Self::Draining { retry_after }
+            | Self::Deadline { retry_after, .. } => *retry_after,
         }
     }
 
-    /// Metric label: "queue_full", "queue_timeout" or "draining".
+    /// Metric label: "queue_full", "queue_timeout", "draining" or "deadline".
     pub fn reason(&self) -> &'static str {
         match self {
             Self::QueueFull { .. } => "queue_full",
             Self::Timeout { .. } => "queue_timeout",
             Self::Draining { .. } => "draining",
+            Self::Deadline { .. } => "deadline",
         }
     }
 }
@@ -110,6 +119,16 @@ impl fmt::Display for Refusal {
                 f.write_str("server busy: timed out waiting in the admission queue")
             }
             Self::Draining { .. } => f.write_str("server is draining; retry on another replica"),
+            Self::Deadline {
+                predicted,
+                deadline,
+                ..
+            } => write!(
+                f,
+                "server busy: the predicted wait in the admission queue ({} ms) is past the request's deadline ({} ms)",
+                predicted.as_millis(),
+                deadline.as_millis()
+            ),
         }
     }
 }
@@ -156,10 +175,17 @@ impl AdmissionQueue {
         st.dispatch();
     }
 
-    /// Waits for a slot, best priority (higher first) and then earliest arrival first. `now` is
-    /// the request's arrival; the deadline is `now + max_wait`. Cancel safe: dropping the future
-    /// leaves the queue.
-    pub async fn admit(&self, ticket: Ticket<'_>, now: Instant) -> Result<Permit, Refusal> {
+    /// Waits for a slot, best priority (higher first) and then earliest arrival first (or least
+    /// served tenant with fair share). `now` is the request's arrival; it waits until
+    /// `now + max_wait`, or its own `deadline` if sooner, and is refused at once when the
+    /// predicted wait is already past that deadline. Cancel safe: dropping the future leaves the
+    /// queue.
+    pub async fn admit(
+        &self,
+        ticket: Ticket<'_>,
+        deadline: Option<Duration>,
+        now: Instant,
+    ) -> Result<Permit, Refusal> {
         let (key, rx) = {
             let mut st = lock(&self.shared.state);
             if st.closed {
@@ -173,6 +199,18 @@ impl AdmissionQueue {
                 st.waiters.settle(ticket.tenant, ticket.cost);
                 return Ok(self.permit(Duration::ZERO, now, ticket));
             }
+            if let Some(deadline) = deadline {
+                // Told now, not after waiting in vain: the wait the drain rate predicts for
+                // where the request would stand.
+                let predicted = st.expected_wait(st.waiters.position_of_new(ticket));
+                if predicted > deadline {
+                    return Err(Refusal::Deadline {
+                        retry_after: rate::clamp_retry(predicted - deadline),
+                        predicted,
+                        deadline,
+                    });
+                }
+            }
             st.enqueue(ticket)?
         };
         let mut waiting = Waiting {
@@ -182,8 +220,9 @@ impl AdmissionQueue {
             settled: false,
         };
         // On tokio's clock, which the timer runs on (and a test can pause): what is left of
-        // `max_wait` since the arrival.
-        let left = self.shared.max_wait.saturating_sub(now.elapsed());
+        // `max_wait` (or of the request's deadline, if sooner) since the arrival.
+        let most = deadline.map_or(self.shared.max_wait, |d| d.min(self.shared.max_wait));
+        let left = most.saturating_sub(now.elapsed());
         let deadline = tokio::time::Instant::now() + left;
         let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
             Ok(received) => {

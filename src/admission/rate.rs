@@ -47,8 +47,33 @@ impl CompletionRate {
     /// Expected wait for the request at `position` (0 = next): `(position + 1) / rate`, clamped
     /// to [`MIN_RETRY`, `MAX_RETRY`].
     pub fn retry_after(&self, position: usize, capacity: usize) -> Duration {
+        clamp_retry(self.expected_wait(position, capacity))
+    }
+
+    /// Expected wait for the request at `position`, unclamped (what a deadline is checked
+    /// against): `(position + 1) / rate`.
+    pub fn expected_wait(&self, position: usize, capacity: usize) -> Duration {
         let secs = (position as f64 + 1.0) / self.per_second(capacity);
-        Duration::from_secs_f64(secs.clamp(MIN_RETRY.as_secs_f64(), MAX_RETRY.as_secs_f64()))
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+    }
+}
+
+/// `wait` as a `Retry-After`: within [`MIN_RETRY`, `MAX_RETRY`].
+pub fn clamp_retry(wait: Duration) -> Duration {
+    wait.clamp(MIN_RETRY, MAX_RETRY)
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+
+    #[test]
+    fn the_expected_wait_is_not_clamped() {
+        let mut r = CompletionRate::default();
+        r.record(Duration::from_millis(100));
+        // 10 slots each freed every 100 ms: the 5th in line goes after 50 ms.
+        assert_eq!(r.expected_wait(4, 10), Duration::from_millis(50));
+        assert_eq!(r.retry_after(4, 10), MIN_RETRY);
     }
 }
 

@@ -54,6 +54,11 @@ impl State {
         self.waiters.position(key)
     }
 
+    /// The wait the drain rate predicts for a request at `position`, unclamped.
+    pub fn expected_wait(&self, position: usize) -> Duration {
+        self.rate.expected_wait(position, self.capacity)
+    }
+
     /// `Retry-After` for a request at `position`.
     pub fn retry_after(&self, position: usize) -> Duration {
         self.rate.retry_after(position, self.capacity)

@@ -39,7 +39,7 @@ async fn until(what: &str, cond: impl Fn() -> bool) {
 }
 
 async fn admitted(q: &AdmissionQueue, priority: u32) -> Permit {
-    match q.admit(at(priority), Instant::now()).await {
+    match q.admit(at(priority), None, Instant::now()).await {
         Ok(p) => p,
         Err(e) => panic!("refused: {e:?}"),
     }
@@ -96,7 +96,7 @@ async fn full_queue_answers_at_once_with_position_based_retry() {
     spawn_waiter(&q, 0, 2, tx);
     until("queue full", || q.depth() == 2).await;
     let started = Instant::now();
-    let refusal = q.admit(at(0), Instant::now()).await.err();
+    let refusal = q.admit(at(0), None, Instant::now()).await.err();
     assert!(started.elapsed() < Duration::from_millis(100));
     // Prior: one second per request on one slot; position 2 → (2 + 1) / 1 per second.
     let want = Refusal::QueueFull {
@@ -113,7 +113,7 @@ async fn higher_priority_displaces_the_worst_waiter_of_a_full_queue() {
     let held = admitted(&q, 0).await;
     let low = tokio::spawn({
         let q = q.clone();
-        async move { q.admit(at(1), Instant::now()).await.err() }
+        async move { q.admit(at(1), None, Instant::now()).await.err() }
     });
     until("low queued", || q.depth() == 1).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -132,7 +132,7 @@ async fn waiting_past_max_wait_times_out() {
     let q = queue(1, 10, Duration::from_millis(50));
     let _held = admitted(&q, 0).await;
     let started = Instant::now();
-    let refusal = q.admit(at(0), started).await.err();
+    let refusal = q.admit(at(0), None, started).await.err();
     assert!(started.elapsed() >= Duration::from_millis(50));
     assert_eq!(
         refusal,
@@ -149,7 +149,7 @@ async fn dropped_waiter_leaves_and_loses_no_slot() {
     let held = admitted(&q, 0).await;
     let waiter = tokio::spawn({
         let q = q.clone();
-        async move { q.admit(at(0), Instant::now()).await.is_ok() }
+        async move { q.admit(at(0), None, Instant::now()).await.is_ok() }
     });
     until("queued", || q.depth() == 1).await;
     waiter.abort();
@@ -165,7 +165,7 @@ async fn dropped_waiter_leaves_and_loses_no_slot() {
 async fn slot_handed_to_a_departed_waiter_moves_on() {
     let q = queue(1, 10, LONG);
     let held = admitted(&q, 0).await;
-    let mut first = Box::pin(q.admit(at(9), Instant::now()));
+    let mut first = Box::pin(q.admit(at(9), None, Instant::now()));
     tokio::select! {
         biased;
         _ = &mut first => panic!("no slot yet"),
@@ -189,7 +189,7 @@ async fn close_refuses_waiters_and_arrivals_with_draining() {
     let waiters: Vec<_> = (0..3)
         .map(|p| {
             let q = q.clone();
-            tokio::spawn(async move { q.admit(at(p), Instant::now()).await.err() })
+            tokio::spawn(async move { q.admit(at(p), None, Instant::now()).await.err() })
         })
         .collect();
     until("three queued", || q.depth() == 3).await;
@@ -200,7 +200,7 @@ async fn close_refuses_waiters_and_arrivals_with_draining() {
             Some(Refusal::Draining { .. })
         ));
     }
-    let late = q.admit(at(0), Instant::now()).await.err();
+    let late = q.admit(at(0), None, Instant::now()).await.err();
     assert_eq!(late.map(|r| r.reason()), Some("draining"));
     drop(held);
     assert_eq!((q.depth(), q.in_flight()), (0, 0));
@@ -228,7 +228,7 @@ async fn flood_is_bounded_and_excess_refused_promptly() {
         .map(|i| {
             let (q, refused, served) = (q.clone(), refused.clone(), served.clone());
             tokio::spawn(async move {
-                match q.admit(at((i % 3) as u32), Instant::now()).await {
+                match q.admit(at((i % 3) as u32), None, Instant::now()).await {
                     Ok(_permit) => served.fetch_add(1, Ordering::SeqCst),
                     Err(Refusal::QueueFull { retry_after, .. }) => {
                         assert!(retry_after >= Duration::from_secs(1));
@@ -279,7 +279,7 @@ async fn waits_end_at_the_deadline_or_the_freed_slot_on_a_paused_clock() {
     let q = queue(1, 10, LONG);
     let held = admitted(&q, 0).await;
     let start = tokio::time::Instant::now();
-    let refusal = q.admit(at(0), Instant::now()).await.err();
+    let refusal = q.admit(at(0), None, Instant::now()).await.err();
     assert!(
         matches!(refusal, Some(Refusal::Timeout { .. })),
         "{refusal:?}"
@@ -309,4 +309,48 @@ async fn waits_end_at_the_deadline_or_the_freed_slot_on_a_paused_clock() {
     assert_eq!(q.in_flight(), 0);
     // Forty virtual seconds passed; far less real time did.
     assert!(real.elapsed() < LONG, "{:?}", real.elapsed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_the_predicted_wait_passes_is_refused_at_once() {
+    let q = queue(1, 10, LONG);
+    let busy = q.admit(at(0), None, Instant::now()).await.unwrap();
+    // One slot held; the prior is one second a request: the next waits about a second.
+    let started = Instant::now();
+    let refusal = q
+        .admit(at(0), Some(Duration::from_millis(100)), started)
+        .await
+        .err();
+    let Some(Refusal::Deadline {
+        retry_after,
+        predicted,
+        deadline,
+    }) = refusal
+    else {
+        panic!("{refusal:?}");
+    };
+    assert_eq!(predicted, Duration::from_secs(1));
+    assert_eq!(deadline, Duration::from_millis(100));
+    assert_eq!(
+        retry_after,
+        Duration::from_secs(1),
+        "clamped to a whole second"
+    );
+    assert_eq!(q.depth(), 0, "refused without queueing");
+    // A deadline the wait fits in queues, and waits no longer than the deadline.
+    let waiter = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            q.admit(at(0), Some(Duration::from_secs(2)), Instant::now())
+                .await
+                .err()
+        })
+    };
+    until("queued", || q.depth() == 1).await;
+    tokio::time::advance(Duration::from_millis(2100)).await;
+    assert!(matches!(
+        waiter.await.unwrap(),
+        Some(Refusal::Timeout { .. })
+    ));
+    drop(busy);
 }

@@ -173,6 +173,12 @@ impl<T> Waitlist<T> {
         self.ahead(key, tenant)
     }
 
+    /// Waiters that would be served before a waiter with `ticket` pushed now.
+    pub fn position_of_new(&self, ticket: Ticket<'_>) -> usize {
+        let key = (Reverse(ticket.priority), self.next_seq);
+        self.ahead(&key, ticket.tenant)
+    }
+
     /// Waiters served before a waiter of `tenant` standing at `key`.
     fn ahead(&self, key: &Key, tenant: &str) -> usize {
         match &self.fair {

@@ -305,4 +305,5 @@ pub(super) struct RawTier {
     pub default_max_tokens: Option<Spanned<u32>>,
     pub models: Option<Vec<Text>>,
     pub budgets: Option<Vec<RawBudget>>,
+    pub min_deadline: Option<Text>,
 }

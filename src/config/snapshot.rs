@@ -144,6 +144,9 @@ pub struct TierSpec {
     pub models: Vec<String>,
     /// Spending budgets of each tenant of the tier (unless the tenant has its own). Default none.
     pub budgets: Vec<crate::budgets::BudgetSpec>,
+    /// The shortest TTFT deadline a request of the tier may ask for (`x-infergate-deadline-ms`;
+    /// shorter ones are raised to it); `None`: the tier's requests take no deadline (400).
+    pub min_deadline: Option<std::time::Duration>,
 }
 
 impl TierSpec {

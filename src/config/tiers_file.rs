@@ -41,6 +41,7 @@ pub(super) fn builtin() -> Tiers {
             default_max_tokens: DEFAULT_RESERVED_TOKENS,
             models: vec!["*".to_string()],
             budgets: Vec::new(),
+            min_deadline: None,
         }],
         default_tier: Some(BUILTIN_TIER.to_string()),
         tenant_budgets: Vec::new(),
@@ -231,8 +232,27 @@ fn check(name: &Text, raw: &RawTier, models: &[ModelRoute], sink: &mut Sink<'_>)
         &format!("tier `{tier}`"),
         sink,
     );
+    let min_deadline =
+        raw.min_deadline.as_ref().and_then(|text| {
+            match super::values::parse_duration(&text.value) {
+                Ok(d) if !d.is_zero() => Some(d),
+                Ok(_) => {
+                    let msg = format!("tier `{tier}`: min_deadline must be above 0");
+                    sink.at(&text.referenced, msg);
+                    None
+                }
+                Err(message) => {
+                    sink.at(
+                        &text.referenced,
+                        format!("tier `{tier}`: min_deadline: {message}"),
+                    );
+                    None
+                }
+            }
+        });
     TierSpec {
         budgets,
+        min_deadline,
         name: tier.clone(),
         priority: raw.priority.unwrap_or(0),
         requests_per_minute,

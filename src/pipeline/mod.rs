@@ -203,6 +203,7 @@ async fn run<B: RequestBody>(
     let slot = ConcurrencySlot::take(gw.limiter.clone(), &tenant.name, &meter::tier_limits(tier))
         .map_err(|r| meter::rejection_error(r, 0))?;
 
+    let deadline = admit::deadline(&parts.headers, tier)?;
     let validated =
         validate::read_and_validate(gw, endpoint, &parts.headers, body, snapshot, tier).await?;
     let prompt_tokens = validated.prompt_tokens;
@@ -237,7 +238,7 @@ async fn run<B: RequestBody>(
 
     let most_output = valid.max_tokens.saturating_mul(u64::from(valid.n));
     let tokens = (prompt_tokens, most_output);
-    let permit = admit::admit(pool, (tier, &tenant.name), tokens, ctx).await?;
+    let permit = admit::admit(pool, (tier, &tenant.name), (tokens, deadline), ctx).await?;
     if let Some(account) = ctx.exit.account_mut() {
         account.hold(permit);
     }
