@@ -298,7 +298,8 @@ pub fn long_context(s: &Snapshot) -> Option<Finding> {
 }
 
 /// 3.4: p99 (or the largest) inter-token latency far above a healthy mean TPOT (prefills
-/// stalling decodes), on an accelerator that is not saturated at a large batch.
+/// stalling decodes), on an accelerator that is not saturated at a large batch, with neither
+/// 3.3's recomputation nor 3.5's uncached shared prompt behind the gaps.
 pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
     let tpot = s.tpot_mean_s.filter(|t| *t > 0.0)?;
     let p99_tail = s
@@ -312,7 +313,15 @@ pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
     let saturated_large = s.busy_fraction.is_some_and(|b| b >= BUSY_HIGH)
         && s.running_per_worker.is_some_and(|r| r >= BATCH_LARGE);
     let recomputing = preempted(s) && long_prompts(s);
-    if !((p99_tail || max_tail) && tpot < TPOT_SLOW_S && !saturated_large && !recomputing) {
+    // Every request's uncached shared prompt prefilled into the running batch stalls decodes
+    // too: there the lever is 3.5's prefix cache, which removes those prefills, not chunking.
+    let repeated_prefill = shared_system_prompt(s).is_some();
+    if !((p99_tail || max_tail)
+        && tpot < TPOT_SLOW_S
+        && !saturated_large
+        && !recomputing
+        && !repeated_prefill)
+    {
         return None;
     }
     let p99 = s.itl_p99_s;
@@ -322,7 +331,7 @@ pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
         mechanism: "a long prefill scheduled into the running batch makes one step long; every decoding sequence in it freezes for that step, which mean TPOT averages away",
         lever: "chunked prefill: cap the prefill tokens per step (max_num_batched_tokens) so decodes keep their cadence",
         measurement: "ITL p99 and max beside mean TPOT",
-        falsifier: "an ITL tail that stays with chunked prefill on, or one that comes with preemptions, is not prefill interference: with preemptions and long prompts it is 3.3; with mean TPOT high as well it is 3.1",
+        falsifier: "an ITL tail that stays with chunked prefill on, or one that comes with preemptions, is not prefill interference: with preemptions and long prompts it is 3.3; with mean TPOT high as well it is 3.1; with uniform long prompts hardly cached it is 3.5's repeated prefill",
         impact: 2.0,
         risk: 1.0,
     };

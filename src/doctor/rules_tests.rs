@@ -328,6 +328,23 @@ fn itl_freeze_falsified_by_a_slow_mean_or_a_short_tail() {
         ..itl_freeze_case()
     };
     assert_eq!(names(&recompute), ["long-context"]);
+    // The same tail where every prompt is one uncached 1,800-token system prompt (the live
+    // `shared-system-prompt` scenario: ITL p99 105 ms over a 15 ms mean): 3.5's repeated
+    // prefill, which prefix caching removes, not a long prompt among short ones.
+    let repeated = Snapshot {
+        itl_p99_s: Some(0.105),
+        itl_max_s: Some(0.2),
+        tpot_mean_s: Some(0.015),
+        ..shared_prompt_case()
+    };
+    assert!(itl_freeze(&repeated).is_none());
+    assert_eq!(names(&repeated), ["shared-system-prompt"]);
+    // With the cache working the same tail is 3.4 again.
+    let cached = Snapshot {
+        cached_share: Some(0.9),
+        ..repeated
+    };
+    assert_eq!(names(&cached), ["itl-freeze"]);
 }
 
 fn shared_prompt_case() -> Snapshot {
