@@ -319,12 +319,8 @@ pub fn itl_freeze(s: &Snapshot) -> Option<Finding> {
     // Every request's uncached shared prompt prefilled into the running batch stalls decodes
     // too: there the lever is 3.5's prefix cache, which removes those prefills, not chunking.
     let repeated_prefill = shared_system_prompt(s).is_some();
-    if !((p99_tail || max_tail)
-        && tpot < TPOT_SLOW_S
-        && !saturated_large
-        && !recomputing
-        && !repeated_prefill)
-    {
+    let explained = saturated_large || recomputing || repeated_prefill;
+    if !((p99_tail || max_tail) && tpot < TPOT_SLOW_S) || explained {
         return None;
     }
     let p99 = s.itl_p99_s;
