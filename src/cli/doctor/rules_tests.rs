@@ -71,6 +71,25 @@ fn tpot_at_peak_is_3_1_with_its_values() {
 }
 
 #[test]
+fn a_p95_inside_the_10_to_25_ms_bucket_is_not_slow() {
+    // The live `tpot-at-peak` lever (--max-num-batched-tokens 512): requests at 15-18 ms, which
+    // vLLM's 10-25 ms bucket interpolates to a p95 of 24 ms, at a large busy batch.
+    let lever = Snapshot {
+        tpot_p95_s: Some(0.024),
+        tpot_mean_s: Some(0.015),
+        ..tpot_at_peak_case()
+    };
+    assert!(tpot_at_peak(&lever).is_none());
+    assert_eq!(names(&lever), Vec::<&str>::new());
+    // Past the bucket bound (more than 5% of requests slower than 25 ms) it is 3.1.
+    let symptom = Snapshot {
+        tpot_p95_s: Some(0.048),
+        ..lever
+    };
+    assert_eq!(names(&symptom), ["tpot-at-peak"]);
+}
+
+#[test]
 fn tpot_at_peak_falsified_by_idle_accelerator_small_batch_or_slow_start() {
     let idle = Snapshot {
         busy_fraction: Some(0.3),
@@ -314,7 +333,7 @@ fn itl_freeze_falsified_by_a_slow_mean_or_a_short_tail() {
     let peak = Snapshot {
         itl_p99_s: Some(0.114),
         tpot_mean_s: Some(0.0204),
-        tpot_p95_s: Some(0.0243),
+        tpot_p95_s: Some(0.031),
         busy_fraction: Some(0.99),
         running_per_worker: Some(89.0),
         batch_size_mean: Some(88.0),
@@ -328,6 +347,23 @@ fn itl_freeze_falsified_by_a_slow_mean_or_a_short_tail() {
         ..itl_freeze_case()
     };
     assert_eq!(names(&recompute), ["long-context"]);
+    // The same tail where every prompt is one uncached 1,800-token system prompt (the live
+    // `shared-system-prompt` scenario: ITL p99 105 ms over a 15 ms mean): 3.5's repeated
+    // prefill, which prefix caching removes, not a long prompt among short ones.
+    let repeated = Snapshot {
+        itl_p99_s: Some(0.105),
+        itl_max_s: Some(0.2),
+        tpot_mean_s: Some(0.015),
+        ..shared_prompt_case()
+    };
+    assert!(itl_freeze(&repeated).is_none());
+    assert_eq!(names(&repeated), ["shared-system-prompt"]);
+    // With the cache working the same tail is 3.4 again.
+    let cached = Snapshot {
+        cached_share: Some(0.9),
+        ..repeated
+    };
+    assert_eq!(names(&cached), ["itl-freeze"]);
 }
 
 fn shared_prompt_case() -> Snapshot {

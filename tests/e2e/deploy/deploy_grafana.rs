@@ -131,6 +131,13 @@ fn dashboards() -> Vec<(PathBuf, Value)> {
                 "{}: panel ids repeat",
                 path.display()
             );
+            if p["type"] == "row" {
+                // A row is a full-width heading: no query of its own.
+                assert!(p["targets"].is_null(), "a row with queries: {p}");
+                assert_eq!(p["gridPos"]["w"], 24, "{p}");
+                assert!(p["title"].is_string(), "{p}");
+                continue;
+            }
             assert!(p["gridPos"]["w"].is_u64() && p["targets"].is_array(), "{p}");
             let targets = p["targets"].as_array().expect("targets");
             assert!(!targets.is_empty(), "{}: panel without a query", p["title"]);
@@ -205,7 +212,12 @@ fn dashboard_metrics() -> Vec<(String, String, String)> {
 
 #[test]
 fn dashboards_query_only_metrics_the_code_registers() {
-    let gateway = registered_in(&root().join("src/metrics.rs"), &["infergate_"]);
+    // The gateway's own metrics, and the workers' triage metrics it carries under its names.
+    let mut gateway = registered_in(&root().join("src/metrics.rs"), &["infergate_"]);
+    gateway.extend(registered_in(
+        &root().join("src/workers/engine_triage.rs"),
+        &["infergate_worker_"],
+    ));
     let engine = registered_in(&root().join("engine/src/metrics.rs"), PREFIXES);
     assert!(gateway.contains("infergate_requests_total"), "{gateway:?}");
     assert!(engine.contains("vllm:num_requests_running"), "{engine:?}");
@@ -218,6 +230,60 @@ fn dashboards_query_only_metrics_the_code_registers() {
         assert!(
             known,
             "{file}: `{name}` (in `{expr}`) is not a metric the gateway or the engine registers"
+        );
+    }
+}
+
+/// The gateway dashboard's Triage row: below its heading, panels for each deciding measurement
+/// `infergate doctor` uses (src/doctor/rules.rs), from the metrics the gateway exports.
+#[test]
+fn the_gateway_dashboard_has_a_triage_row_with_the_deciding_panels() {
+    let (_, dash) = dashboards()
+        .into_iter()
+        .find(|(p, _)| p.ends_with("gateway.json"))
+        .expect("deploy/grafana/gateway.json");
+    let panels = dash["panels"].as_array().expect("panels");
+    let at = panels
+        .iter()
+        .position(|p| p["type"] == "row" && p["title"].as_str().unwrap_or("").starts_with("Triage"))
+        .expect("a row titled Triage");
+    // The panels after the row heading, up to the next row.
+    let row: Vec<&Value> = panels[at + 1..]
+        .iter()
+        .take_while(|p| p["type"] != "row")
+        .collect();
+    let mut queried = BTreeSet::new();
+    for p in &row {
+        let mut all = Vec::new();
+        exprs(p, &mut all);
+        queried.extend(all.iter().flat_map(|e| metric_names(e)));
+    }
+    for (symptom, metric) in [
+        ("3.1", "infergate_worker_time_per_output_token_seconds"),
+        ("3.1", "infergate_worker_batch_size"),
+        ("3.2", "infergate_worker_busy_seconds_total"),
+        ("3.2 (a)", "infergate_worker_host_seconds_total"),
+        ("3.2 (b)", "infergate_worker_max_num_seqs"),
+        ("3.2", "infergate_worker_waiting"),
+        ("3.2", "infergate_queue_depth"),
+        ("3.2 (b), 3.3", "infergate_worker_kv_usage"),
+        ("3.3", "infergate_worker_preemptions_total"),
+        ("3.3", "infergate_worker_recomputed_tokens_total"),
+        ("3.3", "infergate_worker_request_prompt_tokens"),
+        ("3.4", "infergate_worker_inter_token_latency_seconds"),
+        ("3.5", "infergate_tenant_cost_nanousd_total"),
+        ("3.5", "infergate_tenant_cached_tokens_total"),
+    ] {
+        assert!(
+            queried.contains(metric),
+            "the Triage row has no panel for {symptom}'s {metric}: {queried:?}"
+        );
+    }
+    for symptom in ["3.1", "3.2", "3.3", "3.4", "3.5"] {
+        assert!(
+            row.iter()
+                .any(|p| p["title"].as_str().unwrap_or("").starts_with(symptom)),
+            "no Triage panel titled for {symptom}"
         );
     }
 }

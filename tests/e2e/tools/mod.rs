@@ -2,6 +2,7 @@
 //! simulator's refusals.
 
 mod doctor;
+mod doctor_scenarios;
 mod scenarios;
 mod sim_refusals;
 mod tools_cli;
