@@ -235,7 +235,7 @@ fn dashboards_query_only_metrics_the_code_registers() {
 }
 
 /// The gateway dashboard's Triage row: below its heading, panels for each deciding measurement
-/// `infergate doctor` uses (src/doctor/rules.rs), from the metrics the gateway exports.
+/// `infergate doctor` uses (src/cli/doctor/rules.rs), from the metrics the gateway exports.
 #[test]
 fn the_gateway_dashboard_has_a_triage_row_with_the_deciding_panels() {
     let (_, dash) = dashboards()

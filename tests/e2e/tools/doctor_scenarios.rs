@@ -57,7 +57,7 @@ struct Live {
 }
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(crate::common::REPO)
 }
 
 /// Serves `live`, loads it, and returns doctor's JSON report over the window.
