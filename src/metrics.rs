@@ -131,7 +131,7 @@ pub struct GatewayMetrics {
     pub state_replicas: IntGauge,
     /// `infergate_state_errors_total`: Redis calls that failed or timed out.
     pub state_errors: IntCounter,
-    /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, validation, draining).
+    /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, deadline, validation, draining).
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
     pub queue_depth: GaugeVec,

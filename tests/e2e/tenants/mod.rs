@@ -3,6 +3,7 @@
 mod cost_dashboard;
 mod cost_ledger;
 mod tenants_admission;
+mod tenants_deadline;
 mod tenants_fair_share;
 mod tenants_flood;
 mod tenants_limits;
