@@ -137,6 +137,9 @@ pub struct GatewayMetrics {
     pub queue_depth: GaugeVec,
     /// `infergate_queue_wait_seconds{pool}`: time admitted requests waited.
     pub queue_wait: HistogramVec,
+    /// `infergate_tenant_queue_wait_seconds{tenant}`: time each tenant's admitted requests
+    /// waited (what fair share evens out; tenants come from config).
+    pub tenant_queue_wait: HistogramVec,
     /// `infergate_degradation_level{pool}`: 0 = normal service.
     pub degradation_level: GaugeVec,
     /// `infergate_degradation_transitions_total{pool,direction}`.
@@ -557,6 +560,18 @@ impl GatewayMetrics {
                 "Time admitted requests waited in the admission queue.",
                 LATENCY_BUCKETS,
             )?,
+            tenant_queue_wait: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "infergate_tenant_queue_wait_seconds",
+                        "Time each tenant's admitted requests waited in the admission queue.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["tenant"],
+                )?;
+                registry.register(Box::new(h.clone()))?;
+                h
+            },
             degradation_level: {
                 let g = GaugeVec::new(
                     Opts::new(

@@ -12,6 +12,7 @@ use super::ctx::RequestCtx;
 use crate::admission::{Permit, Refusal, Ticket};
 use crate::config::TierSpec;
 use crate::error::GatewayError;
+use crate::metrics::GatewayMetrics;
 use crate::workers::pool::PoolRuntime;
 
 /// The header a client names its TTFT deadline in, whole milliseconds.
@@ -53,6 +54,7 @@ pub(super) async fn admit(
     pool: &PoolRuntime,
     (tier, tenant): (&TierSpec, &str),
     (tokens, deadline): ((u64, u64), Option<Duration>),
+    metrics: &GatewayMetrics,
     ctx: &mut RequestCtx,
 ) -> Result<Permit, GatewayError> {
     let (_, queue) = &pool.admission;
@@ -83,6 +85,12 @@ pub(super) async fn admit(
     pool.series
         .queue_wait
         .observe(permit.waited().as_secs_f64());
+    if let Ok(h) = metrics
+        .tenant_queue_wait
+        .get_metric_with_label_values(&[tenant])
+    {
+        h.observe(permit.waited().as_secs_f64());
+    }
     pool.degrade.record_queue_wait(permit.waited());
     ctx.exit.queued(permit.waited());
     Ok(permit)

@@ -440,9 +440,15 @@ async fn admit_gives_a_permit_and_notes_the_wait() {
     let live = gw.live();
     let tier = live.snapshot.tier("gold").unwrap();
     let mut ctx = ctx::accept(&chat(HELLO), &gw.metrics);
-    let permit = admit::admit(&live.pools[0], (tier, "t"), ((10, 10), None), &mut ctx)
-        .await
-        .unwrap();
+    let permit = admit::admit(
+        &live.pools[0],
+        (tier, "t"),
+        ((10, 10), None),
+        &gw.metrics,
+        &mut ctx,
+    )
+    .await
+    .unwrap();
     assert!(ctx.exit.queue_ms().is_some());
     assert!(permit.waited() < Duration::from_secs(5));
     assert_eq!(metric(&gw, "infergate_queue_wait_seconds_count", &[]), 1.0);

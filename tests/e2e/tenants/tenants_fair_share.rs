@@ -88,4 +88,16 @@ async fn a_flooding_tenant_does_not_take_its_neighbours_turns() {
         "quiet-2 waited behind the noisy backlog: {order:?}"
     );
     gw.expect_metric(&depth, 0.0, Duration::from_secs(5)).await;
+    // Each tenant's waits are its own series: the quiet tenant's two waited less, in all, than
+    // the noisy tenant's six.
+    let wait = |tenant: &str, what: &str| {
+        format!("infergate_tenant_queue_wait_seconds_{what}{{tenant=\"{tenant}\"}}")
+    };
+    assert_eq!(gw.metric(&wait("quiet", "count")).await, 2.0);
+    assert_eq!(gw.metric(&wait("noisy", "count")).await, 7.0);
+    let (quiet, noisy) = (
+        gw.metric(&wait("quiet", "sum")).await,
+        gw.metric(&wait("noisy", "sum")).await,
+    );
+    assert!(quiet < noisy, "quiet waited {quiet} s, noisy {noisy} s");
 }
