@@ -6,6 +6,8 @@
 
 pub mod args;
 pub mod backend;
+pub mod batch_hist;
+pub mod capture_cost;
 pub mod block_manager;
 pub mod clock;
 pub mod core;
