@@ -121,9 +121,9 @@ fn coverage(c: &Coverage) -> String {
 
 fn cost(c: &Cost) -> String {
     format!(
-        "{:.1} MiB a GPU ({} of its memory, {} KV tokens), {:.2} s start-up",
+        "{:.1} MiB a GPU ({:.3}% of its memory, {} KV tokens), {:.2} s start-up",
         c.bytes as f64 / f64::from(1u32 << 20),
-        pct(c.gpu_memory_share),
+        c.gpu_memory_share * 100.0,
         thousands(c.kv_tokens),
         c.seconds
     )
