@@ -81,7 +81,10 @@ impl CaptureCostModel {
             bytes_per_token: (2 * model.intermediate_size as u64 * BF16_BYTES).div_ceil(tp),
             layers: model.num_layers as f64,
             gpu_bytes: gpu.memory_bytes,
-            kv_bytes_per_token: 2 * model.num_layers as u64 * kv_heads * model.head_dim as u64
+            kv_bytes_per_token: 2
+                * model.num_layers as u64
+                * kv_heads
+                * model.head_dim as u64
                 * BF16_BYTES,
         }
     }
@@ -90,7 +93,8 @@ impl CaptureCostModel {
     pub fn size(&self, size: usize) -> SizeCost {
         SizeCost {
             size,
-            bytes: GRAPH_SEGMENT_BYTES.saturating_add(self.bytes_per_token.saturating_mul(size as u64)),
+            bytes: GRAPH_SEGMENT_BYTES
+                .saturating_add(self.bytes_per_token.saturating_mul(size as u64)),
             seconds: self.layers * (CAPTURE_S_PER_LAYER + size as f64 * CAPTURE_S_PER_LAYER_TOKEN),
         }
     }
@@ -162,7 +166,10 @@ mod tests {
     fn fewer_and_smaller_sizes_cost_less_and_tp_splits_memory() {
         let m = llama_8b_h100();
         let few = m.of(&[4, 1, 2, 4]);
-        assert_eq!(few.sizes.iter().map(|c| c.size).collect::<Vec<_>>(), [1, 2, 4]);
+        assert_eq!(
+            few.sizes.iter().map(|c| c.size).collect::<Vec<_>>(),
+            [1, 2, 4]
+        );
         assert!(few.seconds < m.of(&[1, 2, 4, 8]).seconds);
         assert!(few.bytes < m.of(&[1, 2, 4, 8]).bytes);
         assert_eq!(m.of(&[]).bytes, 0);

@@ -413,7 +413,7 @@ impl EngineCore {
             if seq.has_pending() {
                 return true;
             }
-            match seq.sink.try_send(SeqEvent::Finished(*info)) {
+            match seq.sink.try_send(SeqEvent::Finished(Box::new(*info))) {
                 Ok(()) | Err(SendError::Closed) => false,
                 Err(SendError::Full(_)) => true,
             }

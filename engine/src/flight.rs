@@ -310,7 +310,10 @@ mod tests {
             }]
             .iter(),
         );
-        assert_eq!(r.batch_hist.decode.bins().len(), crate::batch_hist::MAX_BINS);
+        assert_eq!(
+            r.batch_hist.decode.bins().len(),
+            crate::batch_hist::MAX_BINS
+        );
         let json = r.to_json();
         assert!(json.len() < MAX_FLIGHT_BYTES, "{} bytes", json.len());
         assert!(!json.contains('\n'));

@@ -79,8 +79,8 @@ impl TokenChunk {
 pub enum SeqEvent {
     /// Newly generated tokens, in order.
     Tokens(TokenChunk),
-    /// The sequence ended; no event follows.
-    Finished(FinishInfo),
+    /// The sequence ended; no event follows (boxed: its batch histogram makes it large).
+    Finished(Box<FinishInfo>),
     /// The engine could not run the request; no event follows.
     Error(String),
 }

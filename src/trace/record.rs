@@ -236,7 +236,12 @@ mod tests {
             r.batch_hist = BatchHist::default();
         });
         assert_eq!(old.label(), "ok", "an older engine's record has none");
-        let bins = |n: usize| (1..=n).map(|i| format!("[{i},1]")).collect::<Vec<_>>().join(",");
+        let bins = |n: usize| {
+            (1..=n)
+                .map(|i| format!("[{i},1]"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         let raw = |n: usize| {
             format!(
                 r#"{{"v":2,"steps":{{"eager":{n}}},"batch":{{"min":1,"max":{n},"mean":{}}},"batch_hist":{{"mixed":{{"width":1,"bins":[{}]}}}}}}"#,

@@ -221,7 +221,10 @@ pub fn distribution(trace: &Trace) -> Distribution {
         .collect();
     d.paths.graph_steps = round3(d.steps.iter().map(|r| r.graph).sum());
     d.paths.eager_steps = round3(d.steps.iter().map(|r| r.decode_eager + r.mixed).sum());
-    d.paths.graph_share = share(d.paths.graph_steps, d.paths.graph_steps + d.paths.eager_steps);
+    d.paths.graph_share = share(
+        d.paths.graph_steps,
+        d.paths.graph_steps + d.paths.eager_steps,
+    );
     d.cache.cached_share = share(d.cache.cached_tokens as f64, d.cache.prompt_tokens as f64);
     d
 }
@@ -278,7 +281,11 @@ mod tests {
         assert!(d.exact);
         let row = |b: u32| d.steps.iter().find(|r| r.batch == b).cloned().unwrap();
         assert_eq!(row(1).graph, 2.0);
-        assert_eq!(row(2).decode_eager, 3.0, "batch 2 is past the capture size 1");
+        assert_eq!(
+            row(2).decode_eager,
+            3.0,
+            "batch 2 is past the capture size 1"
+        );
         assert_eq!(row(3).mixed, 1.0);
         assert_eq!(d.paths.graph_steps, 2.0);
         assert_eq!(d.paths.eager_steps, 4.0);

@@ -305,8 +305,7 @@ mod tests {
         let whole = propose_report(&args(&["--propose"]), &trace()).unwrap();
         assert_eq!(whole.proposed.sizes, vec![2, 4]);
         assert!(whole.proposed.holdout.is_none());
-        let json: serde_json::Value =
-            serde_json::from_str(&to_json(&r).unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&to_json(&r).unwrap()).unwrap();
         assert_eq!(json["proposed"]["holdout"]["coverage"], 0.0);
         assert_eq!(json["proposed"]["cost"]["per_size"][0]["size"], 2);
     }
@@ -318,12 +317,18 @@ mod tests {
         assert!(text.starts_with("shapes: 10 requests"), "{text}");
         assert!(text.contains("capture sizes: 1\n"), "{text}");
         assert!(text.contains("prefill/mixed"), "{text}");
-        assert!(text.contains("cache: 500 of 1,000 prompt tokens cached (50.0%)"), "{text}");
+        assert!(
+            text.contains("cache: 500 of 1,000 prompt tokens cached (50.0%)"),
+            "{text}"
+        );
         let r = propose_report(&args(&["--propose", "--holdout"]), &t).unwrap();
         let text = render::proposal(&r);
         assert!(text.contains("proposed sizes     2\n"), "{text}");
         assert!(text.contains("held-out window"), "{text}");
-        assert!(text.ends_with("apply: infergate engine --cuda-graph-sizes 2\n"), "{text}");
+        assert!(
+            text.ends_with("apply: infergate engine --cuda-graph-sizes 2\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -104,8 +104,8 @@ fn least_padding(xs: &[(u32, f64)], k: usize) -> Vec<u32> {
     // best[g][j]: least padding of xs[..=j] in g + 1 groups; from[g][j]: where its last starts.
     let mut best = vec![vec![f64::INFINITY; m]; k];
     let mut from = vec![vec![0usize; m]; k];
-    for j in 0..m {
-        best[0][j] = pad(0, j);
+    for (j, b) in best[0].iter_mut().enumerate() {
+        *b = pad(0, j);
     }
     for g in 1..k {
         for j in g..m {

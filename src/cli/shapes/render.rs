@@ -3,8 +3,8 @@
 use crate::plan::table::{columns, key_values, thousands};
 
 use super::dist::Distribution;
-use super::{Cost, ProposeReport, SizeSet};
 use super::propose::Coverage;
+use super::{Cost, ProposeReport, SizeSet};
 
 /// A step count: whole when it is, else to one decimal.
 fn steps(x: f64) -> String {
@@ -23,7 +23,10 @@ fn sizes(list: &[u32]) -> String {
     if list.is_empty() {
         return "none (every step eager)".into();
     }
-    list.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    list.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The distribution as tables.
@@ -35,7 +38,11 @@ pub fn distribution(d: &Distribution) -> String {
     out += &format!("capture sizes: {}\n", sizes(&d.capture));
     out += &format!(
         "\nsteps by batch size{}:\n",
-        if d.exact { "" } else { " (estimated: some histograms coarsened)" }
+        if d.exact {
+            ""
+        } else {
+            " (estimated: some histograms coarsened)"
+        }
     );
     let mut rows = vec![vec![
         "batch".to_owned(),
@@ -63,9 +70,11 @@ pub fn distribution(d: &Distribution) -> String {
     );
     out += "\nrequests by prompt (rows) x output (columns) tokens:\n";
     let l = &d.lengths;
-    let mut rows = vec![std::iter::once("prompt".to_owned())
-        .chain(l.output_buckets.iter().cloned())
-        .collect::<Vec<_>>()];
+    let mut rows = vec![
+        std::iter::once("prompt".to_owned())
+            .chain(l.output_buckets.iter().cloned())
+            .collect::<Vec<_>>(),
+    ];
     for (label, counts) in l.prompt_buckets.iter().zip(&l.requests) {
         if counts.iter().all(|&c| c == 0) {
             continue;

@@ -126,7 +126,7 @@ impl Trace {
     /// Orders requests by arrival and capture sets by use.
     pub fn finish(mut self) -> Self {
         self.requests.sort_by_key(|r| r.start_ms);
-        self.captures.sort_by(|a, b| b.1.cmp(&a.1));
+        self.captures.sort_by_key(|c| std::cmp::Reverse(c.1));
         self
     }
 
@@ -165,7 +165,9 @@ pub(crate) mod tests {
             hist.add(b, true);
             graph += u32::from(b <= largest);
         }
-        let sizes: Vec<u32> = std::iter::once(prefill).chain(decode.iter().copied()).collect();
+        let sizes: Vec<u32> = std::iter::once(prefill)
+            .chain(decode.iter().copied())
+            .collect();
         let steps = sizes.len() as u32;
         let mean = f64::from(sizes.iter().sum::<u32>()) / f64::from(steps);
         let record = serde_json::json!({

@@ -91,7 +91,10 @@ fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]
             .sum()
     };
     assert_eq!(hist_steps("decode") + hist_steps("mixed"), tokens, "{f}");
-    assert!(hist_steps("mixed") >= 1 && hist_steps("decode") >= graph, "{f}");
+    assert!(
+        hist_steps("mixed") >= 1 && hist_steps("decode") >= graph,
+        "{f}"
+    );
     let (min, max, mean) = (
         f["batch"]["min"].as_u64().unwrap(),
         f["batch"]["max"].as_u64().unwrap(),

@@ -33,7 +33,12 @@ fn lines(path: &Path) -> usize {
 async fn wave(url: &str, wave: usize, n: usize, tokens: u64) {
     let mut set = tokio::task::JoinSet::new();
     for i in 0..n {
-        let body = chat("Be brief.", &format!("wave {wave} request {i}"), tokens, i % 2 == 1);
+        let body = chat(
+            "Be brief.",
+            &format!("wave {wave} request {i}"),
+            tokens,
+            i % 2 == 1,
+        );
         let (url, id) = (url.to_owned(), format!("shapes-{wave}-{i}"));
         set.spawn(async move {
             let (status, _, text) = send(
@@ -117,7 +122,11 @@ async fn shapes_recovers_the_engines_steps_and_proposes_sizes_it_checks_on_later
             .sum()
     };
     assert!(sum("graph", &|b| b <= 4) >= 1.0, "{d}");
-    assert_eq!(sum("graph", &|b| b > 4), 0.0, "no graph past the largest size: {d}");
+    assert_eq!(
+        sum("graph", &|b| b > 4),
+        0.0,
+        "no graph past the largest size: {d}"
+    );
     assert_eq!(sum("decode_eager", &|b| b <= 4), 0.0, "{d}");
     assert!(
         sum("decode_eager", &|b| b > 4) >= 1.0,
@@ -173,7 +182,10 @@ async fn shapes_recovers_the_engines_steps_and_proposes_sizes_it_checks_on_later
             let c = &p[set][window];
             share(&c["coverage"], &format!("{set} {window} coverage"));
             share(&c["padding_share"], &format!("{set} {window} padding"));
-            assert!(float(c, "covered_steps") <= float(c, "decode_steps") + 1e-9, "{c}");
+            assert!(
+                float(c, "covered_steps") <= float(c, "decode_steps") + 1e-9,
+                "{c}"
+            );
         }
         assert!(float(&p[set]["cost"], "seconds") > 0.0, "{p}");
     }
@@ -200,5 +212,8 @@ async fn shapes_recovers_the_engines_steps_and_proposes_sizes_it_checks_on_later
     .await;
     let out = run.ok("shapes --propose");
     assert!(out.contains("held-out window"), "{out}");
-    assert!(out.contains("apply: infergate engine --cuda-graph-sizes "), "{out}");
+    assert!(
+        out.contains("apply: infergate engine --cuda-graph-sizes "),
+        "{out}"
+    );
 }
