@@ -68,6 +68,8 @@ fn share(v: &Value, what: &str) -> f64 {
 
 #[tokio::test]
 async fn shapes_recovers_the_engines_steps_and_proposes_sizes_it_checks_on_later_traffic() {
+    // The waves must overlap in the engine to make large batches: no machine-wide load beside.
+    let _machine = tools_support::shared_machine().await;
     let engine = Engine::start(&["--cuda-graph-sizes", "1,2,4", "--max-num-seqs", "16"]).await;
     let dir = TempDir::new("shapes");
     dir.write_config(&config_yaml(
@@ -79,7 +81,7 @@ async fn shapes_recovers_the_engines_steps_and_proposes_sizes_it_checks_on_later
     let url = gw.at("/v1/chat/completions");
 
     for (w, &n) in WAVES.iter().enumerate() {
-        wave(&url, w, n, 12).await;
+        wave(&url, w, n, 16).await;
     }
     let total: usize = WAVES.iter().sum();
     let trace = dir.path.join("trace.jsonl");
