@@ -266,10 +266,11 @@ impl EngineCore {
 
         let mut generated = 0u64;
         let batch_size = self.entries.len();
+        let decode_only = self.sched.batch().shape.is_decode_only();
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
             seq.record_path(cost.path);
-            seq.record_batch(batch_size);
+            seq.record_batch(batch_size, decode_only);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.prompt_tokens.inc_by(seq.prompt_len as f64);
@@ -412,7 +413,7 @@ impl EngineCore {
             if seq.has_pending() {
                 return true;
             }
-            match seq.sink.try_send(SeqEvent::Finished(*info)) {
+            match seq.sink.try_send(SeqEvent::Finished(Box::new(*info))) {
                 Ok(()) | Err(SendError::Closed) => false,
                 Err(SendError::Full(_)) => true,
             }

@@ -103,7 +103,7 @@ impl Client {
     /// The final event, if the stream ended.
     fn finished(&self) -> Option<FinishInfo> {
         match self.events().last() {
-            Some(SeqEvent::Finished(info)) => Some(*info),
+            Some(SeqEvent::Finished(info)) => Some(**info),
             _ => None,
         }
     }
@@ -885,6 +885,22 @@ fn finish_info_carries_batch_sizes_and_phase_times_for_the_flight_record() {
     let steps = u64::from(info.eager_steps + info.graph_steps);
     assert!(info.batch_sum >= 3 * steps && info.batch_sum <= 4 * steps);
     assert!(info.decode_s > 0.0 && info.prefill_s > 0.0 && info.queue_s >= 0.0);
+    // The histogram counts the same steps: the late prefill's step of 4 apart from decode.
+    let hist = &info.batch_hist;
+    assert_eq!(hist.steps(), steps);
+    assert!(
+        hist.mixed.bins().iter().any(|&(size, _)| size == 4),
+        "{hist:?}"
+    );
+    assert!(
+        hist.decode.bins().iter().all(|&(size, _)| size >= 3),
+        "{hist:?}"
+    );
+    assert!(hist.decode.steps() >= u64::from(info.graph_steps));
     let info = late.finished().unwrap();
     assert!(info.batch_min >= 1 && info.batch_max == 4, "{info:?}");
+    assert_eq!(
+        info.batch_hist.steps(),
+        u64::from(info.eager_steps + info.graph_steps)
+    );
 }

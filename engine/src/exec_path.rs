@@ -103,8 +103,7 @@ impl CaptureSizes {
     /// The path of a step of `shape` and the batch size its linear layers run at: the capture
     /// size it is padded to on the graph path, else its own sequence count.
     pub fn pick(&self, shape: &BatchShape) -> (ExecPath, usize) {
-        let decode_only = shape.num_seqs > 0 && shape.num_decode_seqs >= shape.num_seqs;
-        let graph_size = if decode_only {
+        let graph_size = if shape.is_decode_only() {
             let i = self.0.partition_point(|&s| s < shape.num_seqs);
             self.0.get(i).copied()
         } else {

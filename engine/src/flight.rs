@@ -8,14 +8,15 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::batch_hist::{BatchHist, Hist};
 use crate::sequence::FinishInfo;
 
 /// Response header carrying the record of a whole (non-streamed) answer.
 pub const FLIGHT_HEADER: &str = "x-infergate-flight";
 /// Start of the SSE comment line carrying the record of a stream.
 pub const SSE_PREFIX: &str = ": flight ";
-/// Format version, in the record's `v`.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version, in the record's `v` (2: `batch_hist` added).
+pub const FORMAT_VERSION: u32 = 2;
 /// Most capture sizes a record lists (vLLM's default has at most 67): keeps the record small.
 pub const MAX_CAPTURE_LISTED: usize = 80;
 /// Upper bound of one serialized record, in bytes; what the gateway accepts (a record past it
@@ -38,6 +39,10 @@ pub struct FlightRecord {
     pub steps: PathSteps,
     /// Batch sizes (sequences) of the steps the request was in.
     pub batch: BatchStats,
+    /// The same steps by batch size, decode-only apart from prefill (summed over its
+    /// sequences: a step with two of them counts twice, as in `steps`). Over a trace,
+    /// `steps(b) = sum of hist[b] / b` (see [`crate::batch_hist`]).
+    pub batch_hist: BatchHist,
     /// Token counts.
     pub tokens: TokenCounts,
     /// Features that change the path.
@@ -194,6 +199,7 @@ impl FlightRecord {
                 .saturating_add(info.completion_tokens as u64);
             r.preemptions = r.preemptions.saturating_add(info.preemptions);
             batch_sum = batch_sum.saturating_add(info.batch_sum);
+            r.batch_hist.merge(&info.batch_hist);
             if info.graph_steps > 0 || info.eager_steps > 0 {
                 min = min.min(info.batch_min);
             }
@@ -251,6 +257,7 @@ mod tests {
             batch_min: batches.0,
             batch_max: batches.1,
             batch_sum: batches.2,
+            batch_hist: BatchHist::default(),
             queue_s: 0.002,
             prefill_s: 0.010,
             decode_s: 0.5,
@@ -297,7 +304,15 @@ mod tests {
             Features::default(),
             u64::MAX,
             u64::MAX,
-            [info(u32::MAX, u32::MAX, (u32::MAX, u32::MAX, u64::MAX))].iter(),
+            [FinishInfo {
+                batch_hist: widest_hist(),
+                ..info(u32::MAX, u32::MAX, (u32::MAX, u32::MAX, u64::MAX))
+            }]
+            .iter(),
+        );
+        assert_eq!(
+            r.batch_hist.decode.bins().len(),
+            crate::batch_hist::MAX_BINS
         );
         let json = r.to_json();
         assert!(json.len() < MAX_FLIGHT_BYTES, "{} bytes", json.len());
@@ -306,6 +321,46 @@ mod tests {
         assert_eq!(back, r);
         let c = r.sse_comment();
         assert!(c.starts_with(": flight {") && c.ends_with("}\n\n"));
+    }
+
+    /// Full histograms with the longest numbers there can be.
+    fn widest_hist() -> BatchHist {
+        let max = crate::batch_hist::MAX_SIZE;
+        let bins: Vec<String> = (0..crate::batch_hist::MAX_BINS as u32)
+            .rev()
+            .map(|i| format!("[{},{}]", max - i * 1024, u32::MAX))
+            .collect();
+        let one = format!(r#"{{"width":1024,"bins":[{}]}}"#, bins.join(","));
+        serde_json::from_str(&format!(r#"{{"decode":{one},"mixed":{one}}}"#)).unwrap()
+    }
+
+    #[test]
+    fn the_histogram_sums_the_sequences_steps_by_batch_size() {
+        let mut a = info(2, 1, (1, 3, 7));
+        a.batch_hist.add(1, false);
+        a.batch_hist.add(3, true);
+        a.batch_hist.add(3, true);
+        let mut b = info(1, 1, (2, 3, 5));
+        b.batch_hist.add(2, false);
+        b.batch_hist.add(3, true);
+        let r = FlightRecord::build(
+            &EngineInfo::new("sim", &[4]),
+            Features::default(),
+            5,
+            0,
+            [a, b].iter(),
+        );
+        assert_eq!(r.batch_hist.decode.bins(), &[(3, 3)]);
+        assert_eq!(r.batch_hist.mixed.bins(), &[(1, 1), (2, 1)]);
+        assert_eq!(
+            r.batch_hist.steps(),
+            u64::from(r.steps.graph + r.steps.eager)
+        );
+        let json = r.to_json();
+        assert!(
+            json.contains(r#""batch_hist":{"decode":{"width":1,"bins":[[3,3]]},"mixed":{"width":1,"bins":[[1,1],[2,1]]}}"#),
+            "{json}"
+        );
     }
 
     #[test]

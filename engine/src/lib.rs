@@ -27,7 +27,9 @@
 
 pub mod args;
 pub mod backend;
+pub mod batch_hist;
 pub mod block_manager;
+pub mod capture_cost;
 pub mod clock;
 pub mod core;
 pub mod edge;

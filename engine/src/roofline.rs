@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::capture_cost::{CaptureCost, CaptureCostModel};
 use crate::presets::{GpuPreset, ModelPreset};
 
 /// Bytes per element of BF16 activations, weights and KV cache.
@@ -45,6 +46,13 @@ pub struct BatchShape {
     pub kv_tokens_read: usize,
     /// Sum over sequences of new_tokens x context length (attention work).
     pub attn_token_pairs: u64,
+}
+
+impl BatchShape {
+    /// Whether every sequence decodes exactly one token: only such a step can replay a graph.
+    pub fn is_decode_only(&self) -> bool {
+        self.num_seqs > 0 && self.num_decode_seqs >= self.num_seqs
+    }
 }
 
 use crate::exec_path::CaptureSizes;
@@ -96,6 +104,8 @@ impl Default for RooflineConfig {
 pub struct RooflineModel {
     cfg: RooflineConfig,
     capture_sizes: CaptureSizes,
+    /// What capturing a size costs on this model and GPU.
+    capture_cost: CaptureCostModel,
     /// Parameters of the decoder layers (everything but the embedding table and LM head), per GPU.
     body_params: f64,
     /// Parameters of the LM head, per GPU (vocab-parallel).
@@ -137,6 +147,7 @@ impl RooflineModel {
         let streamed_params = body + vocab_matrix;
         RooflineModel {
             capture_sizes: CaptureSizes::vllm_default(cfg.max_num_seqs),
+            capture_cost: CaptureCostModel::new(gpu, model, cfg.tensor_parallel_size),
             body_params: body / tp,
             lm_head_params: vocab_matrix / tp,
             weight_read_bytes: streamed_params * BF16_BYTES / tp,
@@ -161,6 +172,11 @@ impl RooflineModel {
     /// of 8; see [`CaptureSizes`]).
     pub fn capture_sizes(&self) -> &[usize] {
         self.capture_sizes.as_slice()
+    }
+
+    /// Memory and start-up time of capturing [`capture_sizes`](Self::capture_sizes).
+    pub fn capture_cost(&self) -> CaptureCost {
+        self.capture_cost.of(self.capture_sizes.as_slice())
     }
 
     /// This model with `sizes` as its capture sizes (`--cuda-graph-sizes`, `--enforce-eager`).
@@ -500,6 +516,12 @@ mod tests {
             ..RooflineConfig::default()
         });
         assert_eq!(big.capture_sizes().last(), Some(&512));
+        // Fewer sizes cost less memory and start-up time (engine/src/capture_cost.rs).
+        let (all, few) = (big.capture_cost(), small.capture_cost());
+        assert_eq!(all.sizes.len(), 67);
+        assert!(few.bytes < all.bytes && few.seconds < all.seconds);
+        let eager = big.with_capture_sizes(CaptureSizes::none()).capture_cost();
+        assert_eq!((eager.bytes, eager.seconds), (0, 0.0));
     }
 
     #[test]

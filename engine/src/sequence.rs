@@ -1,5 +1,6 @@
 //! One request's state inside the engine: its tokens, KV block table, progress and timings.
 
+use crate::batch_hist::BatchHist;
 use crate::block_manager::{BlockId, extend_block_hashes};
 use crate::kv_events::PrefixKeys;
 use crate::logprobs::TokenLogprob;
@@ -39,6 +40,8 @@ pub struct FinishInfo {
     pub batch_max: u32,
     /// Sum of the batch sizes of the steps it was in (their mean: over its steps).
     pub batch_sum: u64,
+    /// The batch sizes of the steps it was in, decode-only apart from prefill.
+    pub batch_hist: BatchHist,
     /// Seconds from arrival to first scheduled.
     pub queue_s: f64,
     /// Seconds from first scheduled to first token.
@@ -76,8 +79,8 @@ impl TokenChunk {
 pub enum SeqEvent {
     /// Newly generated tokens, in order.
     Tokens(TokenChunk),
-    /// The sequence ended; no event follows.
-    Finished(FinishInfo),
+    /// The sequence ended; no event follows (boxed: its batch histogram makes it large).
+    Finished(Box<FinishInfo>),
     /// The engine could not run the request; no event follows.
     Error(String),
 }
@@ -157,6 +160,8 @@ pub struct Sequence {
     pub batch_max: u32,
     /// Sum of the batch sizes of its steps.
     pub batch_sum: u64,
+    /// Its steps by batch size.
+    pub batch_hist: BatchHist,
     /// Most tokens computed before a preemption: positions below it computed again are
     /// recomputed work.
     pub recompute_until: usize,
@@ -222,6 +227,7 @@ impl Sequence {
             batch_min: 0,
             batch_max: 0,
             batch_sum: 0,
+            batch_hist: BatchHist::default(),
             recompute_until: 0,
             finish: None,
             pending_tokens: Vec::new(),
@@ -271,9 +277,11 @@ impl Sequence {
         }
     }
 
-    /// Counts a step of `batch` sequences this sequence was in (its flight record).
-    pub fn record_batch(&mut self, batch: usize) {
+    /// Counts a step of `batch` sequences this sequence was in (its flight record), a
+    /// decode-only step or one with prefill tokens.
+    pub fn record_batch(&mut self, batch: usize, decode_only: bool) {
         let b = u32::try_from(batch).unwrap_or(u32::MAX);
+        self.batch_hist.add(b, decode_only);
         self.batch_min = if self.batch_sum == 0 {
             b
         } else {
@@ -296,6 +304,7 @@ impl Sequence {
             batch_min: self.batch_min,
             batch_max: self.batch_max,
             batch_sum: self.batch_sum,
+            batch_hist: self.batch_hist,
             // Filled in by the core, which knows the clock.
             ..FinishInfo::default()
         }

@@ -158,6 +158,9 @@ enum Command {
     /// On-call triage: names the symptom (3.1–3.5) the gateway's live metrics show, with its
     /// mechanism, lever, confirming measurement and falsifier.
     Doctor(infergate_cli::doctor::DoctorArgs),
+    /// A trace file's shapes (steps by batch size and path, lengths, features, cache); with
+    /// `--propose`, capture sizes chosen on one window and checked on a later one.
+    Shapes(infergate_cli::shapes::ShapesArgs),
     /// The usage ledger as a table: spend and tokens per day, tenant, model, key, version.
     Usage(infergate_cli::usage_cli::UsageArgs),
     /// Configuration tools.
@@ -314,6 +317,7 @@ fn main() -> ExitCode {
             run_async(infergate_cli::doctor::run(&args)).map_or(ExitCode::FAILURE, printed)
         }
         Command::Usage(args) => printed(infergate_cli::usage_cli::run(&args)),
+        Command::Shapes(args) => printed(infergate_cli::shapes::run(&args)),
         Command::Config {
             command: ConfigCommand::Check { config },
         } => match infergate::config::load(&config) {

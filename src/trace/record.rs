@@ -87,6 +87,7 @@ fn check(r: &FlightRecord) -> Result<(), &'static str> {
     if !mean_ok {
         return Err("batch mean");
     }
+    check_hist(r)?;
     let t = &r.tokens;
     if t.prompt > MAX_TOKENS || t.decode > MAX_TOKENS || t.cached > t.prompt {
         return Err("tokens");
@@ -105,10 +106,46 @@ fn check(r: &FlightRecord) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The histogram agrees with the counts beside it: the same steps (a record of format 2 or
+/// later must carry it; an older engine's may not), no more graph steps than decode-only ones,
+/// every bin within `batch.min..=batch.max` and the mean within what the bins allow. Its own
+/// shape (bins, widths, order) was checked as it parsed.
+fn check_hist(r: &FlightRecord) -> Result<(), &'static str> {
+    let h = &r.batch_hist;
+    if r.v < 2 && h.is_empty() {
+        return Ok(());
+    }
+    let steps = u64::from(r.steps.graph) + u64::from(r.steps.eager);
+    if h.steps() != steps || u64::from(r.steps.graph) > h.decode.steps() {
+        return Err("batch_hist steps");
+    }
+    let (min, max) = (u64::from(r.batch.min), u64::from(r.batch.max));
+    let (mut lo, mut hi) = (0u64, 0u64);
+    for hist in [&h.decode, &h.mixed] {
+        let w = u64::from(hist.width());
+        for &(size, k) in hist.bins() {
+            let (size, k) = (u64::from(size), u64::from(k));
+            // The bin holds batches in (size - w, size]: it must meet [min, max].
+            if size < min || size - w >= max {
+                return Err("batch_hist range");
+            }
+            lo += (size - w + 1) * k;
+            hi += size * k;
+        }
+    }
+    if steps > 0 {
+        let (lo, hi) = (lo as f64 / steps as f64, hi as f64 / steps as f64);
+        if r.batch.mean < lo - 1e-3 || r.batch.mean > hi + 1e-3 {
+            return Err("batch_hist mean");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use infergate_engine::flight::{BatchStats, EngineInfo, Features, PathSteps};
+    use infergate_engine::flight::{BatchHist, BatchStats, EngineInfo, Features, PathSteps};
 
     fn good() -> FlightRecord {
         let mut r = FlightRecord::build(
@@ -124,8 +161,19 @@ mod tests {
             max: 3,
             mean: 2.5,
         };
+        r.batch_hist = hist(&[(2, 1), (3, 4)], &[(1, 1)]);
         r.decode_ms = 40.0;
         r
+    }
+
+    fn hist(decode: &[(u32, u32)], mixed: &[(u32, u32)]) -> BatchHist {
+        let mut h = BatchHist::default();
+        for (list, decode_only) in [(decode, true), (mixed, false)] {
+            for &(size, k) in list {
+                (0..k).for_each(|_| h.add(size, decode_only));
+            }
+        }
+        h
     }
 
     fn with(f: impl FnOnce(&mut FlightRecord)) -> Flight {
@@ -168,6 +216,41 @@ mod tests {
             Flight::Invalid,
             "a batch without steps"
         );
+        // The histogram must agree with the counts beside it.
+        let bad_hists = [
+            hist(&[(2, 1), (3, 3)], &[(1, 1)]),
+            hist(&[(2, 1)], &[(1, 1), (3, 4)]),
+            hist(&[(2, 1), (4, 4)], &[(1, 1)]),
+            hist(&[(3, 5)], &[(1, 1)]),
+        ];
+        for h in bad_hists {
+            assert_eq!(with(|r| r.batch_hist = h), Flight::Invalid, "{h:?}");
+        }
+        assert_eq!(
+            with(|r| r.batch_hist = BatchHist::default()),
+            Flight::Invalid,
+            "format 2 carries its histogram"
+        );
+        let old = with(|r| {
+            r.v = 1;
+            r.batch_hist = BatchHist::default();
+        });
+        assert_eq!(old.label(), "ok", "an older engine's record has none");
+        let bins = |n: usize| {
+            (1..=n)
+                .map(|i| format!("[{i},1]"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let raw = |n: usize| {
+            format!(
+                r#"{{"v":2,"steps":{{"eager":{n}}},"batch":{{"min":1,"max":{n},"mean":{}}},"batch_hist":{{"mixed":{{"width":1,"bins":[{}]}}}}}}"#,
+                (n + 1) as f64 / 2.0,
+                bins(n)
+            )
+        };
+        assert_eq!(parse(raw(16).as_bytes()).label(), "ok");
+        assert_eq!(parse(raw(17).as_bytes()), Flight::Invalid, "too many bins");
         // JSON has no NaN: a string or null in its place fails to parse.
         assert_eq!(parse(b"{\"v\":1,\"decode_ms\":null}"), Flight::Invalid);
     }

@@ -215,7 +215,7 @@ impl Generation {
             SeqEvent::Tokens(chunk) => Step::Delta(s, choice.on_tokens(&self.tokenizer, chunk)),
             SeqEvent::Finished(info) => {
                 self.finished += 1;
-                Step::Done(s, choice.on_finished(&self.tokenizer, info))
+                Step::Done(s, choice.on_finished(&self.tokenizer, *info))
             }
             SeqEvent::Error(msg) => Step::Failed(ApiError::bad_request(msg, None)),
         }

@@ -69,7 +69,9 @@ async fn scripted(words: &[&str], reason: sequence::FinishReason) -> Generation 
         preemptions: 0,
         ..FinishInfo::default()
     };
-    tx.send((0, SeqEvent::Finished(info))).await.unwrap();
+    tx.send((0, SeqEvent::Finished(Box::new(info))))
+        .await
+        .unwrap();
     g
 }
 

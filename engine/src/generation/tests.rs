@@ -20,7 +20,7 @@ fn tokenizer() -> (EngineTokenizer, &'static SimTokenizer) {
 }
 
 fn finished(tokens: usize, cached: usize) -> SeqEvent {
-    SeqEvent::Finished(FinishInfo {
+    SeqEvent::Finished(Box::new(FinishInfo {
         reason: sequence::FinishReason::Length,
         prompt_tokens: 3,
         completion_tokens: tokens,
@@ -29,7 +29,7 @@ fn finished(tokens: usize, cached: usize) -> SeqEvent {
         eager_steps: 1,
         preemptions: 0,
         ..FinishInfo::default()
-    })
+    }))
 }
 
 fn lp(token: u32, logprob: f32) -> TokenLogprob {

@@ -9,7 +9,7 @@ pub mod capacity;
 mod kv;
 pub mod spec;
 mod spec_cost;
-mod table;
+pub(crate) mod table;
 
 pub use capacity::{CapacityArgs, CapacityPlan, Trial, capacity_plan, run_capacity};
 pub use kv::{BurstRow, KvArgs, KvPlan, kv_plan};

@@ -491,7 +491,7 @@ impl Fleet {
         let mut notes = std::mem::take(&mut self.notes);
         self.workers[w].take_notes(&mut notes);
         let now = self.workers[w].now();
-        for &(id, note) in &notes {
+        for (id, note) in notes.drain(..) {
             let ended = match note {
                 Note::Tokens(n) => {
                     let ttft = self.live.get_mut(&id).and_then(|(l, _)| l.tokens(now, n));
@@ -503,7 +503,7 @@ impl Fleet {
                     }
                     continue;
                 }
-                Note::Finished(info) => (200, Some(info)),
+                Note::Finished(info) => (200, Some(*info)),
                 // The engine's refusal of a request that can never fit: a 400 from the server.
                 Note::Error => (400, None),
             };

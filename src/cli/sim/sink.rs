@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex};
 use infergate_engine::sequence::{EventSink, FinishInfo, SendError, SeqEvent};
 
 /// What a request's client saw, reduced to what the report needs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum Note {
     /// A chunk of this many tokens.
     Tokens(usize),
-    /// The sequence ended normally.
-    Finished(FinishInfo),
+    /// The sequence ended normally (boxed, as the engine sends it: its batch histogram makes
+    /// it large).
+    Finished(Box<FinishInfo>),
     /// The engine refused the request (it can never fit the KV cache).
     Error,
 }

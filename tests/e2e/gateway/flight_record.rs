@@ -71,7 +71,7 @@ async fn whole(url: &str, id: &str, tokens: u64) -> HeaderMap {
 fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]) {
     assert_eq!(line["flight_status"], "ok", "{line}");
     let f = &line["flight"];
-    assert_eq!(f["v"], 1);
+    assert_eq!(f["v"], 2);
     assert_eq!(f["backend"], "sim");
     assert!(!f["capture"].as_array().unwrap().is_empty(), "{f}");
     let (graph, eager) = (
@@ -81,6 +81,20 @@ fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]
     // The prefill step is eager; the decode steps of a lone request replay the size-1 graph.
     assert!(eager >= 1, "{f}");
     assert_eq!(graph + eager, tokens, "one step per token: {f}");
+    // The same steps by batch size, decode-only apart from prefill.
+    let hist_steps = |kind: &str| -> u64 {
+        f["batch_hist"][kind]["bins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|bin| bin[1].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(hist_steps("decode") + hist_steps("mixed"), tokens, "{f}");
+    assert!(
+        hist_steps("mixed") >= 1 && hist_steps("decode") >= graph,
+        "{f}"
+    );
     let (min, max, mean) = (
         f["batch"]["min"].as_u64().unwrap(),
         f["batch"]["max"].as_u64().unwrap(),

@@ -1,8 +1,9 @@
-//! The tools: `bench`, `sim`, `plan`, `report`, `doctor`, the five symptoms' scenarios and the
+//! The tools: `bench`, `sim`, `plan`, `report`, `doctor`, `shapes`, the five symptoms' scenarios and the
 //! simulator's refusals.
 
 mod doctor;
 mod doctor_scenarios;
 mod scenarios;
+mod shapes;
 mod sim_refusals;
 mod tools_cli;
