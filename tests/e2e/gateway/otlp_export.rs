@@ -151,17 +151,21 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
     let tokens = [4, 5, 3, 2];
 
     let ids = ["otlp-0", "otlp-1", "otlp-2", "otlp-3"];
-    let servers = eventually("a server span per request", Duration::from_secs(10), || async {
-        let spans = receiver.spans();
-        ids.iter()
-            .map(|id| {
-                spans
-                    .iter()
-                    .find(|s| s["kind"] == 2 && attr(s, "infergate.request_id") == *id)
-                    .cloned()
-            })
-            .collect::<Option<Vec<_>>>()
-    })
+    let servers = eventually(
+        "a server span per request",
+        Duration::from_secs(10),
+        || async {
+            let spans = receiver.spans();
+            ids.iter()
+                .map(|id| {
+                    spans
+                        .iter()
+                        .find(|s| s["kind"] == 2 && attr(s, "infergate.request_id") == *id)
+                        .cloned()
+                })
+                .collect::<Option<Vec<_>>>()
+        },
+    )
     .await;
     let spans = receiver.spans();
     let lines = receiver.lines();
@@ -179,7 +183,10 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
     for (server, tokens) in servers.iter().zip(tokens) {
         assert_eq!(server["name"], format!("chat {MODEL}"), "{server:#}");
         assert_eq!(server["resource"]["service.name"], "infergate");
-        assert_eq!(server["headers"]["x-test-key"], "k1", "configured headers sent");
+        assert_eq!(
+            server["headers"]["x-test-key"], "k1",
+            "configured headers sent"
+        );
         assert_eq!(attr(server, "gen_ai.operation.name"), "chat");
         assert_eq!(attr(server, "gen_ai.request.model"), MODEL);
         assert_eq!(attr(server, "gen_ai.response.model"), MODEL);
@@ -188,7 +195,12 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
         assert!(attr(server, "gen_ai.usage.input_tokens").as_i64().unwrap() > 0);
         assert_eq!(attr(server, "http.response.status_code"), 200);
         assert_eq!(attr(server, "infergate.pool"), POOL);
-        assert!(!attr(server, "infergate.tenant").as_str().unwrap().is_empty());
+        assert!(
+            !attr(server, "infergate.tenant")
+                .as_str()
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(attr(server, "infergate.worker"), engine.url.as_str());
         assert_eq!(attr(server, "infergate.flight"), "ok");
         assert_eq!(attr(server, "infergate.engine.backend"), "sim");
@@ -196,9 +208,14 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
             attr(server, "infergate.exec.graph_steps").as_i64().unwrap(),
             attr(server, "infergate.exec.eager_steps").as_i64().unwrap(),
         );
-        assert_eq!(graph + eager, tokens as i64, "one step per token: {server:#}");
+        assert_eq!(
+            graph + eager,
+            tokens as i64,
+            "one step per token: {server:#}"
+        );
         assert!(
-            ["graph", "eager", "mixed"].contains(&attr(server, "infergate.exec.path").as_str().unwrap())
+            ["graph", "eager", "mixed"]
+                .contains(&attr(server, "infergate.exec.path").as_str().unwrap())
         );
         assert!(attr(server, "infergate.batch.max").as_i64().unwrap() >= 1);
         assert!(server["end"].as_u64().unwrap() > server["start"].as_u64().unwrap());
@@ -232,7 +249,10 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
         assert_eq!(attr(last, "http.response.status_code"), 200);
         assert_eq!(attr(last, "server.port"), port_of(&engine.url));
     }
-    assert!(retried >= 1, "round robin sent some request to the busy worker first");
+    assert!(
+        retried >= 1,
+        "round robin sent some request to the busy worker first"
+    );
 
     // The client's trace context: the first request joined it, the others began their own.
     assert_eq!(servers[0]["traceId"], TRACE_ID);
@@ -249,8 +269,16 @@ async fn each_request_is_a_server_span_with_a_client_span_per_attempt_at_a_real_
         })
         .await;
     assert_eq!(exported, receiver.spans().len() as f64);
-    assert_eq!(gw.metric("infergate_otlp_spans_total{result=\"failed\"}").await, 0.0);
-    assert_eq!(gw.metric("infergate_otlp_spans_total{result=\"dropped\"}").await, 0.0);
+    assert_eq!(
+        gw.metric("infergate_otlp_spans_total{result=\"failed\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        gw.metric("infergate_otlp_spans_total{result=\"dropped\"}")
+            .await,
+        0.0
+    );
 }
 
 #[tokio::test]
@@ -278,7 +306,13 @@ async fn a_hung_or_missing_receiver_never_slows_a_request() {
     for i in 0..n {
         let took = whole(&gw.at("/v1/chat/completions"), &format!("hang-{i}"), 2, &[]).await;
         slowest = slowest.max(took);
-        let took = whole(&gw_down.at("/v1/chat/completions"), &format!("down-{i}"), 2, &[]).await;
+        let took = whole(
+            &gw_down.at("/v1/chat/completions"),
+            &format!("down-{i}"),
+            2,
+            &[],
+        )
+        .await;
         slowest = slowest.max(took);
     }
     assert!(
@@ -293,15 +327,23 @@ async fn a_hung_or_missing_receiver_never_slows_a_request() {
         })
         .await;
     assert!(dropped <= 2.0 * n as f64, "{dropped}");
-    assert_eq!(gw.metric("infergate_otlp_spans_total{result=\"exported\"}").await, 0.0);
+    assert_eq!(
+        gw.metric("infergate_otlp_spans_total{result=\"exported\"}")
+            .await,
+        0.0
+    );
     assert!(hung.spans().is_empty());
     // The missing one refuses each connection at once: every span failed, none exported.
     let failed = gw_down
-        .wait_metric("infergate_otlp_spans_total{result=\"failed\"}", |v| v >= 2.0)
+        .wait_metric("infergate_otlp_spans_total{result=\"failed\"}", |v| {
+            v >= 2.0
+        })
         .await;
     assert!(failed >= 2.0);
     assert_eq!(
-        gw_down.metric("infergate_otlp_spans_total{result=\"exported\"}").await,
+        gw_down
+            .metric("infergate_otlp_spans_total{result=\"exported\"}")
+            .await,
         0.0
     );
 }
