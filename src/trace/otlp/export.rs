@@ -2,7 +2,9 @@
 //! the answer) bounded by the configured timeout. Only a 429 or a 503 is retried (OTLP/HTTP's
 //! retryable answers), after the collector's `Retry-After` when it gives one in seconds, else
 //! after an exponential backoff, at most [`MAX_RETRIES`] times; anything else is a failure and
-//! the batch is dropped (counted), so a broken collector costs a bounded amount of work.
+//! the batch is dropped (counted), so a broken collector costs a bounded amount of work. A
+//! collector that takes the batch but rejects some spans says so in its answer's
+//! `partialSuccess.rejectedSpans`: those count as failed.
 
 use std::time::Duration;
 
@@ -26,8 +28,11 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// How an export ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sent {
-    /// The collector took the batch.
-    Exported,
+    /// The collector took the batch, rejecting `rejected` of its spans.
+    Exported {
+        /// Spans the collector's `partialSuccess` says it rejected.
+        rejected: u64,
+    },
     /// Given up: the reason, for the log.
     Failed(String),
 }
@@ -51,13 +56,15 @@ pub async fn export(client: &UpstreamClient, config: &OtlpConfig, body: Bytes) -
     let mut tries = 0;
     loop {
         let answer = tokio::time::timeout(config.timeout, post(client, config, body.clone())).await;
-        let (status, retry_after) = match answer {
+        let (status, retry_after, body) = match answer {
             Err(_) => return Sent::Failed(format!("no answer within {:?}", config.timeout)),
             Ok(Err(e)) => return Sent::Failed(e),
             Ok(Ok(answer)) => answer,
         };
         if status.is_success() {
-            return Sent::Exported;
+            return Sent::Exported {
+                rejected: rejected_spans(&body),
+            };
         }
         match retry_delay(status.as_u16(), retry_after.as_deref(), tries) {
             Some(wait) => {
@@ -69,13 +76,25 @@ pub async fn export(client: &UpstreamClient, config: &OtlpConfig, body: Bytes) -
     }
 }
 
-/// One POST: the answer's status and `Retry-After`, its body read (bounded) so the connection
-/// can serve the next export.
+/// The spans an OTLP answer says were rejected (`partialSuccess.rejectedSpans`, an int64 that
+/// proto3 JSON may write as a string); 0 for an empty or unreadable answer.
+pub fn rejected_spans(answer: &[u8]) -> u64 {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(answer) else {
+        return 0;
+    };
+    let n = &v["partialSuccess"]["rejectedSpans"];
+    n.as_u64()
+        .or_else(|| n.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// One POST: the answer's status, `Retry-After` and body (read bounded, which also frees the
+/// connection for the next export).
 async fn post(
     client: &UpstreamClient,
     config: &OtlpConfig,
     body: Bytes,
-) -> Result<(StatusCode, Option<String>), String> {
+) -> Result<(StatusCode, Option<String>, Bytes), String> {
     let mut req = Request::post(config.endpoint.as_str())
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .body(Full::new(body))
@@ -96,11 +115,13 @@ async fn post(
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    // A failure to read the rest changes nothing about the status.
-    let _ = Limited::new(res.into_body(), MAX_ANSWER_BYTES)
+    // A failure to read the answer changes nothing about the status.
+    let answer = Limited::new(res.into_body(), MAX_ANSWER_BYTES)
         .collect()
-        .await;
-    Ok((status, retry_after))
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Ok((status, retry_after, answer))
 }
 
 #[cfg(test)]
@@ -127,5 +148,20 @@ mod tests {
         for status in [400, 401, 404, 413, 500, 502, 504] {
             assert_eq!(retry_delay(status, Some("1"), 0), None, "{status}");
         }
+    }
+
+    #[test]
+    fn a_partial_success_names_the_rejected_spans() {
+        assert_eq!(rejected_spans(b"{}"), 0);
+        assert_eq!(rejected_spans(b""), 0);
+        assert_eq!(
+            rejected_spans(br#"{"partialSuccess":{"rejectedSpans":"3","errorMessage":"x"}}"#),
+            3
+        );
+        assert_eq!(
+            rejected_spans(br#"{"partialSuccess":{"rejectedSpans":2}}"#),
+            2
+        );
+        assert_eq!(rejected_spans(br#"{"partialSuccess":{}}"#), 0);
     }
 }

@@ -7,7 +7,8 @@
 //! takes batches off the queue (by size, or by age), maps them to spans and exports them with a
 //! timeout per export ([`export`]), so a dead or hung collector never slows a request: at worst
 //! the queue fills and spans are dropped. `infergate_otlp_spans_total{result}` counts spans
-//! exported, dropped (queue full) and failed (the collector refused or did not answer).
+//! exported, dropped (queue full) and failed (the collector refused them, did not answer in
+//! time, or rejected them in a partial success).
 
 mod export;
 pub mod queue;
@@ -170,8 +171,14 @@ async fn run(shared: &Shared, config: &OtlpConfig, spans: &IntCounterVec) {
         drop(batch);
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         match export::export(&client, config, body).await {
-            export::Sent::Exported => {
-                spans.with_label_values(&["exported"]).inc_by(count);
+            export::Sent::Exported { rejected } => {
+                let rejected = rejected.min(count);
+                spans
+                    .with_label_values(&["exported"])
+                    .inc_by(count - rejected);
+                if rejected > 0 {
+                    spans.with_label_values(&["failed"]).inc_by(rejected);
+                }
                 if failing {
                     tracing::info!("trace.otlp: exporting to {} again", config.endpoint);
                     failing = false;

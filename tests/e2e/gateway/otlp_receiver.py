@@ -8,7 +8,8 @@ Listens on an ephemeral loopback port and prints `listening PORT` once ready. Ea
 `opentelemetry-proto` package (`google.protobuf.json_format.Parse` into
 `ExportTraceServiceRequest`, unknown fields rejected) after OTLP/JSON's one deviation from
 proto3 JSON is undone (trace and span ids are hex, not base64). What the schema rejects, or ids
-of the wrong length, is answered 400. Each accepted span is appended to OUT as one JSON line.
+of the wrong length, is answered 400. Each accepted span is added to OUT as one JSON line (the
+file is replaced whole after each export, so a reader sees whole exports only).
 
 MODE: `ok` answers 200; `busy-once` answers the first POST 429 with `Retry-After: 0` (a line
 `{"refused": 429}` in OUT), then 200; `hang` reads each request and never answers.
@@ -16,6 +17,7 @@ MODE: `ok` answers 200; `busy-once` answers the first POST 429 with `Retry-After
 
 import base64
 import json
+import os
 import sys
 import threading
 import time
@@ -96,9 +98,14 @@ def spans_of(req):
 
 
 def write(lines):
-    with LOCK, open(OUT, "a", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
+    """Adds `lines` to OUT, replacing it whole (a rename), so a reader never sees a part of one
+    export's spans."""
+    with LOCK:
+        STATE.setdefault("text", [])
+        STATE["text"].extend(json.dumps(line) + "\n" for line in lines)
+        with open(OUT + ".tmp", "w", encoding="utf-8") as f:
+            f.write("".join(STATE["text"]))
+        os.replace(OUT + ".tmp", OUT)
 
 
 class Handler(BaseHTTPRequestHandler):
