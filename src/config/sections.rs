@@ -390,7 +390,19 @@ pub(super) fn trace(
         .as_ref()
         .and_then(|o| super::otlp_section::otlp(sink, o, sample));
     let path = match &raw.path {
-        None if raw.otlp.is_some() => return (None, otlp),
+        None if raw.otlp.is_some() => {
+            let file_only = [
+                raw.max_bytes.as_ref().map(|m| (&m.referenced, "max_bytes")),
+                raw.keep.as_ref().map(|k| (&k.referenced, "keep")),
+            ];
+            for (at, key) in file_only.into_iter().flatten() {
+                sink.at(
+                    at,
+                    format!("trace.{key} is a setting of the trace file: give `path` too"),
+                );
+            }
+            return (None, otlp);
+        }
         None => {
             sink.whole("trace: give `path` (a JSON-lines file, created on first start) or `otlp`");
             return (None, None);

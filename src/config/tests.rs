@@ -382,6 +382,11 @@ fn the_otlp_export_needs_only_an_endpoint_and_checks_the_rest_at_its_line() {
     );
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert!(errs[0].2.contains("not a valid header value"), "{errs:#?}");
+    one_error(
+        &with(&format!("trace:\n  keep: 3\n  otlp:\n{endpoint}")),
+        2,
+        "trace.keep is a setting of the trace file: give `path` too",
+    );
     let errs = errors(&otlp("    sample: 1\n"), None);
     assert!(errs[0].2.contains("give `endpoint`"), "{errs:#?}");
     let errs = errors(&otlp(&format!("{endpoint}    nonsense: 1\n")), None);

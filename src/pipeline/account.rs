@@ -361,7 +361,10 @@ impl Exit {
             tenant: row.tenant.clone(),
             endpoint: endpoint.unwrap_or_default(),
             model: row.model.clone(),
-            served_model: self.served_model.clone().unwrap_or_default(),
+            served_model: self
+                .served_model
+                .clone()
+                .unwrap_or_else(|| row.model.clone()),
             // Embeddings generate nothing: no bound.
             max_tokens: max_tokens.filter(|_| endpoint != Some("/v1/embeddings")),
             traceparent: self.traceparent.clone(),
