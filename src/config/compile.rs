@@ -169,6 +169,7 @@ pub(super) fn compile(
 
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
     let max_body_bytes = sections::max_body_bytes(&mut sink, raw.limits.as_ref());
+    let (trace, otlp) = sections::trace(&mut sink, raw.trace.as_ref(), base);
     let snapshot = Snapshot {
         listen: sections::address(&mut sink, raw.listen.as_ref(), "listen", default_listen),
         admin: sections::admin(&mut sink, raw.admin.as_ref()),
@@ -202,7 +203,8 @@ pub(super) fn compile(
         tenant_budgets,
         prices: std::sync::Arc::new(prices),
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
-        trace: sections::trace(&mut sink, raw.trace.as_ref(), base),
+        trace,
+        otlp,
         redis: raw
             .state
             .as_ref()

@@ -4,6 +4,7 @@
 
 mod compile;
 mod degradation_file;
+mod otlp_section;
 mod pool_policy;
 mod pools;
 mod prices_file;

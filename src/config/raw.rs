@@ -63,6 +63,20 @@ pub(super) struct RawTrace {
     pub sample: Option<Spanned<f64>>,
     pub max_bytes: Option<Spanned<u64>>,
     pub keep: Option<Spanned<u32>>,
+    pub otlp: Option<RawOtlp>,
+}
+
+/// `trace.otlp:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOtlp {
+    pub endpoint: Option<Text>,
+    pub headers: Option<HashMap<Text, Text>>,
+    pub sample: Option<Spanned<f64>>,
+    pub timeout: Option<Text>,
+    pub max_queue: Option<Spanned<usize>>,
+    pub batch: Option<Spanned<usize>>,
+    pub batch_delay: Option<Text>,
 }
 
 /// `ledger:`

@@ -363,23 +363,20 @@ pub(super) fn log(sink: &mut Sink<'_>, raw: Option<&RawLog>) -> LogConfig {
 
 /// `trace:`: the flight-record trace file (`path`, relative to the config file), the share of
 /// requests written (`sample`, default 1), the size it rotates at (`max_bytes`, default
-/// 100 MiB, at least 4 KiB) and the rotated files kept (`keep`, default 5).
+/// 100 MiB, at least 4 KiB) and the rotated files kept (`keep`, default 5); and the OTLP export
+/// (`otlp`, see [`super::otlp_section`]). `path` may be left out when `otlp` is given.
 pub(super) fn trace(
     sink: &mut Sink<'_>,
     raw: Option<&super::raw::RawTrace>,
     base: &Path,
-) -> Option<crate::trace::TraceConfig> {
+) -> (
+    Option<crate::trace::TraceConfig>,
+    Option<crate::trace::otlp::OtlpConfig>,
+) {
     use crate::trace::{DEFAULT_KEEP, DEFAULT_MAX_BYTES, TraceConfig};
-    let raw = raw?;
-    let Some(path) = &raw.path else {
-        sink.whole("trace: give `path` (a JSON-lines file, created on first start)");
-        return None;
+    let Some(raw) = raw else {
+        return (None, None);
     };
-    if path.value.trim().is_empty() {
-        sink.at(&path.referenced, "trace.path is empty");
-        return None;
-    }
-    let joined = base.join(&path.value);
     let sample = match &raw.sample {
         None => 1.0,
         Some(s) if !(0.0..=1.0).contains(&s.value) => {
@@ -388,6 +385,35 @@ pub(super) fn trace(
         }
         Some(s) => s.value,
     };
+    let otlp = raw
+        .otlp
+        .as_ref()
+        .and_then(|o| super::otlp_section::otlp(sink, o, sample));
+    let path = match &raw.path {
+        None if raw.otlp.is_some() => {
+            let file_only = [
+                raw.max_bytes.as_ref().map(|m| (&m.referenced, "max_bytes")),
+                raw.keep.as_ref().map(|k| (&k.referenced, "keep")),
+            ];
+            for (at, key) in file_only.into_iter().flatten() {
+                sink.at(
+                    at,
+                    format!("trace.{key} is a setting of the trace file: give `path` too"),
+                );
+            }
+            return (None, otlp);
+        }
+        None => {
+            sink.whole("trace: give `path` (a JSON-lines file, created on first start) or `otlp`");
+            return (None, None);
+        }
+        Some(path) if path.value.trim().is_empty() => {
+            sink.at(&path.referenced, "trace.path is empty");
+            return (None, otlp);
+        }
+        Some(path) => path,
+    };
+    let joined = base.join(&path.value);
     let max_bytes = match &raw.max_bytes {
         None => DEFAULT_MAX_BYTES,
         Some(m) if m.value < 4096 => {
@@ -404,12 +430,13 @@ pub(super) fn trace(
         }
         Some(k) => k.value,
     };
-    Some(TraceConfig {
+    let file = TraceConfig {
         path: std::path::absolute(&joined).unwrap_or(joined),
         sample,
         max_bytes,
         keep,
-    })
+    };
+    (Some(file), otlp)
 }
 
 /// `ledger:`: a SQLite file (`path`, relative to the config file) or a PostgreSQL database

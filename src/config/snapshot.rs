@@ -74,6 +74,9 @@ pub struct Snapshot {
     pub ledger: crate::ledger::LedgerConfig,
     /// The flight-record trace file (`trace:`); `None` writes none. Read at start only.
     pub trace: Option<crate::trace::TraceConfig>,
+    /// The flight records' OTLP/HTTP export (`trace.otlp`); `None` exports none. Read at start
+    /// only.
+    pub otlp: Option<crate::trace::otlp::OtlpConfig>,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
     /// read, tenants' `key_file`s), absolute, for the file watcher.
     pub files: Vec<PathBuf>,

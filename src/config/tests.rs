@@ -324,3 +324,99 @@ fn a_pools_fair_share_takes_weights_or_the_defaults() {
     );
     one_error(&with("{weight: 1}"), 7, "weight");
 }
+
+#[test]
+fn the_otlp_export_needs_only_an_endpoint_and_checks_the_rest_at_its_line() {
+    let with = |extra: &str| format!("{extra}{MINIMAL}");
+    let s = load_str(
+        &with("trace:\n  otlp: {endpoint: \"http://otel:4318/v1/traces\"}\n"),
+        Path::new(CONFIG),
+        None,
+    )
+    .expect("valid without a file path");
+    assert!(s.trace.is_none(), "no file");
+    let o = s.otlp.expect("otlp set");
+    assert_eq!(o.endpoint, "http://otel:4318/v1/traces");
+    assert_eq!(
+        (o.sample, o.timeout, o.max_queue, o.batch, o.batch_delay),
+        (
+            1.0,
+            crate::trace::otlp::DEFAULT_TIMEOUT,
+            crate::trace::otlp::DEFAULT_MAX_QUEUE,
+            crate::trace::otlp::DEFAULT_BATCH,
+            crate::trace::otlp::DEFAULT_BATCH_DELAY
+        )
+    );
+    let s = load_str(
+        &with(
+            "trace:\n  path: t.jsonl\n  sample: 0.5\n  otlp:\n    endpoint: http://otel:4318/v1/traces\n    headers: {X-Api-Key: secret}\n    timeout: 250ms\n    max_queue: 64\n    batch: 8\n    batch_delay: 20ms\n",
+        ),
+        Path::new(CONFIG),
+        None,
+    )
+    .expect("valid");
+    assert!(s.trace.is_some(), "file and export together");
+    let o = s.otlp.expect("otlp set");
+    assert_eq!(
+        o.headers,
+        vec![("x-api-key".to_string(), "secret".to_string())]
+    );
+    assert_eq!(o.sample, 0.5, "the file's share by default");
+    assert_eq!(
+        (o.timeout, o.max_queue, o.batch, o.batch_delay),
+        (
+            std::time::Duration::from_millis(250),
+            64,
+            8,
+            std::time::Duration::from_millis(20)
+        )
+    );
+    let otlp = |body: &str| with(&format!("trace:\n  otlp:\n{body}"));
+    let endpoint = "    endpoint: http://otel:4318/v1/traces\n";
+    one_error(
+        &otlp("    endpoint: https://otel/v1/traces\n"),
+        3,
+        "https is not supported",
+    );
+    one_error(
+        &otlp(&format!("{endpoint}    sample: 2\n")),
+        4,
+        "trace.otlp.sample",
+    );
+    one_error(&otlp(&format!("{endpoint}    timeout: 0s\n")), 4, "above 0");
+    one_error(
+        &otlp(&format!("{endpoint}    batch_delay: soon\n")),
+        4,
+        "batch_delay",
+    );
+    one_error(
+        &otlp(&format!("{endpoint}    max_queue: 0\n")),
+        4,
+        "max_queue",
+    );
+    one_error(
+        &otlp(&format!("{endpoint}    max_queue: 4\n    batch: 5\n")),
+        5,
+        "batch must be between 1 and max_queue (4)",
+    );
+    one_error(
+        &otlp(&format!("{endpoint}    headers: {{content-type: x}}\n")),
+        4,
+        "set by the exporter",
+    );
+    let errs = errors(
+        &otlp(&format!("{endpoint}    headers: {{k: \"a\\nb\"}}\n")),
+        None,
+    );
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].2.contains("not a valid header value"), "{errs:#?}");
+    one_error(
+        &with(&format!("trace:\n  keep: 3\n  otlp:\n{endpoint}")),
+        2,
+        "trace.keep is a setting of the trace file: give `path` too",
+    );
+    let errs = errors(&otlp("    sample: 1\n"), None);
+    assert!(errs[0].2.contains("give `endpoint`"), "{errs:#?}");
+    let errs = errors(&otlp(&format!("{endpoint}    nonsense: 1\n")), None);
+    assert!(errs[0].2.contains("nonsense"), "{errs:#?}");
+}

@@ -112,6 +112,8 @@ pub struct Gateway {
     pub ledger: Option<Arc<crate::ledger::UsageLedger>>,
     /// The flight-record trace file's writer (`trace:`), when one is kept; set at start.
     pub trace: Option<Arc<crate::trace::TraceWriter>>,
+    /// The flight records' OTLP exporter (`trace.otlp`), when one is configured; set at start.
+    pub otlp: Option<Arc<crate::trace::otlp::OtlpExporter>>,
     /// Tenants' spend against their budgets.
     pub budgets: Arc<crate::budgets::BudgetBook>,
     /// Fleet mode: tenant limits shared through Redis (`state.redis`).
@@ -166,6 +168,13 @@ impl Gateway {
             )?),
             None => None,
         };
+        let otlp = match &snapshot.otlp {
+            Some(config) => Some(crate::trace::otlp::OtlpExporter::start(
+                config,
+                metrics.otlp_spans.clone(),
+            )?),
+            None => None,
+        };
         let client = upstream::client(snapshot.forward.connect_timeout);
         let (grace_over, grace_watch) = tokio::sync::watch::channel(false);
         let gw = Arc::new(Self {
@@ -186,6 +195,7 @@ impl Gateway {
             in_flight: Arc::new(infergate_engine::edge::InFlight::new(None)),
             ledger,
             trace,
+            otlp,
             budgets,
             shared,
             extra_tenants,

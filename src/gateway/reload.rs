@@ -54,6 +54,9 @@ impl Gateway {
         if snapshot.ledger != now.ledger {
             changed.push("`ledger`".to_string());
         }
+        if snapshot.otlp != now.otlp {
+            changed.push("`trace.otlp`".to_string());
+        }
         if snapshot.redis != now.redis {
             changed.push("`state`".to_string());
         }

@@ -16,8 +16,10 @@ use super::split::VersionChoice;
 use crate::error::GatewayError;
 use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
+use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::EndReport;
 use crate::shadow::PrimaryOutcome;
+use crate::trace::otlp::OtlpExporter;
 use crate::trace::{TraceLine, TraceWriter};
 
 /// How a request ended.
@@ -61,6 +63,14 @@ pub(crate) struct Exit {
     started: Option<Instant>,
     /// Where the request's trace line goes (`trace:`), when a trace file is kept.
     trace: Option<Arc<TraceWriter>>,
+    /// Where its spans go (`trace.otlp`), when they are exported.
+    otlp: Option<Arc<OtlpExporter>>,
+    /// The endpoint's path and the completion bound, for the trace.
+    request: Option<(&'static str, u64)>,
+    /// The client's `traceparent`, kept only while a trace is kept.
+    traceparent: Option<String>,
+    /// The attempts on workers, once one answered.
+    attempts: Attempts,
 }
 
 impl Drop for Exit {
@@ -105,9 +115,35 @@ impl Exit {
         self.caller.then_some(self.row.tenant.as_str())
     }
 
-    /// The trace file the request's line goes to, if any.
-    pub(super) fn trace(&mut self, trace: Option<Arc<TraceWriter>>) {
+    /// The trace file and the OTLP exporter the request's line goes to, if any.
+    pub(super) fn trace(
+        &mut self,
+        trace: Option<Arc<TraceWriter>>,
+        otlp: Option<Arc<OtlpExporter>>,
+    ) {
         self.trace = trace;
+        self.otlp = otlp;
+    }
+
+    /// True when the request's line goes anywhere.
+    pub(super) fn traced(&self) -> bool {
+        self.trace.is_some() || self.otlp.is_some()
+    }
+
+    /// What the trace says of the request: its endpoint's path, its completion bound and the
+    /// client's `traceparent`.
+    pub(super) fn traced_request(
+        &mut self,
+        (path, max_tokens): (&'static str, u64),
+        traceparent: Option<&hyper::header::HeaderValue>,
+    ) {
+        self.request = Some((path, max_tokens));
+        self.traceparent = traceparent.and_then(|v| v.to_str().ok()).map(str::to_owned);
+    }
+
+    /// The attempts that led to the worker that answered.
+    pub(super) fn attempts(&mut self, attempts: Attempts) {
+        self.attempts = attempts;
     }
 
     /// The request was validated: it asks for `model`, served by `pool`.
@@ -300,22 +336,38 @@ impl Exit {
         self.record(row);
     }
 
-    /// Queues the request's trace line (when a trace file is kept and the request is sampled):
-    /// the gateway's view of it and the engine's flight record.
+    /// Queues the request's trace line for the trace file and the OTLP exporter (each when
+    /// kept and the request is in its sample): the gateway's view of it, its attempts and the
+    /// engine's flight record.
     fn write_trace(&self, end: &EndReport, status: u16, elapsed: std::time::Duration) {
-        let Some(trace) = &self.trace else {
-            return;
-        };
-        if !trace.sampled(&self.row.request_id) {
-            trace.unsampled();
+        let id = &self.row.request_id;
+        let file = self.trace.as_ref().filter(|t| {
+            let sampled = t.sampled(id);
+            if !sampled {
+                t.unsampled();
+            }
+            sampled
+        });
+        let otlp = self.otlp.as_ref().filter(|o| o.sampled(id));
+        if file.is_none() && otlp.is_none() {
             return;
         }
         let row = &self.row;
+        let (endpoint, max_tokens) = self.request.unzip();
+        let started = self.started.unwrap_or_else(Instant::now);
         let line = TraceLine {
             request_id: row.request_id.clone(),
             start_ms: row.start_ms,
             tenant: row.tenant.clone(),
+            endpoint: endpoint.unwrap_or_default(),
             model: row.model.clone(),
+            served_model: self
+                .served_model
+                .clone()
+                .unwrap_or_else(|| row.model.clone()),
+            // Embeddings generate nothing: no bound.
+            max_tokens: max_tokens.filter(|_| endpoint != Some("/v1/embeddings")),
+            traceparent: self.traceparent.clone(),
             version: row.version.clone(),
             pool: row.pool.clone(),
             worker: end.worker.clone(),
@@ -328,8 +380,16 @@ impl Exit {
             completion_tokens: end.usage.map(|u| u.completion),
             flight_status: end.flight.label(),
             flight: end.flight.record().cloned(),
+            attempts: self
+                .attempts
+                .lines(started, (&end.worker, end.status), started + elapsed),
         };
-        trace.push(line.to_json());
+        if let Some(file) = file {
+            file.push(line.to_json());
+        }
+        if let Some(otlp) = otlp {
+            otlp.push(line);
+        }
     }
 
     /// The row of a request that ends here, without an answer from a worker.

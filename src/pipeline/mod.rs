@@ -196,7 +196,7 @@ async fn run<B: RequestBody>(
         gw.ledger.clone(),
         snapshot.prices.version,
     );
-    ctx.exit.trace(gw.trace.clone());
+    ctx.exit.trace(gw.trace.clone(), gw.otlp.clone());
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
@@ -209,6 +209,12 @@ async fn run<B: RequestBody>(
     let prompt_tokens = validated.prompt_tokens;
     let pool = pool_at(&live, validated.valid.pool)?;
     ctx.exit.target(&validated.valid.model, &pool.name);
+    if ctx.exit.traced() {
+        let v = &validated.valid;
+        let traceparent = parts.headers.get(edge::trace_context::TRACEPARENT);
+        ctx.exit
+            .traced_request((v.endpoint.path(), v.max_tokens), traceparent);
+    }
 
     let meter::Metered {
         account,

@@ -2,10 +2,11 @@
 //! sizes, tokens, features, queue/prefill/decode times; see `infergate_engine::flight`) in a
 //! header or a final SSE comment; the gateway checks it ([`record`]), adds what only it knows
 //! (tenant, pool, worker, model, version, status, its own timings) and writes one JSON line per
-//! request to a rotated trace file (`trace:` in the config) through a bounded writer thread.
-//! The line is a plain serde struct, so a later exporter (OTLP) can turn it into spans.
+//! request to a rotated trace file (`trace:` in the config) through a bounded writer thread,
+//! and/or exports it as OpenTelemetry spans over OTLP/HTTP ([`otlp`], `trace.otlp`).
 
 mod file;
+pub mod otlp;
 pub mod record;
 mod writer;
 
@@ -45,8 +46,16 @@ pub struct TraceLine {
     pub start_ms: i64,
     /// Tenant.
     pub tenant: String,
+    /// The endpoint's path, e.g. `/v1/chat/completions`.
+    pub endpoint: &'static str,
     /// The model the client asked for.
     pub model: String,
+    /// The model that served it (the canary version's, else `model`).
+    pub served_model: String,
+    /// The completion bound the request went upstream with (absent for embeddings).
+    pub max_tokens: Option<u64>,
+    /// The client's W3C `traceparent`, when it sent a well-formed one.
+    pub traceparent: Option<String>,
     /// The canary version that served it (empty without a split).
     pub version: String,
     /// Pool.
@@ -71,6 +80,28 @@ pub struct TraceLine {
     pub flight_status: &'static str,
     /// The engine's record, when one came and passed the checks.
     pub flight: Option<FlightRecord>,
+    /// The attempts on workers: those that failed before any answer (each retried), then the
+    /// one that answered.
+    pub attempts: Vec<AttemptLine>,
+}
+
+/// One attempt on a worker, as the trace line keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AttemptLine {
+    /// Worker URL.
+    pub worker: String,
+    /// Sent, ms after the request's arrival.
+    pub start_ms: f64,
+    /// Duration, ms (the answering attempt's: to the end of its body).
+    pub ms: f64,
+    /// HTTP status the worker answered, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why it failed: `connect`, `send`, `first_byte_timeout`, `status_503`, `ejected`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+    /// Another worker was tried after it.
+    pub retried: bool,
 }
 
 impl TraceLine {

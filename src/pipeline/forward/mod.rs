@@ -46,8 +46,9 @@ pub(super) async fn forward(
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
     let exit = &mut ctx.exit;
-    let mut on_end = move || -> Option<OnEnd> {
-        let exit = exit.relay();
+    let mut on_end = move |attempts| -> Option<OnEnd> {
+        let mut exit = exit.relay();
+        exit.attempts(attempts);
         Some(Box::new(move |end| exit.finish(Outcome::Relayed(end))))
     };
     let out = Outbound {

@@ -10,3 +10,4 @@ mod gateway_routing;
 mod gateway_streaming;
 mod gateway_tls_admin;
 mod gateway_up;
+mod otlp_export;

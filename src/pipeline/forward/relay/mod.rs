@@ -2,6 +2,7 @@
 //! stream or hold the answer back, and read its usage. Retries route again through the pool
 //! (`PoolRuntime`), never back through the pipeline.
 
+pub mod attempts;
 pub mod body;
 pub mod hold;
 pub mod json_members;

@@ -14,6 +14,7 @@ use hyper::body::Bytes;
 use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
+use super::attempts::{Attempts, FailedAttempt};
 use super::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
 use super::hold::{HOLD_MAX_BYTES, Held, hold};
 use super::passive_health::judge;
@@ -71,8 +72,9 @@ pub struct Outbound<'a> {
     /// Remove the usage-only SSE chunk (the gateway asked for it, the client did not).
     pub hide_usage_chunk: bool,
     /// Makes the account phase's hook when a worker answers (not before: a request no worker
-    /// answered is accounted by its caller); the hook is called once, when the body ends.
-    pub on_end: &'a mut (dyn FnMut() -> Option<OnEnd> + Send),
+    /// answered is accounted by its caller), given the attempts that led there; the hook is
+    /// called once, when the body ends.
+    pub on_end: &'a mut (dyn FnMut(Attempts) -> Option<OnEnd> + Send),
     /// Turns true when the drain's grace is over.
     pub grace_over: &'a tokio::sync::watch::Receiver<bool>,
 }
@@ -107,6 +109,8 @@ pub async fn forward(
     let mut last_err: Option<GatewayError> = None;
     let no_worker = || GatewayError::NoHealthyWorker(pool.name.clone());
     let mut next = Some(first);
+    // Empty (no allocation) unless an attempt fails: the trace's client spans.
+    let mut attempts = Attempts::default();
     for attempt in 0..=settings.retries {
         let Some((worker, decision, turn)) =
             claim(pool, &mut next, &out, &mut tried, settings, metrics)
@@ -121,6 +125,7 @@ pub async fn forward(
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
         let req = build_request(&worker, &out, precise)?;
+        let began = Instant::now();
         let mut turn = Some(turn);
         let mut failed = |kind| {
             if let Some(turn) = turn.take() {
@@ -134,6 +139,7 @@ pub async fn forward(
         // cancels the request on the engine), so another may take the request, within the
         // retry budget and the total deadline: nothing reached the client yet.
         let silent = matches!(waited, Waited::TimedOut);
+        let why = waited.failure();
         let sent = match waited {
             Waited::Draining => Err(GatewayError::Draining),
             Waited::Ejected => {
@@ -180,6 +186,12 @@ pub async fn forward(
         let (res, conn) = match sent {
             Ok(answered) => answered,
             Err(e) if e.retryable() || silent => {
+                attempts.failed.push(FailedAttempt {
+                    worker: worker.url.clone(),
+                    began,
+                    ended: Instant::now(),
+                    error: why,
+                });
                 tried.push(worker.key);
                 last_err = Some(e);
                 continue;
@@ -216,7 +228,10 @@ pub async fn forward(
             Some(with_feedback(
                 pool,
                 out.features,
-                (out.on_end)(),
+                (out.on_end)(Attempts {
+                    answered: Some(began),
+                    ..std::mem::take(&mut attempts)
+                }),
                 (worker.key, decision),
             )),
         )
@@ -281,6 +296,21 @@ enum Waited {
     Ejected,
     /// The drain's grace ended meanwhile.
     Draining,
+}
+
+impl Waited {
+    /// Why the attempt failed, for its trace (`status_503` for an answer that is retried; an
+    /// answer that is relayed never asks).
+    fn failure(&self) -> &'static str {
+        match self {
+            Waited::Answered(_) => "status_503",
+            Waited::Failed(e) if e.is_connect() => "connect",
+            Waited::Failed(_) => "send",
+            Waited::TimedOut => "first_byte_timeout",
+            Waited::Ejected => "ejected",
+            Waited::Draining => "draining",
+        }
+    }
 }
 
 /// A wait past this also watches for the worker's ejection and the end of the grace. Most
