@@ -16,7 +16,8 @@
 //!   body budget the gateway owns) and [`tokens`] (prompt counts, also configured by
 //!   [`config`]). [`error`] is the one table from error to HTTP status and SSE event.
 //! - **Decisions**, pure and shared with the simulator: [`routing`], [`admission`], [`limits`],
-//!   [`budgets`], [`pricing`], [`degrade`], [`canary`], [`shadow`], [`tenants`], [`usage_check`]
+//!   [`budgets`], [`pricing`], [`degrade`], [`canary`], [`shadow`], [`tenants`], [`quality`]
+//!   (signals of an answer and drift scores), [`usage_check`]
 //!   (whether a worker's reported usage is plausible).
 //! - **Workers**: [`workers`] (live state, pools, polls, KV events, discovery, passive health)
 //!   over [`upstream`] (the pooled client).
@@ -48,6 +49,7 @@ pub mod limits;
 pub mod metrics;
 pub mod pipeline;
 pub mod pricing;
+pub mod quality;
 pub mod request_body;
 pub mod routing;
 pub mod server;
