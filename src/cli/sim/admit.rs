@@ -88,6 +88,9 @@ impl Admission {
             cost: self.fair.map_or(0.0, |f| {
                 f.cost(w.prompt_tokens, u64::from(w.req.output_tokens))
             }),
+            // Planned requests carry no deadline: a tenant's own go in arrival order.
+            due: None,
+            prefix: &[],
         }
     }
 
@@ -133,6 +136,8 @@ impl Admission {
             priority,
             tenant: &tenant,
             cost,
+            due: None,
+            prefix: &[],
         };
         match self.waiters.push_ticket(ticket, w) {
             Push::Queued { key, evicted } => Enqueued {
@@ -147,8 +152,22 @@ impl Admission {
     }
 
     /// The best waiter (highest priority, then earliest), taken out of the queue.
+    #[cfg(test)]
     pub(super) fn pop_best(&mut self) -> Option<Waiting> {
         self.waiters.pop_best()
+    }
+
+    /// The waiter that goes next, as the gateway's queue picks it: with fair share, a tenant
+    /// within the locality window whose next request `warm` holds (a free worker has its
+    /// prefix, by the router's view) may go before the least served one.
+    pub(super) fn pop_next(&mut self, warm: impl FnMut(&Waiting) -> bool) -> Option<Waiting> {
+        let window = self.fair.map_or(0.0, |f| f.locality_window);
+        self.waiters.pop_near(window, warm)
+    }
+
+    /// Slots per worker, of `workers` (0 without an admission stage).
+    pub(super) fn per_worker(&self, workers: usize) -> usize {
+        self.capacity / workers.max(1)
     }
 
     /// The waiter under `key`, if it still waits (its expiry came due).
