@@ -7,7 +7,10 @@
 //!
 //! With `fair_share` on, tenants within a priority take turns by least weighted service instead
 //! of arrival ([`fair`]): each admitted request charges its tenant its estimated weighted tokens,
-//! corrected by [`Permit::settle`] once the real usage is known.
+//! corrected by [`Permit::settle`] once the real usage is known. A tenant's own requests go
+//! earliest deadline first. Given the router's view ([`AdmissionQueue::set_warmth`]), a tenant
+//! within the locality window of the least served goes first when a worker with a free slot
+//! holds its request's prefix.
 //!
 //! A [`Permit`] frees its slot on drop and hands it to the best waiter; tie it to the response
 //! body so cancellation and completion release it the same way. A waiter whose future is dropped

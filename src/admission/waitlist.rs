@@ -3,7 +3,10 @@
 //! room for a strictly higher priority by refusing its lowest-priority, latest waiter. With fair
 //! share on ([`Waitlist::fair`]), tenants at the best priority take turns by least weighted
 //! service ([`super::fair`]), and a full list also makes room for a lighter tenant by refusing
-//! the heaviest one's latest waiter. Pure bookkeeping: the callers own slots, time and wake-ups.
+//! the heaviest one's latest waiter; a tenant's own waiters go earliest due first, and
+//! [`Waitlist::pop_near`] lets a waiter the caller calls warm (its prefix cached where it would
+//! go) go before a less served tenant within a window. Pure bookkeeping: the callers own slots,
+//! time, wake-ups and the router's view.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;

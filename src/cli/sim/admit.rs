@@ -1,8 +1,9 @@
 //! The simulated fleet's admission stage, the gateway's (`infergate::admission`) on virtual time: a
 //! fixed number of slots (in-flight requests per worker × workers) handed out at once while free;
 //! beyond them, requests wait in the gateway's own order ([`Waitlist`]: best priority first, then
-//! arrival, up to `max_queue` of them) for at most `max_wait`. Pure bookkeeping: the fleet's
-//! event loop owns time and routing.
+//! arrival, up to `max_queue` of them) for at most `max_wait`; with fair share, by the gateway's
+//! turns and locality window ([`Waitlist::pop_near`], asked about the routing policy's view).
+//! Pure bookkeeping: the fleet's event loop owns time and routing.
 
 use std::collections::BTreeMap;
 
@@ -237,6 +238,26 @@ mod tests {
         let key = first.unwrap_or_default();
         assert_eq!(q.remove(key).map(|w| w.req.id), Some(0));
         assert!(q.remove(key).is_none(), "gone once");
+    }
+
+    #[test]
+    fn with_fair_share_a_warm_waiter_within_the_window_goes_first() {
+        let fair = |window| {
+            Admission::new(1, 0, 30.0, BTreeMap::new()).with_fair_share(Some(FairWeights {
+                locality_window: window,
+                ..FairWeights::default()
+            }))
+        };
+        for (window, first) in [(0.0, 0), (1e6, 1)] {
+            let mut q = fair(window);
+            q.served_at_once(&waiting(9, "a"));
+            q.enqueue(waiting(0, "b"));
+            q.enqueue(waiting(1, "a"));
+            // Level counters (b starts at a's): strict turns take b's earlier request; within
+            // a window a's later, warm one (request 1) goes instead.
+            let got = q.pop_next(|w| w.req.id == 1).map(|w| w.req.id);
+            assert_eq!(got, Some(first), "window {window}");
+        }
     }
 
     #[test]
