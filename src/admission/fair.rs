@@ -52,6 +52,9 @@ impl FairWeights {
     }
 }
 
+/// One tenant's waiters at one priority, as (due, arrival sequence): earliest due first.
+type Lane = BTreeSet<(u64, u64)>;
+
 /// Idle tenants' counters kept at most: past it, those not ahead of the queue's virtual time go
 /// (a return would lift them to it anyway), then, if still too many, every idle one (a return
 /// starts at the virtual time, gaining at most the lead it had): bounded memory.
@@ -62,8 +65,8 @@ const KEEP_IDLE: usize = 256;
 pub struct FairShare {
     /// Weighted service given per tenant.
     counters: HashMap<Arc<str>, f64>,
-    /// Priority (best first) → tenant → (due, arrival sequence) of its waiters, in the order they go.
-    lanes: BTreeMap<Reverse<u32>, HashMap<Arc<str>, BTreeSet<(u64, u64)>>>,
+    /// Priority (best first) → tenant → its waiters in the order they go.
+    lanes: BTreeMap<Reverse<u32>, HashMap<Arc<str>, Lane>>,
     /// Waiters per tenant, over all priorities: a tenant is backlogged while it has one.
     backlog: HashMap<Arc<str>, usize>,
     /// The least counter among backlogged tenants, as of the last change (never goes back).

@@ -186,9 +186,7 @@ impl<T> Waitlist<T> {
             Some(fair) if window > 0.0 => fair.near(window),
             _ => return self.pop_best(),
         };
-        let Some(&first) = near.first() else {
-            return None;
-        };
+        let &first = near.first()?;
         let key = if near.len() > 1 {
             near.into_iter()
                 .find(|key| self.waiters.get(key).is_some_and(|e| warm(&e.item)))
