@@ -280,7 +280,8 @@ fn status(gw: &Gateway) -> Response<ResBody> {
                            "ejections": w.ejections()})
                 })
                 .collect();
-            json!({"name": p.name, "policy": format!("{:?}", p.policy().config), "workers": workers})
+            json!({"name": p.name, "policy": format!("{:?}", p.policy().config), "workers": workers,
+                   "admission": admission_status(&p.admission.1)})
         })
         .collect();
     let models: Vec<_> = live
@@ -300,6 +301,24 @@ fn status(gw: &Gateway) -> Response<ResBody> {
         })
         .to_string(),
     )
+}
+
+/// A pool's queue for `/admin/status`: depth, slots held and, with fair share, the weights and
+/// each backlogged tenant's weighted service (`counter`) and waiters, least served first.
+fn admission_status(queue: &crate::admission::AdmissionQueue) -> serde_json::Value {
+    let fair = queue.fair_share().map(|w| {
+        let backlogged: Vec<_> = queue
+            .fair_backlog()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(tenant, counter, waiting)| {
+                json!({"tenant": tenant.as_ref(), "counter": counter, "waiting": waiting})
+            })
+            .collect();
+        json!({"input_weight": w.input, "output_weight": w.output,
+               "locality_window": w.locality_window, "backlogged": backlogged})
+    });
+    json!({"depth": queue.depth(), "in_flight": queue.in_flight(), "fair_share": fair})
 }
 
 /// Compares secrets without an early exit that would leak the matching prefix length.

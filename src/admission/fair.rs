@@ -3,7 +3,10 @@
 //! has been given (input and output tokens, weighted); when a slot frees, the backlogged tenant
 //! with the least counter goes next; a tenant that becomes backlogged starts at the least counter
 //! of those already waiting, so idle time banks no credit. Priorities stay strict above it: only
-//! the best priority present competes. Within a tenant, arrival order.
+//! the best priority present competes. Within a tenant, earliest deadline first, then arrival (a
+//! request without a deadline sorts after every one with: it has the most slack). The deadline
+//! only orders a tenant's own requests: it never moves a tenant's turn ahead of another's, so a
+//! short deadline buys no share.
 //!
 //! Pure bookkeeping over the waitlist's keys; the [`super::waitlist::Waitlist`] owns the waiters.
 
@@ -13,20 +16,31 @@ use std::sync::Arc;
 
 use super::waitlist::Key;
 
-/// Weights of the service a request is charged, per token.
+/// Weights of the service a request is charged, per token, and the locality window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FairWeights {
     /// Per prompt token.
     pub input: f64,
     /// Per completion token (decode costs more per token than prefill; VTC's default is 2).
     pub output: f64,
+    /// Weighted tokens a tenant may be ahead of the least served and still go first when the
+    /// workers already hold its next request's prefix (0: strict least-counter order).
+    pub locality_window: f64,
 }
+
+/// Default [`FairWeights::locality_window`]: about one request's service (a 1k-token prompt
+/// and a 512-token answer at weights 1 and 2). VTC already lets backlogged counters drift apart
+/// by up to twice the largest request's service; a window of one typical request at most
+/// loosens that bound by the same order, and is enough for the tenants that take turns to
+/// hand a warm worker its cached prefix instead of a cold one.
+pub const DEFAULT_LOCALITY_WINDOW: f64 = 2048.0;
 
 impl Default for FairWeights {
     fn default() -> Self {
         Self {
             input: 1.0,
             output: 2.0,
+            locality_window: DEFAULT_LOCALITY_WINDOW,
         }
     }
 }
@@ -38,6 +52,9 @@ impl FairWeights {
     }
 }
 
+/// One tenant's waiters at one priority, as (due, arrival sequence): earliest due first.
+type Lane = BTreeSet<(u64, u64)>;
+
 /// Idle tenants' counters kept at most: past it, those not ahead of the queue's virtual time go
 /// (a return would lift them to it anyway), then, if still too many, every idle one (a return
 /// starts at the virtual time, gaining at most the lead it had): bounded memory.
@@ -48,8 +65,8 @@ const KEEP_IDLE: usize = 256;
 pub struct FairShare {
     /// Weighted service given per tenant.
     counters: HashMap<Arc<str>, f64>,
-    /// Priority (best first) → tenant → arrival sequences waiting.
-    lanes: BTreeMap<Reverse<u32>, HashMap<Arc<str>, BTreeSet<u64>>>,
+    /// Priority (best first) → tenant → its waiters in the order they go.
+    lanes: BTreeMap<Reverse<u32>, HashMap<Arc<str>, Lane>>,
     /// Waiters per tenant, over all priorities: a tenant is backlogged while it has one.
     backlog: HashMap<Arc<str>, usize>,
     /// The least counter among backlogged tenants, as of the last change (never goes back).
@@ -57,9 +74,10 @@ pub struct FairShare {
 }
 
 impl FairShare {
-    /// A waiter of `tenant` joined under `key`. A tenant that was not backlogged is lifted to
-    /// the least counter of those waiting (to the virtual time when nobody waits).
-    pub fn joined(&mut self, key: Key, tenant: &Arc<str>) {
+    /// A waiter of `tenant` joined under `key`, due by `due` (the caller's clock; `u64::MAX`:
+    /// no deadline). A tenant that was not backlogged is lifted to the least counter of those
+    /// waiting (to the virtual time when nobody waits).
+    pub fn joined(&mut self, key: Key, tenant: &Arc<str>, due: u64) {
         if !self.backlog.contains_key(tenant) {
             let lift = self.least_backlogged().unwrap_or(self.vtime);
             let counter = self.counters.entry(Arc::clone(tenant)).or_insert(0.0);
@@ -67,14 +85,16 @@ impl FairShare {
         }
         *self.backlog.entry(Arc::clone(tenant)).or_insert(0) += 1;
         let lane = self.lanes.entry(key.0).or_default();
-        lane.entry(Arc::clone(tenant)).or_default().insert(key.1);
+        lane.entry(Arc::clone(tenant))
+            .or_default()
+            .insert((due, key.1));
     }
 
-    /// The waiter of `tenant` under `key` left (served, refused, expired or gone).
-    pub fn left(&mut self, key: Key, tenant: &str) {
+    /// The waiter of `tenant` under `key`, due by `due`, left (served, refused, expired, gone).
+    pub fn left(&mut self, key: Key, tenant: &str, due: u64) {
         if let Some(lane) = self.lanes.get_mut(&key.0) {
             if let Some(seqs) = lane.get_mut(tenant) {
-                seqs.remove(&key.1);
+                seqs.remove(&(due, key.1));
                 if seqs.is_empty() {
                     lane.remove(tenant);
                 }
@@ -92,14 +112,34 @@ impl FairShare {
         self.advance();
     }
 
-    /// The key that goes next: at the best priority present, the earliest waiter of the tenant
-    /// with the least counter (ties: the earlier waiter).
+    /// The key that goes next: at the best priority present, the first waiter (earliest due,
+    /// then earliest arrival) of the tenant with the least counter (ties: the earlier arrival).
     pub fn next(&self) -> Option<Key> {
         let (priority, lane) = self.lanes.iter().next()?;
         lane.iter()
-            .filter_map(|(tenant, seqs)| Some((self.counter(tenant), *seqs.first()?)))
+            .filter_map(|(tenant, seqs)| Some((self.counter(tenant), seqs.first()?.1)))
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
             .map(|(_, seq)| (*priority, seq))
+    }
+
+    /// Each tenant's next key at the best priority present, for the tenants whose counter is
+    /// within `window` of the least there: least counter first (ties: the earlier arrival).
+    /// The first is [`next`](Self::next); the others may go before it for locality.
+    pub fn near(&self, window: f64) -> Vec<Key> {
+        let Some((priority, lane)) = self.lanes.iter().next() else {
+            return Vec::new();
+        };
+        let mut heads: Vec<(f64, u64)> = lane
+            .iter()
+            .filter_map(|(tenant, seqs)| Some((self.counter(tenant), seqs.first()?.1)))
+            .collect();
+        heads.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let least = heads.first().map_or(0.0, |h| h.0);
+        heads
+            .into_iter()
+            .take_while(|h| h.0 <= least + window.max(0.0))
+            .map(|(_, seq)| (*priority, seq))
+            .collect()
     }
 
     /// Adds `service` (possibly negative: a correction once the real usage is known) to
@@ -131,10 +171,11 @@ impl FairShare {
         self.counters.get(tenant).copied().unwrap_or(0.0)
     }
 
-    /// Waiters served before `key` (a waiter of `tenant`) if the counters stay level: those of
-    /// better priority, the tenant's own ahead of it, and from every other tenant at its
-    /// priority as many as it has ahead plus one. What `Retry-After` is computed from.
-    pub fn position(&self, key: Key, tenant: &str) -> usize {
+    /// Waiters served before `key` (a waiter of `tenant` due by `due`) if the counters stay
+    /// level: those of better priority, the tenant's own ahead of it (earlier due, or as due and
+    /// earlier), and from every other tenant at its priority as many as it has ahead plus one.
+    /// What `Retry-After` and the deadline check are computed from.
+    pub fn position(&self, key: Key, tenant: &str, due: u64) -> usize {
         let better: usize = self
             .lanes
             .range(..key.0)
@@ -146,7 +187,7 @@ impl FairShare {
         };
         let own = lane
             .get(tenant)
-            .map_or(0, |seqs| seqs.range(..key.1).count());
+            .map_or(0, |seqs| seqs.range(..(due, key.1)).count());
         let others: usize = lane
             .iter()
             .filter(|(t, _)| t.as_ref() != tenant)
@@ -156,7 +197,7 @@ impl FairShare {
     }
 
     /// The waiter a full queue refuses to make room for a waiter of `tenant` at `priority`:
-    /// at the worst priority present, the latest waiter of the tenant with the most waiters
+    /// at the worst priority present, the last to go (latest due) of the tenant with the most waiters
     /// there (ties: the larger counter). `None` when that waiter is better than the newcomer:
     /// a better priority, or a tenant no more backlogged there than the newcomer's plus one.
     pub fn victim(&self, priority: u32, tenant: &str) -> Option<Key> {
@@ -166,7 +207,7 @@ impl FairShare {
                 .cmp(&b.1.len())
                 .then(self.counter(a.0).total_cmp(&self.counter(b.0)))
         })?;
-        let key = (*worst, *seqs.last()?);
+        let key = (*worst, seqs.last()?.1);
         if worst.0 < priority {
             return Some(key);
         }
@@ -178,6 +219,17 @@ impl FairShare {
     /// Backlogged tenants.
     pub fn backlogged(&self) -> usize {
         self.backlog.len()
+    }
+
+    /// Each backlogged tenant with its counter and waiters, least counter first (for status).
+    pub fn backlog(&self) -> Vec<(Arc<str>, f64, usize)> {
+        let mut all: Vec<_> = self
+            .backlog
+            .iter()
+            .map(|(tenant, &waiting)| (Arc::clone(tenant), self.counter(tenant), waiting))
+            .collect();
+        all.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        all
     }
 
     /// The least counter among backlogged tenants.
@@ -223,21 +275,80 @@ mod tests {
         (Reverse(priority), seq)
     }
 
+    /// No deadline.
+    const NO: u64 = u64::MAX;
+
+    #[test]
+    fn within_a_tenant_earliest_deadline_first_then_arrival() {
+        let mut f = FairShare::default();
+        let a = t("a");
+        f.joined(key(0, 0), &a, NO);
+        f.joined(key(0, 1), &a, 500);
+        f.joined(key(0, 2), &a, 200);
+        f.joined(key(0, 3), &a, 500);
+        assert_eq!(f.position(key(0, 2), "a", 200), 0, "earliest due first");
+        assert_eq!(
+            f.position(key(0, 0), "a", NO),
+            3,
+            "no deadline: most slack, last"
+        );
+        let mut order = Vec::new();
+        while let Some(next) = f.next() {
+            let due = [NO, 500, 200, 500][next.1 as usize];
+            f.left(next, "a", due);
+            order.push(next.1);
+        }
+        assert_eq!(order, [2, 1, 3, 0], "as due: arrival order");
+        // A full list refuses the one with the most slack, not the latest arrival.
+        f.joined(key(0, 4), &a, 100);
+        f.joined(key(0, 5), &a, NO);
+        f.joined(key(0, 6), &a, 300);
+        assert_eq!(f.victim(0, "b"), Some(key(0, 5)));
+    }
+
+    #[test]
+    fn near_lists_the_tenants_within_the_window_least_served_first() {
+        let mut f = FairShare::default();
+        let (a, b, c) = (t("a"), t("b"), t("c"));
+        f.joined(key(0, 0), &a, NO);
+        f.joined(key(0, 1), &b, NO);
+        f.joined(key(0, 2), &c, NO);
+        f.joined(key(0, 3), &c, 5);
+        f.charge("a", 100.0);
+        f.charge("c", 50.0);
+        assert_eq!(f.near(0.0), [key(0, 1)], "strict: the least only");
+        assert_eq!(f.near(60.0), [key(0, 1), key(0, 3)], "c's most urgent");
+        assert_eq!(f.near(1e9), [key(0, 1), key(0, 3), key(0, 0)]);
+        f.joined(key(7, 4), &a, NO);
+        assert_eq!(f.near(1e9), [key(7, 4)], "only the best priority");
+    }
+
+    #[test]
+    fn a_short_deadline_does_not_take_another_tenants_turn() {
+        let mut f = FairShare::default();
+        let (a, b) = (t("a"), t("b"));
+        f.joined(key(0, 0), &b, NO);
+        f.charge("a", 100.0);
+        f.joined(key(0, 1), &a, 1);
+        // b has the least counter: its waiter goes, however urgent a's is.
+        assert_eq!(f.next(), Some(key(0, 0)));
+    }
+
     #[test]
     fn the_least_served_backlogged_tenant_goes_next() {
         let mut f = FairShare::default();
         let (a, b) = (t("a"), t("b"));
         for seq in 0..4 {
-            f.joined(key(0, seq), &a);
+            f.joined(key(0, seq), &a, NO);
         }
-        f.joined(key(0, 4), &b);
+        f.joined(key(0, 4), &b, NO);
         // Both start level: the earlier waiter (a's) goes first.
         assert_eq!(f.next(), Some(key(0, 0)));
-        f.left(key(0, 0), "a");
+        f.left(key(0, 0), "a", NO);
         f.charge("a", 100.0);
         // a has 100, b 0: b's waiter goes before a's earlier ones.
         assert_eq!(f.next(), Some(key(0, 4)));
-        f.left(key(0, 4), "b");
+        f.left(key(0, 4), "b", NO);
         f.charge("b", 10.0);
         assert_eq!(f.next(), Some(key(0, 1)));
     }
@@ -247,13 +358,13 @@ mod tests {
         let mut f = FairShare::default();
         let (a, b) = (t("a"), t("b"));
         for seq in 0..3 {
-            f.joined(key(0, seq), &a);
-            f.left(key(0, seq), "a");
+            f.joined(key(0, seq), &a, NO);
+            f.left(key(0, seq), "a", NO);
             f.charge("a", 1000.0);
         }
-        f.joined(key(0, 10), &a);
+        f.joined(key(0, 10), &a, NO);
         // b was idle while a was served alone: it starts at a's level, not at 0.
-        f.joined(key(0, 11), &b);
+        f.joined(key(0, 11), &b, NO);
         assert_eq!(f.counter("b"), f.counter("a"));
         assert_eq!(f.next(), Some(key(0, 10)), "level counters: arrival order");
     }
@@ -262,11 +373,11 @@ mod tests {
     fn a_better_priority_goes_first_whatever_its_counter() {
         let mut f = FairShare::default();
         let (a, b) = (t("a"), t("b"));
-        f.joined(key(0, 0), &a);
-        f.joined(key(5, 1), &b);
+        f.joined(key(0, 0), &a, NO);
+        f.joined(key(5, 1), &b, NO);
         f.charge("b", 1e9);
         assert_eq!(f.next(), Some(key(5, 1)));
-        assert_eq!(f.position(key(0, 0), "a"), 1);
+        assert_eq!(f.position(key(0, 0), "a", NO), 1);
     }
 
     #[test]
@@ -274,15 +385,15 @@ mod tests {
         let mut f = FairShare::default();
         let (a, b, c) = (t("a"), t("b"), t("c"));
         for seq in 0..10 {
-            f.joined(key(0, seq), &a);
+            f.joined(key(0, seq), &a, NO);
         }
-        f.joined(key(0, 10), &b);
-        f.joined(key(0, 11), &c);
-        f.joined(key(0, 12), &c);
+        f.joined(key(0, 10), &b, NO);
+        f.joined(key(0, 11), &c, NO);
+        f.joined(key(0, 12), &c, NO);
         // b's only waiter: one of a's and one of c's may go before it.
-        assert_eq!(f.position(key(0, 10), "b"), 2);
+        assert_eq!(f.position(key(0, 10), "b", NO), 2);
         // a's 5th: 4 of its own, 1 of b's, 2 of c's.
-        assert_eq!(f.position(key(0, 4), "a"), 4 + 1 + 2);
+        assert_eq!(f.position(key(0, 4), "a", NO), 4 + 1 + 2);
     }
 
     #[test]
@@ -290,9 +401,9 @@ mod tests {
         let mut f = FairShare::default();
         let (a, b) = (t("a"), t("b"));
         for seq in 0..5 {
-            f.joined(key(0, seq), &a);
+            f.joined(key(0, seq), &a, NO);
         }
-        f.joined(key(0, 5), &b);
+        f.joined(key(0, 5), &b, NO);
         assert_eq!(f.victim(0, "b"), Some(key(0, 4)), "a's latest goes for b");
         assert_eq!(f.victim(0, "a"), None, "a does not push out its own or b's");
         assert_eq!(f.victim(0, "c"), Some(key(0, 4)));
@@ -307,12 +418,12 @@ mod tests {
     fn idle_counters_are_forgotten_past_a_bound() {
         let mut f = FairShare::default();
         let busy = t("busy");
-        f.joined(key(0, 0), &busy);
+        f.joined(key(0, 0), &busy, NO);
         f.charge("busy", 10.0);
         for i in 0..(KEEP_IDLE as u64 + 50) {
             let name = format!("t{i}");
-            f.joined(key(0, i + 1), &t(&name));
-            f.left(key(0, i + 1), &name);
+            f.joined(key(0, i + 1), &t(&name), NO);
+            f.left(key(0, i + 1), &name, NO);
             f.charge(&name, 1.0);
         }
         assert!(f.counters.len() <= KEEP_IDLE + 2, "{}", f.counters.len());

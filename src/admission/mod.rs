@@ -7,7 +7,10 @@
 //!
 //! With `fair_share` on, tenants within a priority take turns by least weighted service instead
 //! of arrival ([`fair`]): each admitted request charges its tenant its estimated weighted tokens,
-//! corrected by [`Permit::settle`] once the real usage is known.
+//! corrected by [`Permit::settle`] once the real usage is known. A tenant's own requests go
+//! earliest deadline first. Given the router's view ([`AdmissionQueue::set_warmth`]), a tenant
+//! within the locality window of the least served goes first when a worker with a free slot
+//! holds its request's prefix.
 //!
 //! A [`Permit`] frees its slot on drop and hands it to the best waiter; tie it to the response
 //! body so cancellation and completion release it the same way. A waiter whose future is dropped
@@ -24,6 +27,7 @@ pub mod waitlist;
 
 pub use fair::FairWeights;
 pub use rate::CompletionRate;
+pub use state::Warmth;
 use state::{Key, Outcome, State, lock};
 use tokio::sync::oneshot;
 pub use waitlist::Ticket;
@@ -142,6 +146,8 @@ struct Shared {
     max_wait: Duration,
     /// The fair-share weights; `None`: first come.
     fair: Option<FairWeights>,
+    /// Origin of the waiters' due times (ms since it), which order a tenant's own requests.
+    epoch: Instant,
 }
 
 /// One pool's admission queue; clones share the queue.
@@ -156,15 +162,23 @@ impl AdmissionQueue {
         let state = Mutex::new(State::new(
             cfg.capacity,
             cfg.max_queue,
-            cfg.fair_share.is_some(),
+            cfg.fair_share.map(|f| f.locality_window),
         ));
         Self {
             shared: Arc::new(Shared {
                 state,
                 max_wait: cfg.max_wait,
                 fair: cfg.fair_share,
+                epoch: Instant::now(),
             }),
         }
+    }
+
+    /// Gives fair share the router's view for locality: `warm(prefix)` is true when a worker
+    /// with a free slot already holds that prefix. Called under the queue's lock, so it must
+    /// not call back into the queue. Replaces the previous view (the pool was rebuilt).
+    pub fn set_warmth(&self, warm: Warmth) {
+        lock(&self.shared.state).locality.warm = Some(warm);
     }
 
     /// Changes the number of slots (workers joined, left or advertised new limits). Extra slots
@@ -186,6 +200,13 @@ impl AdmissionQueue {
         deadline: Option<Duration>,
         now: Instant,
     ) -> Result<Permit, Refusal> {
+        // With fair share a tenant's own waiters go earliest deadline first (the caller's
+        // `due` is replaced: the queue owns the clock it is measured on).
+        let due = deadline.map(|d| {
+            let at = (now + d).saturating_duration_since(self.shared.epoch);
+            u64::try_from(at.as_millis()).unwrap_or(u64::MAX)
+        });
+        let ticket = Ticket { due, ..ticket };
         let (key, rx) = {
             let mut st = lock(&self.shared.state);
             if st.closed {
@@ -259,6 +280,12 @@ impl AdmissionQueue {
     /// Slots held now (including ones handed to a waiter that has not woken yet).
     pub fn in_flight(&self) -> usize {
         lock(&self.shared.state).in_flight
+    }
+
+    /// With fair share, each backlogged tenant with its weighted service so far and its
+    /// requests waiting, least served first (`None`: first come). For `/admin/status`.
+    pub fn fair_backlog(&self) -> Option<Vec<(Arc<str>, f64, usize)>> {
+        lock(&self.shared.state).waiters.fair_backlog()
     }
 
     /// The fair-share weights, when tenants take turns.

@@ -2,7 +2,8 @@
 //! arrival asc). Every change happens under one mutex, and every hand-off is a oneshot send made
 //! under it, so a slot is either in a waiter's channel, held by a permit, or free — never lost.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -21,20 +22,49 @@ pub(super) enum Outcome {
     Refused(Refusal),
 }
 
+/// A queued request: where its slot is sent, and its prefix hashes (kept only when locality
+/// may use them).
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub tx: oneshot::Sender<Outcome>,
+    prefix: Vec<u64>,
+}
+
+/// Whether a worker with a free slot holds a prefix, by the router's own view.
+pub type Warmth = Arc<dyn Fn(&[u64]) -> bool + Send + Sync>;
+
+/// Fair share's locality: the window (weighted tokens) and the router's view, once the pool
+/// has told it.
+#[derive(Default)]
+pub(super) struct Locality {
+    pub window: f64,
+    pub warm: Option<Warmth>,
+}
+
+impl fmt::Debug for Locality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locality")
+            .field("window", &self.window)
+            .field("warm", &self.warm.is_some())
+            .finish()
+    }
+}
+
 /// Slots, waiters and the completion-rate estimate.
 #[derive(Debug)]
 pub(super) struct State {
     pub capacity: usize,
     pub in_flight: usize,
-    pub waiters: Waitlist<oneshot::Sender<Outcome>>,
+    pub waiters: Waitlist<Waiter>,
     pub closed: bool,
     pub rate: CompletionRate,
+    pub locality: Locality,
 }
 
 impl State {
-    /// An empty state.
-    pub fn new(capacity: usize, max_queue: usize, fair: bool) -> Self {
-        let waiters = if fair {
+    /// An empty state; with `fair` (Some(locality window)) tenants take turns.
+    pub fn new(capacity: usize, max_queue: usize, fair: Option<f64>) -> Self {
+        let waiters = if fair.is_some() {
             Waitlist::fair(Some(max_queue))
         } else {
             Waitlist::new(Some(max_queue))
@@ -46,6 +76,10 @@ impl State {
             waiters,
             closed: false,
             rate,
+            locality: Locality {
+                window: fair.unwrap_or(0.0),
+                warm: None,
+            },
         }
     }
 
@@ -71,14 +105,20 @@ impl State {
         ticket: Ticket<'_>,
     ) -> Result<(Key, oneshot::Receiver<Outcome>), Refusal> {
         let (tx, rx) = oneshot::channel();
-        match self.waiters.push_ticket(ticket, tx) {
+        let local = self.locality.window > 0.0 && self.locality.warm.is_some();
+        let prefix = if local {
+            ticket.prefix.to_vec()
+        } else {
+            Vec::new()
+        };
+        match self.waiters.push_ticket(ticket, Waiter { tx, prefix }) {
             Push::Full { position, .. } => Err(Refusal::QueueFull {
                 retry_after: self.retry_after(position),
                 position,
             }),
             Push::Queued { key, evicted } => {
                 if let Some((position, evicted)) = evicted {
-                    let _ = evicted.send(Outcome::Refused(Refusal::QueueFull {
+                    let _ = evicted.tx.send(Outcome::Refused(Refusal::QueueFull {
                         retry_after: self.retry_after(position),
                         position,
                     }));
@@ -100,21 +140,34 @@ impl State {
     /// Hands free slots to the best waiters. A waiter whose receiver is gone is skipped.
     pub fn dispatch(&mut self) {
         while self.in_flight < self.capacity {
-            let Some(tx) = self.waiters.pop_best() else {
+            let Some(waiter) = self.pop_next() else {
                 break;
             };
-            if tx.send(Outcome::Slot).is_ok() {
+            if waiter.tx.send(Outcome::Slot).is_ok() {
                 self.in_flight += 1;
             }
         }
+    }
+
+    /// The waiter that goes next: with fair share and the router's view, one whose prefix a
+    /// free worker holds may go before a less served tenant within the window.
+    fn pop_next(&mut self) -> Option<Waiter> {
+        let Some(warm) = self.locality.warm.clone() else {
+            return self.waiters.pop_best();
+        };
+        let window = self.locality.window;
+        self.waiters
+            .pop_near(window, |w| !w.prefix.is_empty() && warm(&w.prefix))
     }
 
     /// Refuses every waiter with `Draining` and every later arrival.
     pub fn close(&mut self) {
         self.closed = true;
         let retry_after = self.retry_after(0);
-        for tx in self.waiters.drain() {
-            let _ = tx.send(Outcome::Refused(Refusal::Draining { retry_after }));
+        for waiter in self.waiters.drain() {
+            let _ = waiter
+                .tx
+                .send(Outcome::Refused(Refusal::Draining { retry_after }));
         }
     }
 }

@@ -26,6 +26,8 @@ fn at(priority: u32) -> Ticket<'static> {
         priority,
         tenant: "",
         cost: 0.0,
+        due: None,
+        prefix: &[],
     }
 }
 
@@ -353,4 +355,107 @@ async fn a_deadline_the_predicted_wait_passes_is_refused_at_once() {
         Some(Refusal::Timeout { .. })
     ));
     drop(busy);
+}
+
+/// A fair queue of one slot whose router's view calls prefixes starting with `warm` warm.
+fn fair_queue(window: f64, warm: u64) -> AdmissionQueue {
+    let q = AdmissionQueue::new(QueueConfig {
+        capacity: 1,
+        max_queue: 16,
+        max_wait: LONG,
+        fair_share: Some(FairWeights {
+            locality_window: window,
+            ..FairWeights::default()
+        }),
+    });
+    q.set_warmth(Arc::new(move |prefix: &[u64]| {
+        prefix.first() == Some(&warm)
+    }));
+    q
+}
+
+/// With `q`'s one slot held by `a`: `b` (prefix 7) and then `a` (prefix 9) wait; `a`'s request
+/// in flight turns out to have cost 40 weighted tokens; the slot is freed; returns who got it.
+async fn who_goes_first(q: &AdmissionQueue) -> &'static str {
+    let (done, mut got) = mpsc::unbounded_channel();
+    let mut holder = {
+        let ticket = Ticket {
+            tenant: "a",
+            ..at(0)
+        };
+        match q.admit(ticket, None, Instant::now()).await {
+            Ok(p) => p,
+            Err(e) => panic!("refused: {e:?}"),
+        }
+    };
+    for (tenant, prefix) in [("b", 7u64), ("a", 9)] {
+        let (qc, done) = (q.clone(), done.clone());
+        tokio::spawn(async move {
+            let prefix = [prefix];
+            let ticket = Ticket {
+                tenant,
+                cost: 1.0,
+                prefix: &prefix,
+                ..at(0)
+            };
+            let permit = qc.admit(ticket, None, Instant::now()).await;
+            let _ = done.send(tenant);
+            drop(permit);
+        });
+        let depth = if tenant == "b" { 1 } else { 2 };
+        until("queued", || q.depth() == depth).await;
+    }
+    // Settled once others wait: a is 40 ahead of b (a lone tenant's service lifts nobody).
+    holder.settle(40, 0);
+    drop(holder);
+    got.recv().await.unwrap_or("none")
+}
+
+#[tokio::test]
+async fn fair_share_lets_a_warm_waiter_within_the_window_go_first() {
+    // b is the least served (0 against a's 40) but cold (7); a's waiter is warm (9).
+    assert_eq!(
+        who_goes_first(&fair_queue(100.0, 9)).await,
+        "a",
+        "warm, within 100"
+    );
+    assert_eq!(
+        who_goes_first(&fair_queue(10.0, 9)).await,
+        "b",
+        "40 is past 10"
+    );
+    assert_eq!(
+        who_goes_first(&fair_queue(100.0, 1)).await,
+        "b",
+        "nobody warm"
+    );
+}
+
+#[tokio::test]
+async fn with_fair_share_a_tenants_earliest_deadline_goes_first() {
+    let q = fair_queue(0.0, 0);
+    let holder = admitted(&q, 0).await;
+    let (done, mut got) = mpsc::unbounded_channel();
+    let now = Instant::now();
+    for (label, deadline) in [(0u32, None), (1, Some(20_000)), (2, Some(10_000))] {
+        let (qc, done) = (q.clone(), done.clone());
+        tokio::spawn(async move {
+            let ticket = Ticket {
+                tenant: "a",
+                cost: 1.0,
+                ..at(0)
+            };
+            let deadline = deadline.map(Duration::from_millis);
+            let permit = qc.admit(ticket, deadline, now).await;
+            let _ = done.send(label);
+            drop(permit);
+        });
+        until("queued", || q.depth() == label as usize + 1).await;
+    }
+    drop(holder);
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        order.push(got.recv().await.unwrap_or(9));
+    }
+    assert_eq!(order, [2, 1, 0], "earliest deadline, then the one without");
 }

@@ -3,7 +3,10 @@
 //! room for a strictly higher priority by refusing its lowest-priority, latest waiter. With fair
 //! share on ([`Waitlist::fair`]), tenants at the best priority take turns by least weighted
 //! service ([`super::fair`]), and a full list also makes room for a lighter tenant by refusing
-//! the heaviest one's latest waiter. Pure bookkeeping: the callers own slots, time and wake-ups.
+//! the heaviest one's latest waiter; a tenant's own waiters go earliest due first, and
+//! [`Waitlist::pop_near`] lets a waiter the caller calls warm (its prefix cached where it would
+//! go) go before a less served tenant within a window. Pure bookkeeping: the callers own slots,
+//! time, wake-ups and the router's view.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -44,6 +47,19 @@ pub struct Ticket<'a> {
     pub tenant: &'a str,
     /// Weighted tokens charged to the tenant when it goes (an estimate; see [`Waitlist::settle`]).
     pub cost: f64,
+    /// When it must have started, on the caller's clock (ms); with fair share a tenant's own
+    /// waiters go earliest due first (`None`: after those with one). First come ignores it.
+    pub due: Option<u64>,
+    /// The request's chained prefix hashes (the router's features; empty: none), which the
+    /// gateway's queue asks the router about for locality. The waitlist itself ignores it.
+    pub prefix: &'a [u64],
+}
+
+impl Ticket<'_> {
+    /// The due time as the lanes sort it: no deadline sorts last.
+    fn due_key(&self) -> u64 {
+        self.due.unwrap_or(u64::MAX)
+    }
 }
 
 /// A waiter and what fair share needs of it.
@@ -52,6 +68,8 @@ struct Entry<T> {
     item: T,
     tenant: Arc<str>,
     cost: f64,
+    /// [`Ticket::due`], `u64::MAX` for none.
+    due: u64,
 }
 
 /// Waiters in admission order.
@@ -102,6 +120,8 @@ impl<T> Waitlist<T> {
             priority,
             tenant: "",
             cost: 0.0,
+            due: None,
+            prefix: &[],
         };
         self.push_ticket(ticket, item)
     }
@@ -120,7 +140,7 @@ impl<T> Waitlist<T> {
                     .filter(|worst| *worst > key),
             };
             let Some(victim) = victim else {
-                let position = self.ahead(&key, ticket.tenant);
+                let position = self.ahead(&key, ticket.tenant, ticket.due_key());
                 return Push::Full { position, item };
             };
             let position = self.position(&victim);
@@ -128,11 +148,18 @@ impl<T> Waitlist<T> {
         }
         self.next_seq += 1;
         let tenant: Arc<str> = Arc::from(ticket.tenant);
+        let due = ticket.due_key();
         if let Some(fair) = &mut self.fair {
-            fair.joined(key, &tenant);
+            fair.joined(key, &tenant, due);
         }
         let cost = ticket.cost;
-        self.waiters.insert(key, Entry { item, tenant, cost });
+        let entry = Entry {
+            item,
+            tenant,
+            cost,
+            due,
+        };
+        self.waiters.insert(key, entry);
         Push::Queued { key, evicted }
     }
 
@@ -149,12 +176,43 @@ impl<T> Waitlist<T> {
         Some(entry.item)
     }
 
+    /// As [`pop_best`](Self::pop_best), preferring locality: with fair share, among the tenants
+    /// within `window` weighted tokens of the least served (at the best priority), the least
+    /// served one whose next waiter `warm` accepts (its prefix is held where it would go) goes
+    /// instead. Only a tenant's next waiter is asked, so its own order (deadline, arrival)
+    /// holds. First come ignores `warm`.
+    pub fn pop_near(&mut self, window: f64, mut warm: impl FnMut(&T) -> bool) -> Option<T> {
+        let near = match &self.fair {
+            Some(fair) if window > 0.0 => fair.near(window),
+            _ => return self.pop_best(),
+        };
+        let &first = near.first()?;
+        let key = if near.len() > 1 {
+            near.into_iter()
+                .find(|key| self.waiters.get(key).is_some_and(|e| warm(&e.item)))
+                .unwrap_or(first)
+        } else {
+            first
+        };
+        let entry = self.take(&key)?;
+        if let Some(fair) = &mut self.fair {
+            fair.charge(&entry.tenant, entry.cost);
+        }
+        Some(entry.item)
+    }
+
     /// Corrects `tenant`'s charge by `delta` once its request's real usage is known (the real
     /// weighted tokens less the estimate charged when it went). No-op without fair share.
     pub fn settle(&mut self, tenant: &str, delta: f64) {
         if let Some(fair) = &mut self.fair {
             fair.charge(tenant, delta);
         }
+    }
+
+    /// With fair share, each backlogged tenant, its weighted service and its waiters, least
+    /// served first; `None` for first come.
+    pub fn fair_backlog(&self) -> Option<Vec<(Arc<str>, f64, usize)>> {
+        self.fair.as_ref().map(FairShare::backlog)
     }
 
     /// `tenant`'s weighted service so far (0 without fair share).
@@ -169,20 +227,23 @@ impl<T> Waitlist<T> {
 
     /// Waiters served before `key` (with fair share, if counters stay level).
     pub fn position(&self, key: &Key) -> usize {
-        let tenant = self.waiters.get(key).map_or("", |e| e.tenant.as_ref());
-        self.ahead(key, tenant)
+        let (tenant, due) = self
+            .waiters
+            .get(key)
+            .map_or(("", u64::MAX), |e| (e.tenant.as_ref(), e.due));
+        self.ahead(key, tenant, due)
     }
 
     /// Waiters that would be served before a waiter with `ticket` pushed now.
     pub fn position_of_new(&self, ticket: Ticket<'_>) -> usize {
         let key = (Reverse(ticket.priority), self.next_seq);
-        self.ahead(&key, ticket.tenant)
+        self.ahead(&key, ticket.tenant, ticket.due_key())
     }
 
-    /// Waiters served before a waiter of `tenant` standing at `key`.
-    fn ahead(&self, key: &Key, tenant: &str) -> usize {
+    /// Waiters served before a waiter of `tenant`, due by `due`, standing at `key`.
+    fn ahead(&self, key: &Key, tenant: &str, due: u64) -> usize {
         match &self.fair {
-            Some(fair) => fair.position(*key, tenant),
+            Some(fair) => fair.position(*key, tenant, due),
             None => self.waiters.range(..key).count(),
         }
     }
@@ -191,7 +252,7 @@ impl<T> Waitlist<T> {
     fn take(&mut self, key: &Key) -> Option<Entry<T>> {
         let entry = self.waiters.remove(key)?;
         if let Some(fair) = &mut self.fair {
-            fair.left(*key, &entry.tenant);
+            fair.left(*key, &entry.tenant, entry.due);
         }
         Some(entry)
     }
@@ -210,7 +271,7 @@ impl<T> Waitlist<T> {
     pub fn drain(&mut self) -> impl Iterator<Item = T> + use<T> {
         if let Some(fair) = &mut self.fair {
             for (key, entry) in &self.waiters {
-                fair.left(*key, &entry.tenant);
+                fair.left(*key, &entry.tenant, entry.due);
             }
         }
         std::mem::take(&mut self.waiters)
@@ -267,6 +328,8 @@ mod tests {
             priority: 0,
             tenant,
             cost,
+            due: None,
+            prefix: &[],
         }
     }
 
@@ -302,6 +365,33 @@ mod tests {
             full => panic!("{full:?}"),
         }
         assert_eq!(w.len(), 4);
+    }
+
+    #[test]
+    fn within_the_window_a_warm_waiter_goes_before_a_cold_less_served_one() {
+        let mut w = Waitlist::fair(None);
+        w.push_ticket(ticket("a", 100.0), "a-cold");
+        w.push_ticket(ticket("b", 100.0), "b-warm");
+        w.settle("b", 50.0);
+        let warm = |item: &&str| item.ends_with("warm");
+        // b is 50 ahead of a: outside a window of 10, a goes; within 100, b's warm one does.
+        let mut narrow = Waitlist::fair(None);
+        narrow.push_ticket(ticket("a", 100.0), "a-cold");
+        narrow.push_ticket(ticket("b", 100.0), "b-warm");
+        narrow.settle("b", 50.0);
+        assert_eq!(narrow.pop_near(10.0, warm), Some("a-cold"));
+        assert_eq!(w.pop_near(100.0, warm), Some("b-warm"));
+        assert_eq!(w.served("b"), 150.0, "charged as any turn");
+        assert_eq!(
+            w.pop_near(100.0, warm),
+            Some("a-cold"),
+            "nobody warm: least"
+        );
+        // First come: arrival, whatever is warm.
+        let mut fifo = Waitlist::new(None);
+        fifo.push(0, "cold");
+        fifo.push(0, "warm");
+        assert_eq!(fifo.pop_near(1e9, warm), Some("cold"));
     }
 
     #[test]

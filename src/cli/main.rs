@@ -143,7 +143,7 @@ enum Command {
     /// Replay a workload against a gateway or engine; `bench diff A.json B.json` compares two reports.
     Bench(infergate_cli::bench::BenchCli),
     /// Offline what-if: the real engine schedulers and routing policy on a virtual clock.
-    Sim(infergate_cli::sim::SimArgs),
+    Sim(Box<infergate_cli::sim::SimArgs>),
     /// Calculators: KV-cache budget (`plan kv`), speculative-decoding payoff (`plan spec`) and
     /// replicas for an SLO (`plan capacity`).
     Plan {

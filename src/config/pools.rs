@@ -132,9 +132,23 @@ fn admission(pool: &str, raw: Option<&RawAdmission>, sink: &mut Sink<'_>) -> Adm
         let weights = FairWeights {
             input: fair.value.input_weight.unwrap_or(default.input),
             output: fair.value.output_weight.unwrap_or(default.output),
+            locality_window: fair
+                .value
+                .locality_window
+                .unwrap_or(default.locality_window),
         };
         let valid = |w: f64| w.is_finite() && (0.0..=1e6).contains(&w);
-        if !valid(weights.input) || !valid(weights.output) || weights.input + weights.output == 0.0
+        if !(weights.locality_window.is_finite() && (0.0..=1e9).contains(&weights.locality_window))
+        {
+            sink.at(
+                &fair.referenced,
+                format!(
+                    "pool `{pool}`: fair_share: locality_window must be weighted tokens in [0, 1e9]"
+                ),
+            );
+        } else if !valid(weights.input)
+            || !valid(weights.output)
+            || weights.input + weights.output == 0.0
         {
             sink.at(
                 &fair.referenced,

@@ -252,12 +252,13 @@ pub(super) struct RawAdmission {
     pub fair_share: Option<Spanned<RawFairShare>>,
 }
 
-/// `admission.fair_share:` `{input_weight, output_weight}` (`{}` for the defaults).
+/// `admission.fair_share:` `{input_weight, output_weight, locality_window}` (`{}`: defaults).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFairShare {
     pub input_weight: Option<f64>,
     pub output_weight: Option<f64>,
+    pub locality_window: Option<f64>,
 }
 
 /// One entry of a pool's `workers:`, a single-key map naming its kind.

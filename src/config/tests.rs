@@ -307,6 +307,20 @@ fn a_pools_fair_share_takes_weights_or_the_defaults() {
     let weights = snap.pools[0].admission.fair_share.unwrap();
     assert_eq!((weights.input, weights.output), (0.5, 4.0));
     assert_eq!(
+        weights.locality_window,
+        crate::admission::fair::DEFAULT_LOCALITY_WINDOW
+    );
+    let snap = load_both(&with("{locality_window: 0}"), None).unwrap();
+    assert_eq!(
+        snap.pools[0].admission.fair_share.unwrap().locality_window,
+        0.0
+    );
+    one_error(
+        &with("{locality_window: -5}"),
+        7,
+        "locality_window must be weighted tokens",
+    );
+    assert_eq!(
         load_both(MINIMAL, None).unwrap().pools[0]
             .admission
             .fair_share,

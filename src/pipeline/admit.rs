@@ -49,11 +49,12 @@ pub(super) fn deadline(
 
 /// Waits for `pool`'s permit at `tier`'s priority for `tenant`, whose request may use
 /// `tokens` (prompt estimate, most completion tokens): with fair share, its estimated service.
-/// With a `deadline`, refused at once when the queue predicts a longer wait.
+/// With a `deadline`, refused at once when the queue predicts a longer wait. `prefix` (the
+/// router's prefix hashes) lets fair share prefer a request whose prefix a free worker holds.
 pub(super) async fn admit(
     pool: &PoolRuntime,
     (tier, tenant): (&TierSpec, &str),
-    (tokens, deadline): ((u64, u64), Option<Duration>),
+    (tokens, deadline, prefix): ((u64, u64), Option<Duration>, &[u64]),
     metrics: &GatewayMetrics,
     ctx: &mut RequestCtx,
 ) -> Result<Permit, GatewayError> {
@@ -67,6 +68,8 @@ pub(super) async fn admit(
         priority: tier.priority,
         tenant,
         cost,
+        due: None, // the queue sets it from `deadline`
+        prefix,
     };
     let permit = queue.admit(ticket, deadline, Instant::now()).await;
     depth.set(queue.depth() as f64);

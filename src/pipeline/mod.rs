@@ -245,7 +245,8 @@ async fn run<B: RequestBody>(
     let most_output = valid.max_tokens.saturating_mul(u64::from(valid.n));
     let tokens = (prompt_tokens, most_output);
     let admitted = (tier, tenant.name.as_str());
-    let permit = admit::admit(pool, admitted, (tokens, deadline), &gw.metrics, ctx).await?;
+    let asked = (tokens, deadline, valid.features.prefix_hashes.as_slice());
+    let permit = admit::admit(pool, admitted, asked, &gw.metrics, ctx).await?;
     if let Some(account) = ctx.exit.account_mut() {
         account.hold(permit);
     }

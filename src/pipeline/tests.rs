@@ -443,7 +443,7 @@ async fn admit_gives_a_permit_and_notes_the_wait() {
     let permit = admit::admit(
         &live.pools[0],
         (tier, "t"),
-        ((10, 10), None),
+        ((10, 10), None, &[]),
         &gw.metrics,
         &mut ctx,
     )

@@ -236,6 +236,12 @@ pub trait RoutingPolicy: Send + Sync {
     fn forget(&self, _worker_key: u64) {}
     /// Applies a worker's KV events (precise mode). Cache-oblivious policies ignore them.
     fn residency(&self, _worker_key: u64, _update: Residency<'_>) {}
+    /// True when, by what the policy learned, a healthy worker of `workers` already holds a
+    /// usable prefix of a request with `prefix_hashes` (fair share's locality: such a request
+    /// may go a little out of turn). Always false for cache-oblivious policies.
+    fn holds_prefix(&self, _prefix_hashes: &[u64], _workers: &[WorkerView]) -> bool {
+        false
+    }
     /// Per worker: (key, prefix blocks indexed), for metrics. Empty for cache-oblivious policies.
     fn index_sizes(&self) -> Vec<(u64, usize)> {
         Vec::new()

@@ -182,6 +182,14 @@ impl CacheAware {
 }
 
 impl RoutingPolicy for CacheAware {
+    fn holds_prefix(&self, prefix_hashes: &[u64], workers: &[WorkerView]) -> bool {
+        let min_run = self.cfg.min_match_blocks.max(1);
+        self.index
+            .matches(prefix_hashes)
+            .iter()
+            .any(|&(key, run)| run >= min_run && workers.iter().any(|w| w.healthy && w.key == key))
+    }
+
     fn select(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Option<Decision> {
         let (healthy, total, min_load) = workers
             .iter()

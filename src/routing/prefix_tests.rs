@@ -553,3 +553,32 @@ fn bytes_per_token_are_learned_from_usage() {
         p.bytes_per_token()
     );
 }
+
+#[test]
+fn holds_prefix_is_the_index_view_of_the_workers_given() {
+    let p = policy();
+    let ws = workers(3);
+    let req = chat(&system_prompt(1), "hi");
+    let other = chat(&system_prompt(2), "hi");
+    assert!(
+        !p.holds_prefix(&req.prefix_hashes, &ws),
+        "nothing learned yet"
+    );
+    let d = route(&p, &req, &ws);
+    assert!(p.holds_prefix(&req.prefix_hashes, &ws));
+    assert!(!p.holds_prefix(&other.prefix_hashes, &ws), "another prefix");
+    // Without the holder among the workers given (no free slot there), it is not warm.
+    let others: Vec<WorkerView> = ws
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != d.index)
+        .map(|(_, w)| w.clone())
+        .collect();
+    assert!(!p.holds_prefix(&req.prefix_hashes, &others));
+    let mut ejected = ws.clone();
+    ejected[d.index].healthy = false;
+    assert!(
+        !p.holds_prefix(&req.prefix_hashes, &ejected),
+        "an ejected holder"
+    );
+}

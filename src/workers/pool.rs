@@ -31,7 +31,8 @@ pub struct PoolRuntime {
     pub name: String,
     /// Metrics dialect of its workers.
     pub dialect: Dialect,
-    workers: ArcSwap<Vec<Arc<WorkerState>>>,
+    /// Shared with the admission queue's locality view.
+    workers: Arc<ArcSwap<Vec<Arc<WorkerState>>>>,
     policy: Arc<PolicyHolder>,
     /// Bounded priority queue in front of the workers, and the settings it was built from.
     pub admission: (AdmissionSpec, AdmissionQueue),
@@ -58,14 +59,36 @@ impl PoolRuntime {
             series,
             name: name.to_string(),
             dialect,
-            workers: ArcSwap::from_pointee(workers),
+            workers: Arc::new(ArcSwap::from_pointee(workers)),
             policy,
             admission,
             degrade,
             by_load: LeastLoad::default(),
         };
         pool.update_capacity();
+        pool.tell_warmth();
         pool
+    }
+
+    /// With fair share, gives the queue the router's view for locality: a prefix is warm when
+    /// the policy's index has it on a healthy worker with a free slot. The view holds the
+    /// workers and the policy, not the pool, so a queue kept over a reload gets the new one.
+    fn tell_warmth(&self) {
+        let (spec, queue) = &self.admission;
+        if queue.fair_share().is_none_or(|f| f.locality_window <= 0.0) {
+            return;
+        }
+        let (workers, policy) = (Arc::clone(&self.workers), Arc::clone(&self.policy));
+        let per_worker = spec.max_in_flight_per_worker;
+        queue.set_warmth(Arc::new(move |prefix: &[u64]| {
+            let views: Vec<WorkerView> = workers
+                .load()
+                .iter()
+                .map(|w| w.view())
+                .filter(|v| v.healthy && (v.in_flight as usize) < per_worker)
+                .collect();
+            !views.is_empty() && policy.policy.holds_prefix(prefix, &views)
+        }));
     }
 
     /// A fresh admission queue for `spec`.

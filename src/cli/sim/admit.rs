@@ -1,8 +1,9 @@
 //! The simulated fleet's admission stage, the gateway's (`infergate::admission`) on virtual time: a
 //! fixed number of slots (in-flight requests per worker × workers) handed out at once while free;
 //! beyond them, requests wait in the gateway's own order ([`Waitlist`]: best priority first, then
-//! arrival, up to `max_queue` of them) for at most `max_wait`. Pure bookkeeping: the fleet's
-//! event loop owns time and routing.
+//! arrival, up to `max_queue` of them) for at most `max_wait`; with fair share, by the gateway's
+//! turns and locality window ([`Waitlist::pop_near`], asked about the routing policy's view).
+//! Pure bookkeeping: the fleet's event loop owns time and routing.
 
 use std::collections::BTreeMap;
 
@@ -88,6 +89,9 @@ impl Admission {
             cost: self.fair.map_or(0.0, |f| {
                 f.cost(w.prompt_tokens, u64::from(w.req.output_tokens))
             }),
+            // Planned requests carry no deadline: a tenant's own go in arrival order.
+            due: None,
+            prefix: &[],
         }
     }
 
@@ -133,6 +137,8 @@ impl Admission {
             priority,
             tenant: &tenant,
             cost,
+            due: None,
+            prefix: &[],
         };
         match self.waiters.push_ticket(ticket, w) {
             Push::Queued { key, evicted } => Enqueued {
@@ -147,8 +153,22 @@ impl Admission {
     }
 
     /// The best waiter (highest priority, then earliest), taken out of the queue.
+    #[cfg(test)]
     pub(super) fn pop_best(&mut self) -> Option<Waiting> {
         self.waiters.pop_best()
+    }
+
+    /// The waiter that goes next, as the gateway's queue picks it: with fair share, a tenant
+    /// within the locality window whose next request `warm` holds (a free worker has its
+    /// prefix, by the router's view) may go before the least served one.
+    pub(super) fn pop_next(&mut self, warm: impl FnMut(&Waiting) -> bool) -> Option<Waiting> {
+        let window = self.fair.map_or(0.0, |f| f.locality_window);
+        self.waiters.pop_near(window, warm)
+    }
+
+    /// Slots per worker, of `workers` (0 without an admission stage).
+    pub(super) fn per_worker(&self, workers: usize) -> usize {
+        self.capacity / workers.max(1)
     }
 
     /// The waiter under `key`, if it still waits (its expiry came due).
@@ -218,6 +238,26 @@ mod tests {
         let key = first.unwrap_or_default();
         assert_eq!(q.remove(key).map(|w| w.req.id), Some(0));
         assert!(q.remove(key).is_none(), "gone once");
+    }
+
+    #[test]
+    fn with_fair_share_a_warm_waiter_within_the_window_goes_first() {
+        let fair = |window| {
+            Admission::new(1, 0, 30.0, BTreeMap::new()).with_fair_share(Some(FairWeights {
+                locality_window: window,
+                ..FairWeights::default()
+            }))
+        };
+        for (window, first) in [(0.0, 0), (1e6, 1)] {
+            let mut q = fair(window);
+            q.served_at_once(&waiting(9, "a"));
+            q.enqueue(waiting(0, "b"));
+            q.enqueue(waiting(1, "a"));
+            // Level counters (b starts at a's): strict turns take b's earlier request; within
+            // a window a's later, warm one (request 1) goes instead.
+            let got = q.pop_next(|w| w.req.id == 1).map(|w| w.req.id);
+            assert_eq!(got, Some(first), "window {window}");
+        }
     }
 
     #[test]

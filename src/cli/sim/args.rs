@@ -127,6 +127,11 @@ pub struct SimArgs {
     /// come. Default: the --gateway-config pool's setting, else off.
     #[arg(long, value_parser = ["on", "off"])]
     pub fair_share: Option<String>,
+    /// With fair share: weighted tokens a tenant may be ahead of the least served and still go
+    /// first when a free worker holds its prefix (`admission.fair_share.locality_window`; 0:
+    /// strict turns). Default: the --gateway-config pool's, else 2048.
+    #[arg(long)]
+    pub locality_window: Option<f64>,
     /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
     /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
     #[arg(long = "tier", value_parser = parse_tier)]
@@ -190,7 +195,21 @@ impl SimArgs {
         c.max_wait = self.max_wait.unwrap_or(Duration::from_secs(30));
         c.priorities = self.tiers.iter().cloned().collect();
         c.fair_share = self.fair_share_flag().flatten();
+        c.fair_share = self.with_window(c.fair_share);
         c
+    }
+
+    /// `fair` with `--locality-window`, if given.
+    fn with_window(
+        &self,
+        fair: Option<infergate::admission::FairWeights>,
+    ) -> Option<infergate::admission::FairWeights> {
+        fair.map(|mut f| {
+            if let Some(window) = self.locality_window {
+                f.locality_window = window.max(0.0);
+            }
+            f
+        })
     }
 
     /// `--fair-share`: `Some(None)` for off, `Some(Some(default weights))` for on.
@@ -296,7 +315,7 @@ pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), Strin
             .unwrap_or(a.max_in_flight_per_worker);
         cfg.max_queue = args.max_queue.unwrap_or(a.max_queue);
         cfg.max_wait = args.max_wait.unwrap_or(a.max_wait);
-        cfg.fair_share = args.fair_share_flag().unwrap_or(a.fair_share);
+        cfg.fair_share = args.with_window(args.fair_share_flag().unwrap_or(a.fair_share));
         cfg.degradation = snapshot.degradation.get(&pool.name).cloned();
         cfg.gateway = Some(Box::new(snapshot));
     } else if args.pool.is_some() {

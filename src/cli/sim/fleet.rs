@@ -410,9 +410,10 @@ impl Fleet {
         if !self.admission.is_on() {
             return;
         }
+        let per_worker = self.admission.per_worker(self.workers.len());
         while self.admission.has_slot(self.live.len()) && self.admission.len() > 0 {
             while self.admission.has_slot(self.live.len())
-                && let Some(waiting) = self.admission.pop_best()
+                && let Some(waiting) = self.pop_next(per_worker)
             {
                 if let Some(d) = &mut self.degradation {
                     d.record_queue_wait(t - waiting.arrival, t);
@@ -425,6 +426,24 @@ impl Fleet {
                 }
             }
         }
+    }
+
+    /// The next waiter by the gateway's order; with fair share, locality among the tenants
+    /// within its window is judged by the routing policy's own view of the workers with a free
+    /// slot (fewer than `per_worker` in flight).
+    fn pop_next(&mut self, per_worker: usize) -> Option<Waiting> {
+        self.views.clear();
+        self.views.extend(
+            self.workers
+                .iter()
+                .map(SimWorker::view)
+                .filter(|v| (v.in_flight as usize) < per_worker),
+        );
+        let (policy, views) = (&self.policy, &self.views);
+        self.admission.pop_next(|w| {
+            !views.is_empty()
+                && policy.holds_prefix(&features(&w.req, w.prompt_tokens).prefix_hashes, views)
+        })
     }
 
     /// A queued request's wait is over: if it still waits, it gets a 429.

@@ -68,9 +68,33 @@ async fn a_flooding_tenant_does_not_take_its_neighbours_turns() {
             gw.expect_metric(&depth, n, Duration::from_secs(10)).await;
         }
     }
+    // `/admin/status` shows the pool's backlog: both tenants, their waiters, the occupier's
+    // estimate charged to the noisy one (so the quiet one, lifted level when it joined, leads).
+    let status = gw.status().await;
+    let fair = &status["pools"][0]["admission"]["fair_share"];
+    let backlogged: Vec<(&str, u64)> = fair["backlogged"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no backlog in {status}"))
+        .iter()
+        .map(|t| {
+            (
+                t["tenant"].as_str().unwrap(),
+                t["waiting"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     assert!(
         finished.lock().unwrap().is_empty(),
         "the occupier finished before all eight were queued: the test cannot tell the order"
+    );
+    assert_eq!(backlogged.len(), 2, "{fair}");
+    assert!(
+        backlogged.contains(&("noisy", 6)) && backlogged.contains(&("quiet", 2)),
+        "{fair}"
+    );
+    assert!(
+        fair["backlogged"][0]["counter"].as_f64().is_some(),
+        "{fair}"
     );
 
     tasks.join_all().await;
