@@ -270,6 +270,7 @@ impl EngineCore {
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
             seq.record_path(cost.path);
+            seq.record_shared(cost.path, e.num_tokens);
             seq.record_batch(batch_size, decode_only);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);

@@ -32,6 +32,10 @@ pub struct FinishInfo {
     pub graph_steps: u32,
     /// Steps this sequence took on the eager path (prefill and large batches).
     pub eager_steps: u32,
+    /// Of its eager steps, those in which it only decoded: the step left the fast path for
+    /// someone else (another's prefill chunk made it mixed, or the batch outgrew the largest
+    /// capture size; with no capture sizes, every decode step).
+    pub eager_shared_steps: u32,
     /// Times this sequence was preempted and recomputed.
     pub preemptions: u32,
     /// Smallest batch (sequences) of the steps it was in; 0 before any.
@@ -152,6 +156,8 @@ pub struct Sequence {
     pub graph_steps: u32,
     /// Steps taken on the eager path.
     pub eager_steps: u32,
+    /// Eager steps in which it only decoded (see [`FinishInfo::eager_shared_steps`]).
+    pub eager_shared_steps: u32,
     /// Times preempted.
     pub preemptions: u32,
     /// Smallest batch of its steps (0 before any).
@@ -223,6 +229,7 @@ impl Sequence {
             cached_tokens: None,
             graph_steps: 0,
             eager_steps: 0,
+            eager_shared_steps: 0,
             preemptions: 0,
             batch_min: 0,
             batch_max: 0,
@@ -277,6 +284,16 @@ impl Sequence {
         }
     }
 
+    /// Counts a step on `path` (already committed) in which this sequence computed
+    /// `own_tokens`: an eager one in which it only decoded (its one last token, with output
+    /// already under way) ran eagerly because of the others in it.
+    pub fn record_shared(&mut self, path: ExecPath, own_tokens: usize) {
+        let decoded = own_tokens == 1 && self.remaining() == 0 && self.num_output() > 0;
+        if path == ExecPath::Eager && decoded {
+            self.eager_shared_steps = self.eager_shared_steps.saturating_add(1);
+        }
+    }
+
     /// Counts a step of `batch` sequences this sequence was in (its flight record), a
     /// decode-only step or one with prefill tokens.
     pub fn record_batch(&mut self, batch: usize, decode_only: bool) {
@@ -300,6 +317,7 @@ impl Sequence {
             cached_tokens: self.cached_tokens.unwrap_or(0),
             graph_steps: self.graph_steps,
             eager_steps: self.eager_steps,
+            eager_shared_steps: self.eager_shared_steps,
             preemptions: self.preemptions,
             batch_min: self.batch_min,
             batch_max: self.batch_max,
