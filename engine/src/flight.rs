@@ -38,9 +38,10 @@ pub struct FlightRecord {
     pub capture: Vec<u32>,
     /// Steps by execution path, summed over the request's sequences.
     pub steps: PathSteps,
-    /// Of the eager steps, those in which the request only decoded: it shared a step that
-    /// left the fast path for someone else (another request's prefill chunk, or a batch past
-    /// the largest capture size). Summed over its sequences, as `steps`.
+    /// Of the eager steps, those in which the request only decoded while the step went past
+    /// the captured budget for others: another request's prefill chunk took it past the
+    /// largest capture size in tokens, or the batch outgrew it in sequences (every eager step
+    /// it only decoded in, when no graphs are captured). Summed over its sequences, as `steps`.
     pub eager_shared: u32,
     /// Batch sizes (sequences) of the steps the request was in.
     pub batch: BatchStats,

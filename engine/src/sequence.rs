@@ -32,9 +32,10 @@ pub struct FinishInfo {
     pub graph_steps: u32,
     /// Steps this sequence took on the eager path (prefill and large batches).
     pub eager_steps: u32,
-    /// Of its eager steps, those in which it only decoded: the step left the fast path for
-    /// someone else (another's prefill chunk made it mixed, or the batch outgrew the largest
-    /// capture size; with no capture sizes, every decode step).
+    /// Of its eager steps, those in which it only decoded while the step went past the captured
+    /// budget for the others in it: another's prefill chunk took it past the largest capture
+    /// size in tokens, or the batch outgrew it in sequences (with no capture sizes, every eager
+    /// step it only decoded in).
     pub eager_shared_steps: u32,
     /// Times this sequence was preempted and recomputed.
     pub preemptions: u32,
@@ -284,12 +285,12 @@ impl Sequence {
         }
     }
 
-    /// Counts a step on `path` (already committed) in which this sequence computed
-    /// `own_tokens`: an eager one in which it only decoded (its one last token, with output
-    /// already under way) ran eagerly because of the others in it.
-    pub fn record_shared(&mut self, path: ExecPath, own_tokens: usize) {
+    /// Counts a step (already committed) in which this sequence computed `own_tokens`, that
+    /// left the fast path (`off_path`): one in which it only decoded (its one last token, with
+    /// output already under way) left it because of the others in it.
+    pub fn record_shared(&mut self, off_path: bool, own_tokens: usize) {
         let decoded = own_tokens == 1 && self.remaining() == 0 && self.num_output() > 0;
-        if path == ExecPath::Eager && decoded {
+        if off_path && decoded {
             self.eager_shared_steps = self.eager_shared_steps.saturating_add(1);
         }
     }
