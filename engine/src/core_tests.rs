@@ -361,7 +361,10 @@ fn prefill_runs_eager_and_small_decode_batches_replay_graphs() {
     for c in &clients {
         let info = c.finished().unwrap();
         assert_eq!((info.eager_steps, info.graph_steps), (1, 4));
-        assert_eq!(info.eager_shared_steps, 0, "its one eager step was its own prefill");
+        assert_eq!(
+            info.eager_shared_steps, 0,
+            "its one eager step was its own prefill"
+        );
     }
 }
 
@@ -399,7 +402,10 @@ fn a_chunked_prefill_makes_each_of_its_steps_shared_for_the_decoders() {
     let (ia, ib) = (a.finished().unwrap(), b.finished().unwrap());
     assert_eq!(ia.eager_shared_steps, 2);
     assert_eq!(ia.eager_steps, 3, "its prefill and the two mixed steps");
-    assert_eq!(ib.eager_shared_steps, 0, "its own prefill chunks are not shared");
+    assert_eq!(
+        ib.eager_shared_steps, 0,
+        "its own prefill chunks are not shared"
+    );
 }
 
 #[test]

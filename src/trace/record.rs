@@ -215,7 +215,11 @@ mod tests {
         assert_eq!(with(|r| r.queue_ms = 1e12), Flight::Invalid);
         assert_eq!(with(|r| r.capture = vec![1; 200]), Flight::Invalid);
         assert_eq!(with(|r| r.preemptions = u32::MAX), Flight::Invalid);
-        assert_eq!(with(|r| r.eager_shared = 2), Flight::Invalid, "more than eager");
+        assert_eq!(
+            with(|r| r.eager_shared = 2),
+            Flight::Invalid,
+            "more than eager"
+        );
         assert_eq!(with(|r| r.eager_shared = 1).label(), "ok");
         assert_eq!(
             with(|r| r.steps = PathSteps::default()),

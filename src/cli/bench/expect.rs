@@ -54,7 +54,11 @@ impl Verdict {
     /// One line for the report: what was expected, the share that did it, where the rest went.
     pub fn line(&self) -> String {
         let e = &self.expect;
-        let paths: Vec<String> = self.by_path.iter().map(|(p, n)| format!("{p} {n}")).collect();
+        let paths: Vec<String> = self
+            .by_path
+            .iter()
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
         format!(
             "expect-path {}={}: {} — {:.1}% of {} successful requests took {} ({})",
             e.class,
@@ -222,8 +226,7 @@ mod tests {
                 exp("img", "eager")
             ]
         );
-        let err = parse(&["a=fast,=graph,b".to_owned(), "a=graph,a=eager".to_owned()])
-            .unwrap_err();
+        let err = parse(&["a=fast,=graph,b".to_owned(), "a=graph,a=eager".to_owned()]).unwrap_err();
         assert!(err.contains("`a=fast`"), "{err}");
         assert!(err.contains("`=graph`"), "{err}");
         assert!(err.contains("`b`"), "{err}");
@@ -263,7 +266,10 @@ mod tests {
         assert_eq!(v[1].by_path["unknown"], 1);
         assert!(!v[2].passed(), "no successful request proves nothing");
         let (text, result) = outcome(&v);
-        assert!(text.contains("expect-path short=graph: ok — 100.0% of 2"), "{text}");
+        assert!(
+            text.contains("expect-path short=graph: ok — 100.0% of 2"),
+            "{text}"
+        );
         assert!(text.contains("long=mixed: MISSED — 33.3% of 3"), "{text}");
         assert!(text.contains("(graph 1, mixed 1, unknown 1)"), "{text}");
         let err = result.unwrap_err();

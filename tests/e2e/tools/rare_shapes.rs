@@ -52,7 +52,11 @@ async fn sim_on_rare_shapes_shows_the_victims_of_the_long_prompts() {
     );
     let v = &report["victims"];
     assert_eq!(v["class"], "chat", "{v}");
-    assert_eq!(uint(v, "unknown"), 0, "the simulator knows every request: {v}");
+    assert_eq!(
+        uint(v, "unknown"),
+        0,
+        "the simulator knows every request: {v}"
+    );
     let (shared, clean) = (&v["shared"], &v["not_shared"]);
     assert!(
         uint(shared, "requests") > 0 && uint(clean, "requests") > uint(shared, "requests"),
@@ -70,11 +74,22 @@ async fn sim_on_rare_shapes_shows_the_victims_of_the_long_prompts() {
 }
 
 /// Short chats and a few long prompts, chunked by the engine into several eager steps.
-const TWO_CLASSES: &str = "name: two-classes\nseed: 5\nduration: 2s\narrival:\n  poisson: {rate: 10}\n\
-classes:\n  - name: short\n    weight: 0.8\n    prompt_tokens: {dist: uniform, min: 20, max: 40}\n\
-    output_tokens: {dist: fixed, value: 16}\n  - name: long\n    weight: 0.2\n\
-    prompt_tokens: {dist: uniform, min: 1500, max: 2000}\n    output_tokens: {dist: fixed, value: 32}\n\
-slo: {ttft: 2s, itl: 500ms}\n";
+const TWO_CLASSES: &str = r"name: two-classes
+seed: 5
+duration: 2s
+arrival:
+  poisson: {rate: 10}
+classes:
+  - name: short
+    weight: 0.8
+    prompt_tokens: {dist: uniform, min: 20, max: 40}
+    output_tokens: {dist: fixed, value: 16}
+  - name: long
+    weight: 0.2
+    prompt_tokens: {dist: uniform, min: 1500, max: 2000}
+    output_tokens: {dist: fixed, value: 32}
+slo: {ttft: 2s, itl: 500ms}
+";
 
 #[tokio::test]
 async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
@@ -86,6 +101,8 @@ async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
         "8",
         "--max-num-batched-tokens",
         "512",
+        // The second run sends the same prompts: no cached prefix may shorten their prefill.
+        "--no-prefix-caching",
     ])
     .await;
     let dir = TempDir::new("rare-shapes-bench");
@@ -147,7 +164,8 @@ async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
         run.stderr
     );
     assert!(
-        run.stdout.contains("expect-path long=graph: MISSED — 0.0% of"),
+        run.stdout
+            .contains("expect-path long=graph: MISSED — 0.0% of"),
         "{}",
         run.stdout
     );
