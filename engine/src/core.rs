@@ -14,7 +14,7 @@ use crate::clock::Clock;
 use crate::host_time::StepAccounting;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{EngineMetrics, FinishedRequest};
-use crate::roofline::StepCost;
+use crate::roofline::{ExecPath, StepCost};
 use crate::scheduler::{ScheduledSeq, Scheduler};
 use crate::sequence::{FinishInfo, FinishReason, NewRequest, SendError, SeqEvent, Sequence};
 
@@ -267,9 +267,18 @@ impl EngineCore {
         let mut generated = 0u64;
         let batch_size = self.entries.len();
         let decode_only = self.sched.batch().shape.is_decode_only();
+        // An eager step past the captured budget (in sequences, or in tokens with someone's
+        // prefill chunk) left the fast path for everyone who only decoded in it.
+        let step_tokens = self.sched.batch().shape.new_tokens;
+        let off_path = cost.path == ExecPath::Eager
+            && self
+                .backend
+                .capture_budget()
+                .is_none_or(|max| batch_size > max || step_tokens > max);
         for e in &self.entries {
             let seq = &mut self.sched.running[e.index];
             seq.record_path(cost.path);
+            seq.record_shared(off_path, e.num_tokens);
             seq.record_batch(batch_size, decode_only);
             if seq.graph_steps + seq.eager_steps == 1 && seq.preemptions == 0 {
                 pending.fetch_sub(1, Ordering::AcqRel);

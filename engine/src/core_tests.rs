@@ -361,6 +361,10 @@ fn prefill_runs_eager_and_small_decode_batches_replay_graphs() {
     for c in &clients {
         let info = c.finished().unwrap();
         assert_eq!((info.eager_steps, info.graph_steps), (1, 4));
+        assert_eq!(
+            info.eager_shared_steps, 0,
+            "its one eager step was its own prefill"
+        );
     }
 }
 
@@ -378,6 +382,30 @@ fn a_mixed_step_runs_eager() {
     assert_eq!((ia.eager_steps, ia.graph_steps), (2, 2));
     assert_eq!((ib.eager_steps, ib.graph_steps), (1, 3));
     assert_eq!(ia.eager_steps + ib.eager_steps, 3);
+    // `a` decoded in `b`'s prefill step, eager but within the captured budget (31 tokens of
+    // at most 256): not off the fast path for it.
+    assert_eq!((ia.eager_shared_steps, ib.eager_shared_steps), (0, 0));
+}
+
+#[test]
+fn a_chunked_prefill_makes_each_of_its_steps_shared_for_the_decoders() {
+    // Captures up to 256 (the model's default), a step budget of 512 tokens.
+    let mut h = Harness::new(Setup {
+        max_num_batched_tokens: 512,
+        ..Setup::default()
+    });
+    let a = h.submit(1, prompt(1, 30), fixed_length(8, 1), usize::MAX);
+    h.step();
+    // 800 prompt tokens in chunks of 511 and 289 beside `a`'s decode: two mixed steps past 256.
+    let b = h.submit(2, prompt(2, 800), fixed_length(2, 2), usize::MAX);
+    h.run(100);
+    let (ia, ib) = (a.finished().unwrap(), b.finished().unwrap());
+    assert_eq!(ia.eager_shared_steps, 2);
+    assert_eq!(ia.eager_steps, 3, "its prefill and the two mixed steps");
+    assert_eq!(
+        ib.eager_shared_steps, 0,
+        "its own prefill chunks are not shared"
+    );
 }
 
 #[test]

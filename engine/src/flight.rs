@@ -15,8 +15,9 @@ use crate::sequence::FinishInfo;
 pub const FLIGHT_HEADER: &str = "x-infergate-flight";
 /// Start of the SSE comment line carrying the record of a stream.
 pub const SSE_PREFIX: &str = ": flight ";
-/// Format version, in the record's `v` (2: `batch_hist` added).
-pub const FORMAT_VERSION: u32 = 2;
+/// Format version, in the record's `v` (2: `batch_hist` added; 3: `eager_shared` added, so
+/// a reader can tell "none" from "not counted").
+pub const FORMAT_VERSION: u32 = 3;
 /// Most capture sizes a record lists (vLLM's default has at most 67): keeps the record small.
 pub const MAX_CAPTURE_LISTED: usize = 80;
 /// Upper bound of one serialized record, in bytes; what the gateway accepts (a record past it
@@ -37,6 +38,11 @@ pub struct FlightRecord {
     pub capture: Vec<u32>,
     /// Steps by execution path, summed over the request's sequences.
     pub steps: PathSteps,
+    /// Of the eager steps, those in which the request only decoded while the step went past
+    /// the captured budget for others: another request's prefill chunk took it past the
+    /// largest capture size in tokens, or the batch outgrew it in sequences (every eager step
+    /// it only decoded in, when no graphs are captured). Summed over its sequences, as `steps`.
+    pub eager_shared: u32,
     /// Batch sizes (sequences) of the steps the request was in.
     pub batch: BatchStats,
     /// The same steps by batch size, decode-only apart from prefill (summed over its
@@ -193,6 +199,7 @@ impl FlightRecord {
         for info in infos {
             r.steps.graph = r.steps.graph.saturating_add(info.graph_steps);
             r.steps.eager = r.steps.eager.saturating_add(info.eager_steps);
+            r.eager_shared = r.eager_shared.saturating_add(info.eager_shared_steps);
             r.tokens.decode = r
                 .tokens
                 .decode
@@ -253,6 +260,7 @@ mod tests {
             cached_tokens: 0,
             graph_steps: graph,
             eager_steps: eager,
+            eager_shared_steps: eager / 2,
             preemptions: 1,
             batch_min: batches.0,
             batch_max: batches.1,
@@ -279,6 +287,7 @@ mod tests {
         assert_eq!(r.backend, "sim");
         assert_eq!(r.capture, vec![1, 2, 4, 8]);
         assert_eq!(r.steps, PathSteps { graph: 5, eager: 3 });
+        assert_eq!(r.eager_shared, 1);
         assert_eq!((r.batch.min, r.batch.max), (1, 9));
         assert!((r.batch.mean - 30.0 / 8.0).abs() < 1e-9);
         assert_eq!(
@@ -306,6 +315,7 @@ mod tests {
             u64::MAX,
             [FinishInfo {
                 batch_hist: widest_hist(),
+                eager_shared_steps: u32::MAX,
                 ..info(u32::MAX, u32::MAX, (u32::MAX, u32::MAX, u64::MAX))
             }]
             .iter(),

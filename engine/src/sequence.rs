@@ -32,6 +32,11 @@ pub struct FinishInfo {
     pub graph_steps: u32,
     /// Steps this sequence took on the eager path (prefill and large batches).
     pub eager_steps: u32,
+    /// Of its eager steps, those in which it only decoded while the step went past the captured
+    /// budget for the others in it: another's prefill chunk took it past the largest capture
+    /// size in tokens, or the batch outgrew it in sequences (with no capture sizes, every eager
+    /// step it only decoded in).
+    pub eager_shared_steps: u32,
     /// Times this sequence was preempted and recomputed.
     pub preemptions: u32,
     /// Smallest batch (sequences) of the steps it was in; 0 before any.
@@ -152,6 +157,8 @@ pub struct Sequence {
     pub graph_steps: u32,
     /// Steps taken on the eager path.
     pub eager_steps: u32,
+    /// Eager steps in which it only decoded (see [`FinishInfo::eager_shared_steps`]).
+    pub eager_shared_steps: u32,
     /// Times preempted.
     pub preemptions: u32,
     /// Smallest batch of its steps (0 before any).
@@ -223,6 +230,7 @@ impl Sequence {
             cached_tokens: None,
             graph_steps: 0,
             eager_steps: 0,
+            eager_shared_steps: 0,
             preemptions: 0,
             batch_min: 0,
             batch_max: 0,
@@ -277,6 +285,16 @@ impl Sequence {
         }
     }
 
+    /// Counts a step (already committed) in which this sequence computed `own_tokens`, that
+    /// left the fast path (`off_path`): one in which it only decoded (its one last token, with
+    /// output already under way) left it because of the others in it.
+    pub fn record_shared(&mut self, off_path: bool, own_tokens: usize) {
+        let decoded = own_tokens == 1 && self.remaining() == 0 && self.num_output() > 0;
+        if off_path && decoded {
+            self.eager_shared_steps = self.eager_shared_steps.saturating_add(1);
+        }
+    }
+
     /// Counts a step of `batch` sequences this sequence was in (its flight record), a
     /// decode-only step or one with prefill tokens.
     pub fn record_batch(&mut self, batch: usize, decode_only: bool) {
@@ -300,6 +318,7 @@ impl Sequence {
             cached_tokens: self.cached_tokens.unwrap_or(0),
             graph_steps: self.graph_steps,
             eager_steps: self.eager_steps,
+            eager_shared_steps: self.eager_shared_steps,
             preemptions: self.preemptions,
             batch_min: self.batch_min,
             batch_max: self.batch_max,

@@ -75,6 +75,10 @@ fn check(r: &FlightRecord) -> Result<(), &'static str> {
     if !count(steps) || !count(r.preemptions.into()) {
         return Err("steps");
     }
+    // Shared steps are eager steps in which the request only decoded (format 3; 0 before).
+    if r.eager_shared > r.steps.eager {
+        return Err("eager_shared");
+    }
     let b = &r.batch;
     if !count(b.max.into()) || b.min > b.max || !b.mean.is_finite() {
         return Err("batch");
@@ -211,6 +215,12 @@ mod tests {
         assert_eq!(with(|r| r.queue_ms = 1e12), Flight::Invalid);
         assert_eq!(with(|r| r.capture = vec![1; 200]), Flight::Invalid);
         assert_eq!(with(|r| r.preemptions = u32::MAX), Flight::Invalid);
+        assert_eq!(
+            with(|r| r.eager_shared = 2),
+            Flight::Invalid,
+            "more than eager"
+        );
+        assert_eq!(with(|r| r.eager_shared = 1).label(), "ok");
         assert_eq!(
             with(|r| r.steps = PathSteps::default()),
             Flight::Invalid,

@@ -45,6 +45,12 @@ pub trait Backend: Send {
     fn host_seconds(&self, _batch: &Batch, _running: &[Sequence]) -> Option<f64> {
         None
     }
+    /// The largest capture size, the most sequences and tokens a step may hold and stay within
+    /// what captured graphs cover (vLLM's piecewise graphs cover a mixed step up to that many
+    /// tokens); `None` when the backend captures none.
+    fn capture_budget(&self) -> Option<usize> {
+        None
+    }
     /// Whether `token` ends generation (models may have several EOS tokens).
     fn is_eos(&self, token: u32) -> bool {
         token == self.eos_token()

@@ -113,6 +113,10 @@ impl Backend for SimBackend {
         self.model.step_cost(&batch.shape)
     }
 
+    fn capture_budget(&self) -> Option<usize> {
+        self.model.capture_sizes().last().copied()
+    }
+
     fn host_seconds(&self, batch: &Batch, running: &[Sequence]) -> Option<f64> {
         Some(self.host.seconds(&HostWork::of(batch, running)))
     }

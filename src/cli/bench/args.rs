@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// After the run, fail (exit non-zero) naming each class some of whose successful requests
+    /// did not take PATH (`graph`, `eager` or `mixed`, as `by_path` names them); repeatable.
+    #[arg(long = "expect-path", value_name = "CLASS=PATH[,CLASS=PATH...]")]
+    pub expect_path: Vec<String>,
 }
 
 /// The OpenAI API a bench run calls.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::args::Endpoint;
-use super::sse::{SseReader, parse_exec_path, path_class};
+use super::sse::{SseReader, flight_shared, parse_exec_path, path_class};
 use crate::report::RequestRecord;
 use crate::workload::{PlannedRequest, request_body};
 use http_body_util::{BodyExt, Full};
@@ -127,8 +127,10 @@ impl Target {
         let mut record = RequestRecord {
             id: req.id,
             tenant: req.tenant.clone(),
+            class: req.class.clone(),
             worker: None,
             path: None,
+            shared: None,
             status: 0,
             start,
             ttft: None,
@@ -157,6 +159,10 @@ impl Target {
         record.worker = header("x-infergate-worker").map(str::to_owned);
         let mut reader = SseReader::default();
         reader.stats.paths = header("x-infergate-exec-path").and_then(parse_exec_path);
+        reader.stats.shared = parts
+            .headers
+            .get(infergate_engine::flight::FLIGHT_HEADER)
+            .and_then(|v| flight_shared(v.as_bytes()));
         let mut complete = false;
         loop {
             match tokio::time::timeout(self.idle_timeout, body.frame()).await {
@@ -180,6 +186,7 @@ impl Target {
             _ => parts.status.as_u16(),
         };
         record.path = s.paths.map(|(g, e)| path_class(g, e).to_owned());
+        record.shared = s.shared;
         record.ttft = s.first.map(|f| f.duration_since(t0).as_secs_f64());
         record.itl = s.gaps;
         if let Some((prompt, output)) = s.usage {

@@ -9,6 +9,7 @@
 mod args;
 mod client;
 mod driver;
+pub mod expect;
 mod progress;
 mod sse;
 
@@ -44,6 +45,16 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
         return Err("bench needs --url (the gateway or engine, e.g. http://127.0.0.1:8080)".into());
     };
     let workload = workload::load(&args.workload)?;
+    let expectations = expect::parse(&args.expect_path)?;
+    if !expectations.is_empty() {
+        let classes: Vec<&str> = workload
+            .mix
+            .iter()
+            .flat_map(|m| &m.classes)
+            .map(|c| c.name.as_str())
+            .collect();
+        expect::check_classes(&expectations, &classes)?;
+    }
     let overrides = Overrides {
         duration: args.duration,
         rate: args.rate,
@@ -117,6 +128,15 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
             outcome.records.len(),
             out.display()
         ));
+    }
+    if !expectations.is_empty() {
+        let (lines, verdict) = expect::outcome(&expect::judge(&expectations, &outcome.records));
+        text.push('\n');
+        text.push_str(&lines);
+        if let Err(e) = verdict {
+            print!("{text}");
+            return Err(e);
+        }
     }
     Ok(text)
 }

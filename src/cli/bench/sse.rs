@@ -1,7 +1,8 @@
 //! Reading an OpenAI streaming answer as it arrives: SSE lines split across network frames, the
-//! content chunks timed (TTFT, every gap), the usage chunk, a mid-stream error event, and the
-//! `: x-infergate-exec-path graph=N,eager=M` comment. State is a few numbers, the gap list and one
-//! reused line buffer.
+//! content chunks timed (TTFT, every gap), the usage chunk, a mid-stream error event, the
+//! `: x-infergate-exec-path graph=N,eager=M` comment and the engine's `: flight {json}` record
+//! (which a gateway relays only with `debug_headers: true`). State is a few numbers, the gap
+//! list and one reused line buffer.
 
 use std::borrow::Cow;
 use std::time::Instant;
@@ -63,6 +64,9 @@ pub struct StreamStats {
     pub usage: Option<(u64, u64)>,
     /// `(graph, eager)` step counts from the exec-path comment (or header).
     pub paths: Option<(u64, u64)>,
+    /// Whether the request shared a step with an off-path step, from the engine's flight record
+    /// (comment or header) when one came and counts it (format 3 or later).
+    pub shared: Option<bool>,
     /// Status carried by a mid-stream error event (502 when it names none).
     pub error: Option<u16>,
     /// `data: [DONE]` arrived.
@@ -114,6 +118,8 @@ impl SseReader {
             let text = std::str::from_utf8(comment).unwrap_or("").trim();
             if let Some(value) = text.strip_prefix("x-infergate-exec-path") {
                 self.stats.paths = parse_exec_path(value.trim()).or(self.stats.paths);
+            } else if let Some(raw) = text.strip_prefix(FLIGHT_COMMENT) {
+                self.stats.shared = flight_shared(raw.trim().as_bytes()).or(self.stats.shared);
             }
         }
     }
@@ -144,6 +150,18 @@ impl SseReader {
         }
         s.last = Some(at);
     }
+}
+
+/// The flight-record comment's name (`infergate_engine::flight::SSE_PREFIX` without its `: `).
+const FLIGHT_COMMENT: &str = "flight ";
+
+/// Whether a raw flight record (header value or comment payload) says its request shared a
+/// step with an off-path step; `None` for a record that fails the gateway's checks or predates
+/// the count (format 2 or older).
+pub fn flight_shared(raw: &[u8]) -> Option<bool> {
+    let record = infergate::trace::record::parse(raw);
+    let r = record.record()?;
+    (r.v >= 3).then_some(r.eager_shared > 0)
 }
 
 /// Parses `graph=N,eager=M`.

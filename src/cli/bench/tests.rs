@@ -17,6 +17,7 @@ fn planned(id: u64, at_ms: u64, tenant: &str, output_tokens: u32) -> PlannedRequ
         id,
         at: Duration::from_millis(at_ms),
         tenant: Some(tenant.into()),
+        class: None,
         session: Some(format!("s{id}")),
         group: None,
         prompt: (0..12).map(|i| 1_000 + i * 37).collect(),

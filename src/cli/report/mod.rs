@@ -6,6 +6,7 @@
 mod diff;
 mod render;
 mod stats;
+mod victims;
 
 #[cfg(test)]
 mod tests;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use diff::diff;
 pub use stats::summarize;
+pub use victims::{ClassBreakdown, Victims};
 
 /// What happened to one request, as measured by the client (or the simulator).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -24,10 +26,18 @@ pub struct RequestRecord {
     pub id: u64,
     /// Tenant the request was sent as, if the workload has tenants.
     pub tenant: Option<String>,
+    /// The workload class it was planned from, if known.
+    #[serde(default)]
+    pub class: Option<String>,
     /// Worker that served it (`x-infergate-worker`), if reported.
     pub worker: Option<String>,
     /// Execution path of its steps: `graph`, `eager` or `mixed`, if reported.
     pub path: Option<String>,
+    /// Whether it shared a step with an off-path step: it only decoded in a step that ran
+    /// eagerly for the others in it (another request's prefill chunk, or a batch past the
+    /// largest capture size). `None` when the engine's flight record did not reach the client.
+    #[serde(default)]
+    pub shared: Option<bool>,
     /// HTTP status; 0 for a transport error (connect failure, reset, timeout).
     pub status: u16,
     /// Send time, seconds since the start of the run.
@@ -89,6 +99,9 @@ pub struct Breakdown {
     pub ttft_p99: f64,
     /// 99th percentile inter-token gap, seconds.
     pub itl_p99: f64,
+    /// Longest inter-token gap, seconds.
+    #[serde(default)]
+    pub itl_max: f64,
     /// 99th percentile end-to-end latency, seconds.
     pub e2e_p99: f64,
     /// Share of the slice's requests that met the SLO.
@@ -151,6 +164,13 @@ pub struct Report {
     pub by_worker: BTreeMap<String, Breakdown>,
     /// Per execution path.
     pub by_path: BTreeMap<String, Breakdown>,
+    /// Per workload class: its figures, and the same per execution path (issue 43).
+    #[serde(default)]
+    pub by_class: BTreeMap<String, ClassBreakdown>,
+    /// The common class's requests split by whether they shared a step with an off-path step:
+    /// are the rare requests slow, or do they slow the common ones beside them?
+    #[serde(default)]
+    pub victims: Victims,
     /// What each engine did (the simulator's workers: busy and host time, batch sizes, queue,
     /// preemptions); empty for a live run.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -1,10 +1,11 @@
 //! The report as text: an overview, the latency table (TTFT, ITL and e2e by percentile, with the
-//! ITL tail beside TPOT mean), and one table per breakdown.
+//! ITL tail beside TPOT mean), one table per breakdown, and the classes by path with the common
+//! class's victims split.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::{Breakdown, EngineBreakdown, Percentiles, Report};
+use super::{Breakdown, ClassBreakdown, EngineBreakdown, Percentiles, Report, Victims};
 
 /// Milliseconds with one decimal.
 pub(super) fn ms(seconds: f64) -> String {
@@ -72,6 +73,66 @@ fn breakdown_table(title: &str, slices: &BTreeMap<String, Breakdown>) -> String 
         })
         .collect();
     table(&header, &rows)
+}
+
+/// The latency cells of a class table's row.
+fn class_row(name: String, b: &Breakdown) -> Vec<String> {
+    vec![
+        name,
+        b.requests.to_string(),
+        b.ok.to_string(),
+        ms(b.ttft_p99),
+        ms(b.itl_p99),
+        ms(b.itl_max),
+        ms(b.e2e_p99),
+        pct(b.goodput),
+    ]
+}
+
+const CLASS_HEADER: [&str; 8] = [
+    "", "requests", "ok", "TTFT p99", "ITL p99", "ITL max", "E2E p99", "goodput",
+];
+
+/// One row per class, then one per path of it.
+fn class_table(classes: &BTreeMap<String, ClassBreakdown>) -> String {
+    let mut rows = Vec::new();
+    for (name, c) in classes {
+        rows.push(class_row(name.clone(), &c.all));
+        for (path, b) in &c.by_path {
+            rows.push(class_row(format!("  {path}"), b));
+        }
+    }
+    let mut header = CLASS_HEADER;
+    header[0] = "class / path";
+    table(&header, &rows)
+}
+
+/// The common class split by whether its requests shared a step with an off-path step.
+fn victims_table(v: &Victims) -> String {
+    let mut header = CLASS_HEADER;
+    header[0] = "common class";
+    let rows = vec![
+        class_row(format!("{} shared a step", v.class), &v.shared),
+        class_row(format!("{} did not", v.class), &v.not_shared),
+    ];
+    let mut out = table(&header, &rows);
+    let _ = writeln!(
+        out,
+        "{} of `{}`'s requests shared a step with an off-path step (another's prefill, a batch past the largest capture size); they hold {} of its gaps above its ITL p99 and {} of those above the SLO{}",
+        pct(v.shared_share),
+        v.class,
+        pct(v.tail_share),
+        pct(v.miss_share),
+        if v.unknown > 0 {
+            format!(
+                " ({} of {} not known: no flight record reached the client)",
+                v.unknown, v.requests
+            )
+        } else {
+            String::new()
+        }
+    );
+    out
 }
 
 /// One row per engine: busy and host shares, batch sizes, queue and preemptions.
@@ -166,6 +227,16 @@ impl Report {
                 out.push('\n');
                 out.push_str(&breakdown_table(title, slices));
             }
+        }
+        // One class (a workload without `classes`) is the whole run again: no table.
+        if self.by_class.len() >= 2 {
+            out.push('\n');
+            out.push_str(&class_table(&self.by_class));
+        }
+        let v = &self.victims;
+        if v.shared.requests > 0 {
+            out.push('\n');
+            out.push_str(&victims_table(v));
         }
         if self.by_tenant.len() >= 2 {
             let _ = writeln!(

@@ -35,19 +35,19 @@ fn rank(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// `part / whole`, or 0 when `whole` is 0 (reports never carry NaN).
-fn share(part: f64, whole: f64) -> f64 {
+pub(super) fn share(part: f64, whole: f64) -> f64 {
     if whole > 0.0 { part / whole } else { 0.0 }
 }
 
 /// The latency samples of a set of records: TTFTs, every gap and e2e of the successful ones.
-struct Samples {
+pub(super) struct Samples {
     ttft: Vec<f64>,
-    itl: Vec<f64>,
+    pub(super) itl: Vec<f64>,
     e2e: Vec<f64>,
 }
 
 impl Samples {
-    fn of<'a>(records: impl Iterator<Item = &'a RequestRecord>) -> Samples {
+    pub(super) fn of<'a>(records: impl Iterator<Item = &'a RequestRecord>) -> Samples {
         let mut s = Samples {
             ttft: Vec::new(),
             itl: Vec::new(),
@@ -111,6 +111,8 @@ pub fn summarize(
         by_tenant: slice(|r| r.tenant.as_deref()),
         by_worker: slice(|r| r.worker.as_deref()),
         by_path: slice(|r| r.path.as_deref()),
+        by_class: super::victims::by_class(records, slo_ttft_s, slo_itl_s),
+        victims: super::victims::victims(records, slo_ttft_s, slo_itl_s),
         by_engine: BTreeMap::new(),
         extra: BTreeMap::new(),
     };
@@ -168,28 +170,32 @@ fn breakdowns(
     }
     groups
         .into_iter()
-        .map(|(k, rs)| {
-            let s = Samples::of(rs.iter().copied());
-            let good = rs.iter().filter(|r| r.good(slo_ttft_s, slo_itl_s)).count();
-            let b = Breakdown {
-                requests: rs.len() as u64,
-                ok: rs.iter().filter(|r| r.ok()).count() as u64,
-                ttft_p50: Percentiles::of(&s.ttft).p50,
-                ttft_p99: Percentiles::of(&s.ttft).p99,
-                itl_p99: Percentiles::of(&s.itl).p99,
-                e2e_p99: Percentiles::of(&s.e2e).p99,
-                goodput: share(good as f64, rs.len() as f64),
-                served_tokens: rs
-                    .iter()
-                    .filter(|r| r.ok())
-                    .map(|r| r.prompt_tokens + r.output_tokens)
-                    .sum(),
-                asked_tokens: rs
-                    .iter()
-                    .map(|r| r.prompt_tokens + r.asked_output_tokens)
-                    .sum(),
-            };
-            (k.to_owned(), b)
-        })
+        .map(|(k, rs)| (k.to_owned(), breakdown(&rs, slo_ttft_s, slo_itl_s)))
         .collect()
+}
+
+/// The headline numbers of one slice of the records.
+pub(super) fn breakdown(rs: &[&RequestRecord], slo_ttft_s: f64, slo_itl_s: f64) -> Breakdown {
+    let s = Samples::of(rs.iter().copied());
+    let good = rs.iter().filter(|r| r.good(slo_ttft_s, slo_itl_s)).count();
+    let itl = Percentiles::of(&s.itl);
+    Breakdown {
+        requests: rs.len() as u64,
+        ok: rs.iter().filter(|r| r.ok()).count() as u64,
+        ttft_p50: Percentiles::of(&s.ttft).p50,
+        ttft_p99: Percentiles::of(&s.ttft).p99,
+        itl_p99: itl.p99,
+        itl_max: itl.max,
+        e2e_p99: Percentiles::of(&s.e2e).p99,
+        goodput: share(good as f64, rs.len() as f64),
+        served_tokens: rs
+            .iter()
+            .filter(|r| r.ok())
+            .map(|r| r.prompt_tokens + r.output_tokens)
+            .sum(),
+        asked_tokens: rs
+            .iter()
+            .map(|r| r.prompt_tokens + r.asked_output_tokens)
+            .sum(),
+    }
 }

@@ -8,8 +8,10 @@ fn rec(id: u64, status: u16, ttft: Option<f64>, itl: &[f64], e2e: f64) -> Reques
     RequestRecord {
         id,
         tenant: None,
+        class: None,
         worker: None,
         path: None,
+        shared: None,
         status,
         start: id as f64,
         ttft,

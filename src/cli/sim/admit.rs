@@ -189,6 +189,7 @@ mod tests {
                 id,
                 at: Duration::ZERO,
                 tenant: Some(tenant.to_owned()),
+                class: None,
                 session: None,
                 group: None,
                 prompt: Vec::new(),

@@ -148,8 +148,10 @@ mod tests {
         let record = RequestRecord {
             id: 0,
             tenant: None,
+            class: None,
             worker: None,
             path: None,
+            shared: None,
             status: 200,
             start: 0.0,
             ttft: Some(0.1),

@@ -345,7 +345,8 @@ impl Fleet {
     /// Records `req`, sent at `arrival`, as refused with `status` at `now` before reaching a worker.
     fn refuse(&mut self, req: PlannedRequest, arrival: f64, status: u16, prompt: u64, now: f64) {
         let asked = u64::from(req.output_tokens);
-        let mut record = refused(req.id, arrival, status, req.tenant, (prompt, asked));
+        let who = (req.tenant, req.class);
+        let mut record = refused(req.id, arrival, status, who, (prompt, asked));
         record.e2e = now - arrival;
         self.records.push(record);
         self.client_done(now);
@@ -377,7 +378,8 @@ impl Fleet {
         let w = decision.index;
         self.policy.observe(&features, &self.views[w]);
         self.workers[w].pending_prefill += decision.prefill;
-        let live = Live::new(arrival, w, req.tenant, prompt_tokens, req.output_tokens);
+        let who = (req.tenant, req.class);
+        let live = Live::new(arrival, w, who, prompt_tokens, req.output_tokens);
         // Our engines take the router's keys with the request (KV events).
         let keys = self.workers[w].kv_events().then(|| PrefixKeys {
             block_bytes: DEFAULT_BLOCK_BYTES,

@@ -14,6 +14,7 @@ pub(super) struct Live {
     /// Index of the worker it was routed to.
     pub worker: usize,
     tenant: Option<String>,
+    class: Option<String>,
     prompt_tokens: u64,
     first: Option<f64>,
     last: f64,
@@ -23,11 +24,11 @@ pub(super) struct Live {
 }
 
 impl Live {
-    /// A request sent at `arrival` to `worker`.
+    /// A request sent at `arrival` to `worker`, as its tenant and of its class.
     pub(super) fn new(
         arrival: f64,
         worker: usize,
-        tenant: Option<String>,
+        (tenant, class): (Option<String>, Option<String>),
         prompt_tokens: u64,
         output_tokens: u32,
     ) -> Self {
@@ -35,6 +36,7 @@ impl Live {
             arrival,
             worker,
             tenant,
+            class,
             prompt_tokens,
             first: None,
             last: arrival,
@@ -72,8 +74,10 @@ impl Live {
         RequestRecord {
             id,
             tenant: self.tenant,
+            class: self.class,
             worker: Some(worker.to_owned()),
             path,
+            shared: info.map(|i| i.eager_shared_steps > 0),
             status,
             start: self.arrival,
             ttft: self.first.map(|f| f - self.arrival),
@@ -92,14 +96,16 @@ pub(super) fn refused(
     id: u64,
     at: f64,
     status: u16,
-    tenant: Option<String>,
+    (tenant, class): (Option<String>, Option<String>),
     (prompt_tokens, asked_output_tokens): (u64, u64),
 ) -> RequestRecord {
     RequestRecord {
         id,
         tenant,
+        class,
         worker: None,
         path: None,
+        shared: None,
         status,
         start: at,
         ttft: None,

@@ -32,6 +32,11 @@ const SHIPPED: &[(&str, &str)] = &[
         "noisy-neighbour",
         include_str!("../../../config/workloads/noisy-neighbour.yaml"),
     ),
+    // Rare shapes off the fast path (issue 43): victims and culprits.
+    (
+        "rare-shapes",
+        include_str!("../../../config/workloads/rare-shapes.yaml"),
+    ),
     // The five symptoms' scenarios (config/scenarios/NAME).
     (
         "tpot-at-peak",

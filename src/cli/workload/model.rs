@@ -214,6 +214,9 @@ pub struct PlannedRequest {
     pub at: Duration,
     /// Tenant, when the workload has a tenant mix.
     pub tenant: Option<String>,
+    /// The workload class it was drawn from (`default` for a workload without `classes`);
+    /// `None` for a trace's requests.
+    pub class: Option<String>,
     /// Session id, when the request is a turn of a session.
     pub session: Option<String>,
     /// Prefix group, when the request uses a shared system prompt.

@@ -12,6 +12,7 @@ const GROUP_STREAM: u64 = 1 << 40;
 /// What one generated request looks like, before it gets an id and a time.
 pub(super) struct Shape {
     pub tenant: Option<String>,
+    pub class: Option<String>,
     pub session: Option<String>,
     pub group: Option<usize>,
     pub prompt: Vec<u32>,
@@ -68,11 +69,12 @@ impl Shaper {
         if self.slots.is_empty() {
             let group = self.pick_group();
             let tenant = self.pick_tenant();
-            let (len, output_tokens) = self.lengths(false);
+            let (class, len, output_tokens) = self.lengths(false);
             let mut prompt = self.prefix(group);
             self.extend_fresh(&mut prompt, len);
             return Shape {
                 tenant,
+                class,
                 session: None,
                 group,
                 prompt,
@@ -84,12 +86,13 @@ impl Shaper {
             Some(live) => (live, false),
             None => (self.start_session(), true),
         };
-        let (len, output_tokens) = self.lengths(first);
+        let (class, len, output_tokens) = self.lengths(first);
         let mut prompt = std::mem::take(&mut live.history);
         self.extend_fresh(&mut prompt, len);
         live.turns_left = live.turns_left.saturating_sub(1);
         let shape = Shape {
             tenant: live.tenant.clone(),
+            class,
             session: Some(live.name.clone()),
             group: live.group,
             prompt: prompt.clone(),
@@ -124,12 +127,13 @@ impl Shaper {
         }
     }
 
-    /// New-turn and output lengths of a request of a random class, correlated as configured;
-    /// a session's first turn takes its length from `sessions.first_turn` when set.
-    fn lengths(&mut self, first_turn: bool) -> (u32, u32) {
+    /// The class of a request drawn at random, and its new-turn and output lengths, correlated
+    /// as configured; a session's first turn takes its length from `sessions.first_turn` when
+    /// set.
+    fn lengths(&mut self, first_turn: bool) -> (Option<String>, u32, u32) {
         let classes = &self.mix.classes;
         let i = match classes.len() {
-            0 => return (0, 0),
+            0 => return (None, 0, 0),
             1 => 0,
             _ => {
                 let weights: Vec<f64> = classes.iter().map(|c| c.weight).collect();
@@ -137,7 +141,7 @@ impl Shaper {
             }
         };
         let Some(class) = classes.get(i) else {
-            return (0, 0);
+            return (None, 0, 0);
         };
         let first = self
             .mix
@@ -149,7 +153,8 @@ impl Shaper {
             _ => &class.prompt_tokens,
         };
         let (rng, corr) = (&mut self.shape_rng, class.correlation);
-        sample_pair(prompt, &class.output_tokens, corr, rng)
+        let (len, output) = sample_pair(prompt, &class.output_tokens, corr, rng);
+        (Some(class.name.clone()), len, output)
     }
 
     /// A prefix group for a new request or session, or none (outside `share`).

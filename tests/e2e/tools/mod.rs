@@ -1,8 +1,9 @@
-//! The tools: `bench`, `sim`, `plan`, `report`, `doctor`, `shapes`, the five symptoms' scenarios and the
-//! simulator's refusals.
+//! The tools: `bench`, `sim`, `plan`, `report`, `doctor`, `shapes`, the victims of rare shapes,
+//! the five symptoms' scenarios and the simulator's refusals.
 
 mod doctor;
 mod doctor_scenarios;
+mod rare_shapes;
 mod scenarios;
 mod shapes;
 mod sim_refusals;

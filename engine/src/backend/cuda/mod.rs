@@ -164,6 +164,10 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn capture_budget(&self) -> Option<usize> {
+        self.sizes.as_slice().last().copied()
+    }
+
     fn execute(&mut self, batch: &Batch, running: &[Sequence]) -> StepCost {
         let started = Instant::now();
         let (mut path, mut padded) = self.sizes.pick(&batch.shape);

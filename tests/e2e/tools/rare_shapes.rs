@@ -1,0 +1,173 @@
+//! Victims and culprits (issue 43) the way an operator runs them. `sim` on the shipped
+//! `rare-shapes` workload: the chat requests that decoded beside a long prompt's prefill chunk
+//! (a step past the captured budget) have a worse ITL p99 than the rest, and the `--out` JSON
+//! carries `by_class` and `victims`. `bench --expect-path` against a gateway and a sim engine
+//! with small capture sizes and a few long prompts: a satisfiable expectation passes, an
+//! impossible one exits non-zero naming the class.
+
+use crate::common;
+use crate::tools_support;
+
+use std::time::Duration;
+
+use common::Engine;
+use common::gateway::{Gateway, TempDir, config_yaml, routing_yaml};
+use serde_json::Value;
+use tools_support::{float, infergate, uint};
+
+#[tokio::test]
+async fn sim_on_rare_shapes_shows_the_victims_of_the_long_prompts() {
+    let dir = TempDir::new("rare-shapes-sim");
+    let out = dir.path.join("sim.json");
+    let out_s = out.to_string_lossy().into_owned();
+    let args = [
+        "sim",
+        "--workload",
+        "rare-shapes",
+        "--workers",
+        "1",
+        "--policy",
+        "least_load",
+        // Long prompts in chunks of 2,048 tokens: a few long steps per victim, not one.
+        "--max-num-batched-tokens",
+        "2048",
+        "--duration",
+        "60s",
+        "--seed",
+        "1",
+        "--out",
+        &out_s,
+    ];
+    let run = infergate(&args, Duration::from_secs(60)).await;
+    let text = run.ok("sim --workload rare-shapes");
+    assert!(text.contains("chat shared a step"), "{text}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let classes = &report["by_class"];
+    for class in ["chat", "long"] {
+        assert!(uint(&classes[class], "ok") > 0, "{class}: {classes}");
+    }
+    assert!(
+        uint(&classes["long"]["by_path"]["mixed"], "ok") > 0,
+        "long prompts take several eager chunks: {classes}"
+    );
+    let v = &report["victims"];
+    assert_eq!(v["class"], "chat", "{v}");
+    assert_eq!(
+        uint(v, "unknown"),
+        0,
+        "the simulator knows every request: {v}"
+    );
+    let (shared, clean) = (&v["shared"], &v["not_shared"]);
+    assert!(
+        uint(shared, "requests") > 0 && uint(clean, "requests") > uint(shared, "requests"),
+        "{v}"
+    );
+    let (hit, calm) = (float(shared, "itl_p99"), float(clean, "itl_p99"));
+    assert!(
+        hit > 2.0 * calm,
+        "victims' ITL p99 {hit} s against the others' {calm} s: {v}"
+    );
+    assert!(
+        float(v, "tail_share") > 0.5,
+        "the victims hold most of the chat class's ITL tail: {v}"
+    );
+}
+
+/// Short chats and a few long prompts, chunked by the engine into several eager steps.
+const TWO_CLASSES: &str = r"name: two-classes
+seed: 5
+duration: 2s
+arrival:
+  poisson: {rate: 10}
+classes:
+  - name: short
+    weight: 0.8
+    prompt_tokens: {dist: uniform, min: 20, max: 40}
+    output_tokens: {dist: fixed, value: 16}
+  - name: long
+    weight: 0.2
+    prompt_tokens: {dist: uniform, min: 1500, max: 2000}
+    output_tokens: {dist: fixed, value: 32}
+slo: {ttft: 2s, itl: 500ms}
+";
+
+#[tokio::test]
+async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
+    let _machine = tools_support::shared_machine().await;
+    let engine = Engine::start(&[
+        "--cuda-graph-sizes",
+        "1,2,4,8",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "512",
+        // The second run sends the same prompts: no cached prefix may shorten their prefill.
+        "--no-prefix-caching",
+    ])
+    .await;
+    let dir = TempDir::new("rare-shapes-bench");
+    // The test config sets `debug_headers: true`: the flight record reaches the client.
+    dir.write_config(&config_yaml(&[engine.url.as_str()], ""));
+    dir.write_routing(&routing_yaml("round_robin", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let workload = dir.path.join("two-classes.yaml");
+    std::fs::write(&workload, TWO_CLASSES).unwrap();
+    let workload_s = workload.to_string_lossy().into_owned();
+    let bench = |expect: &'static str, out: &'static str| {
+        let out = dir.path.join(out).to_string_lossy().into_owned();
+        let mut args = vec![
+            "bench".to_owned(),
+            "--url".to_owned(),
+            gw.url.clone(),
+            "--workload".to_owned(),
+            workload_s.clone(),
+            "--quiet".to_owned(),
+            "--expect-path".to_owned(),
+            expect.to_owned(),
+            "--out".to_owned(),
+            out,
+        ];
+        if let Some(key) = &gw.api_key {
+            args.extend(["--api-key".to_owned(), key.clone()]);
+        }
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            infergate(&args, Duration::from_secs(30)).await
+        }
+    };
+
+    // Prompts of 1,500 tokens and more in steps of at most 512: several eager chunks, then
+    // graph decodes (at most 8 in flight, all captured): every long request is `mixed`.
+    let run = bench("long=mixed", "pass.json").await;
+    let text = run.ok("bench --expect-path long=mixed");
+    assert!(
+        text.contains("expect-path long=mixed: ok — 100.0% of"),
+        "{text}"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path.join("pass.json")).unwrap())
+            .unwrap();
+    assert!(uint(&report["by_class"]["long"], "ok") > 0, "{report}");
+    let v = &report["victims"];
+    assert_eq!(v["class"], "short", "{v}");
+    assert_eq!(
+        uint(v, "unknown"),
+        0,
+        "the gateway relayed every flight record: {v}"
+    );
+
+    let run = bench("long=graph", "fail.json").await;
+    assert_ne!(run.code, Some(0), "an impossible path must fail the run");
+    assert!(
+        run.stderr.contains("`long`") && run.stderr.contains("did not take the intended path"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout
+            .contains("expect-path long=graph: MISSED — 0.0% of"),
+        "{}",
+        run.stdout
+    );
+    assert!(dir.path.join("fail.json").exists(), "the report is written");
+}
