@@ -20,7 +20,7 @@ use crate::upstream::UpstreamClient;
 use crate::workers::engine_triage::{EngineTriage, parse_triage};
 use crate::workers::load_metrics::{Dialect, EngineLoad, PollError, PollFailure, parse_load};
 use crate::workers::pool::PoolRuntime;
-use crate::workers::state::{HealthChange, WorkerState};
+use crate::workers::state::{HealthChange, Warmth, WorkerState};
 use crate::workers::triage_export::TriageExport;
 
 /// Health settings applied by a poll.
@@ -54,6 +54,32 @@ pub async fn poll_worker(
         .worker_polls
         .with_label_values(&[pool, worker.url.as_str()])
         .inc();
+    if pool_rt.dialect.has_ready() {
+        let ready = tokio::time::timeout(settings.timeout, ready(client, &worker.url)).await;
+        match ready {
+            Ok(Ok(false)) => {
+                // Alive but warming up (or restarted and warming again): held out of routing,
+                // neither a failure nor a success of the health machine.
+                if worker.set_warmth(Warmth::Warming) {
+                    tracing::info!(pool, worker = %worker.url, "worker warming up: no traffic until /ready");
+                }
+                metrics.observe_worker(pool, &worker.url, &worker.view());
+                return;
+            }
+            Ok(Ok(true)) => {
+                if worker.set_warmth(Warmth::Warm) {
+                    tracing::info!(pool, worker = %worker.url, "worker warm: in rotation");
+                }
+            }
+            // Nothing listens: whatever comes back there warms up first (the metrics poll
+            // below counts the failure).
+            Ok(Err(e)) if e.reason == PollFailure::Connect => {
+                worker.set_warmth(Warmth::Warming);
+            }
+            // Slow, or an odd answer: the metrics poll below judges it.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
     let outcome = poll_once(client, &worker.url, pool_rt, settings).await;
     let change = match outcome {
         Ok((load, triage)) => {
@@ -80,6 +106,7 @@ pub async fn poll_worker(
                 }
                 _ => tracing::debug!(pool, worker = %worker.url, error = %e, "metrics poll failed"),
             }
+            worker.poll_failed_unpolled();
             worker.record_failure(settings.eject_after)
         }
     };
@@ -122,6 +149,30 @@ async fn poll_once(
         Dialect::Sglang | Dialect::Tgi => None,
     };
     Ok((load, triage))
+}
+
+/// `GET {base}/ready` of our engine: true when warm (200, or 404 from an engine older than the
+/// endpoint), false while it warms up (503).
+async fn ready(client: &UpstreamClient, base: &str) -> Result<bool, PollError> {
+    let connect = |e: String| PollError::new(PollFailure::Connect, e);
+    let uri: hyper::Uri = format!("{base}/ready")
+        .parse()
+        .map_err(|e| connect(format!("bad worker URL {base}: {e}")))?;
+    let req = hyper::Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| connect(e.to_string()))?;
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    match res.status() {
+        hyper::StatusCode::OK | hyper::StatusCode::NOT_FOUND => Ok(true),
+        hyper::StatusCode::SERVICE_UNAVAILABLE => Ok(false),
+        other => Err(PollError::new(
+            PollFailure::Status,
+            format!("/ready answered {other}"),
+        )),
+    }
 }
 
 /// `GET {base}/metrics`, reading at most `max_bytes` of body: a declared or read length past it
