@@ -277,6 +277,68 @@ mod tests {
         assert_eq!(check_scale(0.0), Ok(0.0));
     }
 
+    /// A backend whose warm-up charges one second a size and fails on size 3.
+    struct Charging;
+
+    impl Backend for Charging {
+        fn execute(
+            &mut self,
+            _: &crate::scheduler::Batch,
+            _: &[crate::sequence::Sequence],
+        ) -> crate::roofline::StepCost {
+            unreachable!("warm-up runs no steps")
+        }
+        fn sample(&mut self, _: &mut crate::sequence::Sequence) -> crate::backend::Sampled {
+            unreachable!()
+        }
+        fn prompt_logprobs(&mut self, _: &mut crate::sequence::Sequence) {}
+        fn eos_token(&self) -> u32 {
+            0
+        }
+        fn warm_up(&mut self, cost: &SizeCost) -> Result<Warmed, String> {
+            if cost.size == 3 {
+                return Err("no memory".into());
+            }
+            Ok(Warmed {
+                bytes: cost.size as u64,
+                charge_seconds: 1.0,
+            })
+        }
+    }
+
+    #[test]
+    fn the_runner_charges_the_clock_per_size_then_is_ready() {
+        let clock = crate::clock::VirtualClock::new();
+        let state = WarmupState::new();
+        run(
+            &mut Charging,
+            &clock,
+            &WarmupPlan::unpriced(&[2, 1]),
+            &state,
+        );
+        assert!(state.is_ready());
+        assert!((clock.now() - 2.0).abs() < 1e-9);
+        let text = state.render();
+        assert!(
+            text.contains("infergate_engine_warmup_seconds 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("infergate_engine_capture_bytes{size=\"2\"} 2\n"));
+        let failed = WarmupState::new();
+        run(
+            &mut Charging,
+            &clock,
+            &WarmupPlan::unpriced(&[1, 3, 4]),
+            &failed,
+        );
+        assert!(!failed.is_ready());
+        assert!(
+            failed
+                .not_ready_reason()
+                .contains("batch size 3: no memory")
+        );
+    }
+
     #[test]
     fn readiness_turns_on_at_finish_and_the_metrics_say_so() {
         let s = WarmupState::new();

@@ -71,12 +71,8 @@ pub async fn poll_worker(
                     tracing::info!(pool, worker = %worker.url, "worker warm: in rotation");
                 }
             }
-            // Nothing listens: whatever comes back there warms up first (the metrics poll
-            // below counts the failure).
-            Ok(Err(e)) if e.reason == PollFailure::Connect => {
-                worker.set_warmth(Warmth::Warming);
-            }
-            // Slow, or an odd answer: the metrics poll below judges it.
+            // Down, slow, or an odd answer: the metrics poll below judges it, and ejection
+            // (not warm-up) takes it out; when it comes back, this check runs first.
             Ok(Err(_)) | Err(_) => {}
         }
     }

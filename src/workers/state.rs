@@ -141,7 +141,8 @@ impl WorkerState {
         );
     }
 
-    fn is_warm(&self) -> bool {
+    /// Whether its last `/ready` said warm (always, for dialects without one).
+    pub fn is_warm(&self) -> bool {
         self.warmth.load(Ordering::Acquire) == Warmth::Warm as u8
     }
 
@@ -203,11 +204,9 @@ impl WorkerState {
         }
     }
 
-    /// True when warm and not ejected (in service, or on probation).
+    /// True unless ejected (in service, or on probation); warm-up is apart ([`Self::is_warm`]).
     pub fn is_healthy(&self) -> bool {
-        self.is_warm()
-            && (self.clean.load(Ordering::Acquire)
-                || self.health().phase(Instant::now()) != Phase::Ejected)
+        self.clean.load(Ordering::Acquire) || self.health().phase(Instant::now()) != Phase::Ejected
     }
 
     /// Where the worker stands now.

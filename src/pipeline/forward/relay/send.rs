@@ -161,11 +161,6 @@ pub async fn forward(
             // died (reset before any response).
             Waited::Failed(e) => {
                 let kind = if e.is_connect() { "connect" } else { "send" };
-                if e.is_connect() && pool.dialect.has_ready() {
-                    // Nothing listens there: whatever comes back must warm up and say so on
-                    // `/ready` before it is sent anything.
-                    worker.set_warmth(Warmth::Warming);
-                }
                 failed(kind);
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "a worker of pool `{}` is unreachable: {e}",
