@@ -76,7 +76,9 @@ async fn a_warming_worker_gets_no_traffic_until_ready_even_after_a_restart() {
     let warm = Engine::start(&[]).await;
     let mut cold = Engine::start_alive("sim", &WARMING, &[]).await;
     let dir = TempDir::new("warmup");
-    dir.write_config(&config_yaml(&[&warm.url, &cold.url], FAST_HEALTH));
+    // A killed worker's requests eject it; a short ejection keeps the test to seconds.
+    let extra = format!("{FAST_HEALTH}outlier: {{base_ejection_time: 500ms}}\n");
+    dir.write_config(&config_yaml(&[&warm.url, &cold.url], &extra));
     dir.write_routing(&routing_yaml("round_robin", &[]));
     let gw = Gateway::start(&dir.config(), &[]).await;
     let url = gw.at("/v1/chat/completions");
