@@ -147,8 +147,8 @@ async fn poll_once(
     Ok((load, triage))
 }
 
-/// `GET {base}/ready` of our engine: true when warm (200, or 404 from an engine older than the
-/// endpoint), false while it warms up (503).
+/// `GET {base}/ready` of our engine: false while it warms up (503), else true (200, or any
+/// answer of a server without the endpoint).
 async fn ready(client: &UpstreamClient, base: &str) -> Result<bool, PollError> {
     let connect = |e: String| PollError::new(PollFailure::Connect, e);
     let uri: hyper::Uri = format!("{base}/ready")
@@ -161,14 +161,9 @@ async fn ready(client: &UpstreamClient, base: &str) -> Result<bool, PollError> {
         .request(req)
         .await
         .map_err(|e| connect(e.to_string()))?;
-    match res.status() {
-        hyper::StatusCode::OK | hyper::StatusCode::NOT_FOUND => Ok(true),
-        hyper::StatusCode::SERVICE_UNAVAILABLE => Ok(false),
-        other => Err(PollError::new(
-            PollFailure::Status,
-            format!("/ready answered {other}"),
-        )),
-    }
+    // Only a 503 holds a worker out: a server without the endpoint (404, 405) is not ours,
+    // and its health is the metrics poll's business.
+    Ok(res.status() != hyper::StatusCode::SERVICE_UNAVAILABLE)
 }
 
 /// `GET {base}/metrics`, reading at most `max_bytes` of body: a declared or read length past it
@@ -291,6 +286,18 @@ mod tests {
         let err = scrape(&client(), &url, 1 << 20).await.unwrap_err();
         assert_eq!(err.reason, PollFailure::TooLarge);
         assert!(err.detail.contains("1048576"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn only_a_503_from_ready_means_warming() {
+        for (head, warm) in [
+            ("HTTP/1.1 503 X\r\ncontent-length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", true),
+            ("HTTP/1.1 404 X\r\ncontent-length: 0\r\n\r\n", true),
+        ] {
+            let url = serve_once(head.into(), 0).await;
+            assert_eq!(ready(&client(), &url).await, Ok(warm), "{head}");
+        }
     }
 
     #[tokio::test]

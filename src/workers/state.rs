@@ -416,6 +416,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gated_worker_is_not_routed_until_warm_and_a_503_takes_it_out_again() {
+        let settings = OutlierSettings::default();
+        let w = Arc::new(WorkerState::new("http://a").gated(true));
+        assert_eq!(w.warmth(), Warmth::Unknown);
+        assert!(!w.view().healthy && !w.is_warm() && w.is_healthy());
+        assert!(w.admit(settings).is_none());
+        w.poll_failed_unpolled();
+        assert_eq!(w.warmth(), Warmth::Warming);
+        assert!(w.set_warmth(Warmth::Warm));
+        assert!(w.view().healthy);
+        assert!(w.admit(settings).is_some());
+        assert!(w.set_warmth(Warmth::Warming));
+        assert!(!w.view().healthy);
+        // Ungated workers (dialects without /ready) are warm from the start.
+        assert!(WorkerState::new("http://b").view().healthy);
+    }
+
+    #[test]
     fn in_flight_follows_guards() {
         let w = Arc::new(WorkerState::new("http://a"));
         let g1 = w.start_request();
