@@ -446,6 +446,18 @@ impl EngineCore {
     }
 }
 
+/// Runs warm-up on the core's own backend and clock (before the loop, on the core thread, so
+/// nothing else touches the backend meanwhile), then the loop.
+pub fn warm_up_then_run(
+    mut core: EngineCore,
+    plan: &crate::warmup::WarmupPlan,
+    state: &crate::warmup::WarmupState,
+    requests: Receiver<Vec<NewRequest>>,
+) {
+    crate::warmup::run(&mut *core.backend, &*core.clock, plan, state);
+    run_engine_loop(core, requests);
+}
+
 /// Runs `core` until every sender of `requests` is gone and all work is done. Each message is
 /// one prompt's sequences (see [`EngineCore::add_group`]).
 pub fn run_engine_loop(mut core: EngineCore, requests: Receiver<Vec<NewRequest>>) {

@@ -11,7 +11,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::sim::SimBackend;
 use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
-use crate::core::{EngineCore, run_engine_loop};
+use crate::core::{EngineCore, run_engine_loop, warm_up_then_run};
 use crate::embeddings::Embedder;
 use crate::exec_path::CaptureSizes;
 use crate::host_time::HostCost;
@@ -24,6 +24,7 @@ use crate::roofline::{RooflineConfig, RooflineModel, kv_block_budget};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::NewRequest;
 use crate::tokenizer::{EngineTokenizer, SimTokenizer};
+use crate::warmup::{WarmupPlan, WarmupState};
 
 /// Fault injection knobs for tests of the layers above.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,6 +82,8 @@ pub struct Engine {
     pub embedder: Embedder,
     /// The engine's part of every flight record (backend, capture sizes).
     pub flight: Arc<crate::flight::EngineInfo>,
+    /// Warm-up progress and readiness (`/ready`, and generation refused until ready).
+    pub warmup: Arc<WarmupState>,
 }
 
 impl Engine {
@@ -108,6 +111,8 @@ struct BackendParts {
     vocab_size: usize,
     chat_template: ChatTemplate,
     embedder: Embedder,
+    /// What warm-up runs before the engine reports ready.
+    warmup: WarmupPlan,
 }
 
 /// The template named by `--chat-template`, if any.
@@ -178,6 +183,9 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
         },
     )
     .with_capture_sizes(capture_sizes(args)?);
+    let warmup = WarmupPlan {
+        sizes: roofline.capture_cost().sizes,
+    };
     let host = HostCost::from_micros(
         args.sim_host_us_per_step,
         args.sim_host_us_per_seq,
@@ -192,7 +200,8 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
         args.sim_mean_output_tokens,
         args.block_size,
     )
-    .with_host_cost(host);
+    .with_host_cost(host)
+    .with_capture_time_scale(crate::warmup::check_scale(args.sim_capture_time_scale)?);
     Ok(BackendParts {
         backend: Box::new(backend),
         default_name: name,
@@ -204,6 +213,7 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
         embedder: Embedder::Sim {
             dim: model.hidden_size,
         },
+        warmup,
     })
 }
 
@@ -316,6 +326,13 @@ fn build_cpu(args: &EngineArgs) -> Result<BackendParts, String> {
         tokenizer: EngineTokenizer::Model(std::sync::Arc::new(loaded.tokenizer)),
         vocab_size,
         chat_template,
+        // No graphs on cpu: only sizes named by --cuda-graph-sizes get a warm-up pass (the
+        // default set would add 35 passes to every start for nothing to capture).
+        warmup: if args.cuda_graph_sizes.is_empty() {
+            WarmupPlan::unpriced(&[])
+        } else {
+            WarmupPlan::unpriced(capture_sizes(args)?.as_slice())
+        },
     })
 }
 
@@ -347,7 +364,7 @@ fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
             args.block_size,
             &sizes,
         ),
-        capture_sizes: sizes,
+        capture_sizes: sizes.clone(),
         kernel_cache: crate::model::default_model::cache_root().join("kernels"),
     };
     let vocab_size = config.vocab_size;
@@ -366,6 +383,8 @@ fn build_cuda(args: &EngineArgs) -> Result<BackendParts, String> {
         tokenizer: EngineTokenizer::Model(std::sync::Arc::new(loaded.tokenizer)),
         vocab_size,
         chat_template,
+        // Each size's graph is captured by warm-up; time and bytes are measured there.
+        warmup: WarmupPlan::unpriced(sizes.as_slice()),
     })
 }
 
@@ -459,9 +478,27 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         captured.as_slice(),
     ));
     let (submit, requests) = mpsc::channel();
+    let warmup = Arc::new(WarmupState::new());
+    let (plan, state) = (parts.warmup, warmup.clone());
+    if plan.is_empty() {
+        // Nothing to warm: ready before the server listens.
+        warmup.finish(0.0);
+    } else {
+        tracing::info!(
+            sizes = plan.sizes.len(),
+            modelled_seconds = plan.scaled_seconds(1.0),
+            "warming up before reporting ready"
+        );
+    }
     std::thread::Builder::new()
         .name("engine-core".into())
-        .spawn(move || run_engine_loop(core, requests))
+        .spawn(move || {
+            if plan.is_empty() {
+                run_engine_loop(core, requests);
+            } else {
+                warm_up_then_run(core, &plan, &state, requests);
+            }
+        })
         .map_err(|e| format!("cannot start the engine thread: {e}"))?;
 
     Ok(Engine {
@@ -485,5 +522,6 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         submit,
         embedder: parts.embedder,
         flight,
+        warmup,
     })
 }

@@ -53,3 +53,4 @@ pub mod scheduler;
 pub mod sequence;
 pub mod server;
 pub mod tokenizer;
+pub mod warmup;

@@ -1,5 +1,6 @@
 //! The engine worker's HTTP server: builds the engine from its flags, starts the core thread and
-//! serves the OpenAI-compatible API, `/health` and `/metrics` until SIGTERM or Ctrl-C.
+//! serves the OpenAI-compatible API, `/health` (liveness), `/ready` (warm-up done) and
+//! `/metrics` until SIGTERM or Ctrl-C.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -173,10 +174,33 @@ fn error_response(e: &ApiError) -> Response<ResBody> {
 /// process on the port it polls is the one it started.
 pub const PID_HEADER: &str = "x-infergate-pid";
 
-const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, GET /kv/events";
+/// The header on a 503 refused because the engine is still warming up: a router holds the
+/// worker out of rotation until `/ready` answers 200 (an overloaded 503 carries none).
+pub const NOT_READY_HEADER: &str = "x-infergate-not-ready";
+
+const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health, GET /ready, GET /metrics, GET /kv/events";
 
 async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
     let path = req.uri().path().to_string();
+    // Until warm-up ends, generation is refused (a router retries elsewhere); reads answer.
+    if req.method() == Method::POST && !state.engine.warmup.is_ready() {
+        state
+            .engine
+            .metrics
+            .rejected
+            .with_label_values(&["not_ready"])
+            .inc();
+        let mut res = error_response(&ApiError::unavailable(
+            format!(
+                "the engine is not ready: {}",
+                state.engine.warmup.not_ready_reason()
+            ),
+            1,
+        ));
+        res.headers_mut()
+            .insert(NOT_READY_HEADER, HeaderValue::from_static("1"));
+        return res;
+    }
     match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/completions") => generate(state, req, Api::Completions)
             .await
@@ -210,6 +234,17 @@ async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
             );
             res
         }
+        // Readiness, apart from liveness: 503 until warm-up has run every capture size.
+        (&Method::GET, "/ready") => {
+            if state.engine.warmup.is_ready() {
+                full(StatusCode::OK, "text/plain", String::new())
+            } else {
+                error_response(&ApiError::unavailable(
+                    state.engine.warmup.not_ready_reason(),
+                    1,
+                ))
+            }
+        }
         (&Method::GET, "/kv/events") => match &state.engine.kv_events {
             Some(hub) => kv_events_stream(hub),
             None => error_response(&ApiError::not_found(
@@ -219,7 +254,9 @@ async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
         (&Method::GET, "/metrics") => full(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            state.engine.metrics.render() + &edge_metrics(&state.in_flight),
+            state.engine.metrics.render()
+                + &edge_metrics(&state.in_flight)
+                + &state.engine.warmup.render(),
         ),
         (
             _,
@@ -229,6 +266,7 @@ async fn route(state: Arc<ServerState>, req: Req) -> Response<ResBody> {
             | "/v1/embeddings"
             | "/v1/models"
             | "/health"
+            | "/ready"
             | "/metrics"
             | "/kv/events",
         ) => error_response(&ApiError::method_not_allowed()),

@@ -46,7 +46,9 @@ pub(super) async fn discover_dns(
             for url in &urls {
                 let w = known
                     .entry(url.clone())
-                    .or_insert_with(|| Arc::new(WorkerState::new(url)))
+                    .or_insert_with(|| {
+                        Arc::new(WorkerState::new(url).gated(pool.dialect.has_ready()))
+                    })
                     .clone();
                 workers.push(w);
             }

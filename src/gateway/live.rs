@@ -45,20 +45,21 @@ impl Gateway {
                 old_degrade.insert(p.name.clone(), p.degrade.clone());
             }
         }
-        let worker_for = |url: &str| {
+        let worker_for = |url: &str, gated: bool| {
             old_workers
                 .get(url)
                 .cloned()
-                .unwrap_or_else(|| Arc::new(WorkerState::new(url)))
+                .unwrap_or_else(|| Arc::new(WorkerState::new(url).gated(gated)))
         };
         let mut pools = Vec::new();
         let mut discovery = Vec::new();
         for spec in &snapshot.pools {
             let mut workers = Vec::new();
             let mut dns = Vec::new();
+            let gated = spec.dialect.has_ready();
             for source in &spec.workers {
                 match source {
-                    WorkerSource::Url(url) => workers.push(worker_for(url)),
+                    WorkerSource::Url(url) => workers.push(worker_for(url, gated)),
                     WorkerSource::Spawn { .. } => {}
                     WorkerSource::Dns {
                         name,
@@ -74,7 +75,7 @@ impl Gateway {
                 .any(|s| matches!(s, WorkerSource::Spawn { .. }))
             {
                 for url in self.spawned.get(&spec.name).into_iter().flatten() {
-                    workers.push(worker_for(url));
+                    workers.push(worker_for(url, gated));
                 }
             }
             let policy = match old_policies.get(&spec.name) {

@@ -245,7 +245,7 @@ impl Gateway {
     }
 
     /// Ready: not draining, shared state reachable when the config fails closed, and at least
-    /// one healthy worker.
+    /// one healthy, warm worker.
     pub fn is_ready(&self) -> bool {
         !self.is_draining()
             && !self.shared.as_ref().is_some_and(|s| s.blocks_readiness())
@@ -253,6 +253,6 @@ impl Gateway {
                 .live()
                 .pools
                 .iter()
-                .any(|p| p.workers().iter().any(|w| w.is_healthy()))
+                .any(|p| p.workers().iter().any(|w| w.is_healthy() && w.is_warm()))
     }
 }

@@ -118,6 +118,14 @@ pub enum Dialect {
     Infergate,
 }
 
+impl Dialect {
+    /// Whether its workers answer `GET /ready` (503 while warming up): only ours; vLLM binds
+    /// after warm-up, and the others keep their health path (the metrics poll).
+    pub fn has_ready(self) -> bool {
+        matches!(self, Dialect::Infergate)
+    }
+}
+
 /// Load of one engine as last polled.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineLoad {

@@ -20,7 +20,7 @@ use crate::upstream::UpstreamClient;
 use crate::workers::engine_triage::{EngineTriage, parse_triage};
 use crate::workers::load_metrics::{Dialect, EngineLoad, PollError, PollFailure, parse_load};
 use crate::workers::pool::PoolRuntime;
-use crate::workers::state::{HealthChange, WorkerState};
+use crate::workers::state::{HealthChange, Warmth, WorkerState};
 use crate::workers::triage_export::TriageExport;
 
 /// Health settings applied by a poll.
@@ -54,6 +54,28 @@ pub async fn poll_worker(
         .worker_polls
         .with_label_values(&[pool, worker.url.as_str()])
         .inc();
+    if pool_rt.dialect.has_ready() {
+        let ready = tokio::time::timeout(settings.timeout, ready(client, &worker.url)).await;
+        match ready {
+            Ok(Ok(false)) => {
+                // Alive but warming up (or restarted and warming again): held out of routing,
+                // neither a failure nor a success of the health machine.
+                if worker.set_warmth(Warmth::Warming) {
+                    tracing::info!(pool, worker = %worker.url, "worker warming up: no traffic until /ready");
+                }
+                metrics.observe_worker(pool, &worker.url, &worker.view());
+                return;
+            }
+            Ok(Ok(true)) => {
+                if worker.set_warmth(Warmth::Warm) {
+                    tracing::info!(pool, worker = %worker.url, "worker warm: in rotation");
+                }
+            }
+            // Down, slow, or an odd answer: the metrics poll below judges it, and ejection
+            // (not warm-up) takes it out; when it comes back, this check runs first.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
     let outcome = poll_once(client, &worker.url, pool_rt, settings).await;
     let change = match outcome {
         Ok((load, triage)) => {
@@ -80,6 +102,7 @@ pub async fn poll_worker(
                 }
                 _ => tracing::debug!(pool, worker = %worker.url, error = %e, "metrics poll failed"),
             }
+            worker.poll_failed_unpolled();
             worker.record_failure(settings.eject_after)
         }
     };
@@ -122,6 +145,25 @@ async fn poll_once(
         Dialect::Sglang | Dialect::Tgi => None,
     };
     Ok((load, triage))
+}
+
+/// `GET {base}/ready` of our engine: false while it warms up (503), else true (200, or any
+/// answer of a server without the endpoint).
+async fn ready(client: &UpstreamClient, base: &str) -> Result<bool, PollError> {
+    let connect = |e: String| PollError::new(PollFailure::Connect, e);
+    let uri: hyper::Uri = format!("{base}/ready")
+        .parse()
+        .map_err(|e| connect(format!("bad worker URL {base}: {e}")))?;
+    let req = hyper::Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| connect(e.to_string()))?;
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    // Only a 503 holds a worker out: a server without the endpoint (404, 405) is not ours,
+    // and its health is the metrics poll's business.
+    Ok(res.status() != hyper::StatusCode::SERVICE_UNAVAILABLE)
 }
 
 /// `GET {base}/metrics`, reading at most `max_bytes` of body: a declared or read length past it
@@ -244,6 +286,18 @@ mod tests {
         let err = scrape(&client(), &url, 1 << 20).await.unwrap_err();
         assert_eq!(err.reason, PollFailure::TooLarge);
         assert!(err.detail.contains("1048576"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn only_a_503_from_ready_means_warming() {
+        for (head, warm) in [
+            ("HTTP/1.1 503 X\r\ncontent-length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", true),
+            ("HTTP/1.1 404 X\r\ncontent-length: 0\r\n\r\n", true),
+        ] {
+            let url = serve_once(head.into(), 0).await;
+            assert_eq!(ready(&client(), &url).await, Ok(warm), "{head}");
+        }
     }
 
     #[tokio::test]

@@ -48,6 +48,22 @@ pub struct WorkerState {
     kv_events_backoff: AtomicU32,
     /// Wakes the requests waiting on this worker's first byte when it is ejected.
     ejected: tokio::sync::Notify,
+    /// Whether its engine finished warm-up (see [`Warmth`]); routing skips it until `Warm`.
+    warmth: AtomicU8,
+}
+
+/// Where a worker stands with warm-up, as its `/ready` last answered. Workers of dialects
+/// without a ready endpoint start `Warm`; ours start `Unknown` until the first poll, so a
+/// worker that joins (spawned, discovered, added by a reload) gets nothing before it is warm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Warmth {
+    /// Not polled yet.
+    Unknown = 0,
+    /// `/ready` answered 503 (warming up), or the first poll failed.
+    Warming = 1,
+    /// Ready: routable (health permitting).
+    Warm = 2,
 }
 
 /// Where the gateway stands with a worker's KV event stream.
@@ -89,7 +105,45 @@ impl WorkerState {
             kv_events: AtomicU8::new(KvEventsState::Idle as u8),
             kv_events_backoff: AtomicU32::new(0),
             ejected: tokio::sync::Notify::new(),
+            warmth: AtomicU8::new(Warmth::Warm as u8),
         }
+    }
+
+    /// This worker held out of routing until a poll finds it warm (engines with `/ready`).
+    pub fn gated(self, gated: bool) -> Self {
+        if gated {
+            self.warmth.store(Warmth::Unknown as u8, Ordering::Release);
+        }
+        self
+    }
+
+    /// Where the worker stands with warm-up.
+    pub fn warmth(&self) -> Warmth {
+        match self.warmth.load(Ordering::Acquire) {
+            0 => Warmth::Unknown,
+            1 => Warmth::Warming,
+            _ => Warmth::Warm,
+        }
+    }
+
+    /// Records what its `/ready` said; true when that changed it.
+    pub fn set_warmth(&self, w: Warmth) -> bool {
+        self.warmth.swap(w as u8, Ordering::AcqRel) != w as u8
+    }
+
+    /// A failed poll of a worker never polled before: it is known now, and not warm.
+    pub fn poll_failed_unpolled(&self) {
+        let _ = self.warmth.compare_exchange(
+            Warmth::Unknown as u8,
+            Warmth::Warming as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Whether its last `/ready` said warm (always, for dialects without one).
+    pub fn is_warm(&self) -> bool {
+        self.warmth.load(Ordering::Acquire) == Warmth::Warm as u8
     }
 
     /// The state of the worker's KV event subscription.
@@ -150,7 +204,7 @@ impl WorkerState {
         }
     }
 
-    /// True unless ejected (in service, or on probation).
+    /// True unless ejected (in service, or on probation); warm-up is apart ([`Self::is_warm`]).
     pub fn is_healthy(&self) -> bool {
         self.clean.load(Ordering::Acquire) || self.health().phase(Instant::now()) != Phase::Ejected
     }
@@ -165,7 +219,8 @@ impl WorkerState {
 
     /// Whether routing may pick it now: in service, or on probation with no probe in flight.
     fn routable(&self) -> bool {
-        self.clean.load(Ordering::Acquire) || self.health().routable(Instant::now())
+        self.is_warm()
+            && (self.clean.load(Ordering::Acquire) || self.health().routable(Instant::now()))
     }
 
     /// The health machine, locked (a panic elsewhere leaves it usable: it holds plain counts).
@@ -192,6 +247,9 @@ impl WorkerState {
     /// A request may go here now: its [`Attempt`] reports how it went. `None` when the worker
     /// is ejected, or on probation with its probe in flight.
     pub fn admit(self: &Arc<Self>, settings: OutlierSettings) -> Option<Attempt> {
+        if !self.is_warm() {
+            return None;
+        }
         let probe = if self.clean.load(Ordering::Acquire) {
             false
         } else {
@@ -356,6 +414,24 @@ impl Drop for InFlightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gated_worker_is_not_routed_until_warm_and_a_503_takes_it_out_again() {
+        let settings = OutlierSettings::default();
+        let w = Arc::new(WorkerState::new("http://a").gated(true));
+        assert_eq!(w.warmth(), Warmth::Unknown);
+        assert!(!w.view().healthy && !w.is_warm() && w.is_healthy());
+        assert!(w.admit(settings).is_none());
+        w.poll_failed_unpolled();
+        assert_eq!(w.warmth(), Warmth::Warming);
+        assert!(w.set_warmth(Warmth::Warm));
+        assert!(w.view().healthy);
+        assert!(w.admit(settings).is_some());
+        assert!(w.set_warmth(Warmth::Warming));
+        assert!(!w.view().healthy);
+        // Ungated workers (dialects without /ready) are warm from the start.
+        assert!(WorkerState::new("http://b").view().healthy);
+    }
 
     #[test]
     fn in_flight_follows_guards() {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::backend::step_logits::{self, StepLogits};
 use crate::backend::{Backend, Sampled};
-use crate::model::forward::Model;
+use crate::model::forward::{Model, SeqChunk};
 use crate::model::kv_cache::KvCache;
 use crate::roofline::{ExecPath, StepCost};
 use crate::scheduler::Batch;
@@ -52,6 +52,32 @@ impl Backend for CpuBackend {
             path: ExecPath::Eager,
             padded_batch: batch.seqs.len(),
         }
+    }
+
+    /// A real decode-shaped forward pass of `size` one-token sequences (each in its own block
+    /// where the cache has enough; nothing is cached yet, so writing them is harmless), so the
+    /// first requests of that batch size find buffers and pages touched.
+    fn warm_up(
+        &mut self,
+        cost: &crate::capture_cost::SizeCost,
+    ) -> Result<crate::warmup::Warmed, String> {
+        let blocks = self.cache.num_blocks().max(1);
+        let tables: Vec<[crate::block_manager::BlockId; 1]> = (0..cost.size)
+            .map(|i| [(i % blocks) as crate::block_manager::BlockId])
+            .collect();
+        let token = [0u32];
+        let chunks: Vec<SeqChunk<'_>> = tables
+            .iter()
+            .map(|t| SeqChunk {
+                tokens: &token,
+                start: 0,
+                block_table: t,
+                want_logits: true,
+                prompt_len: 0,
+            })
+            .collect();
+        self.model.forward(&mut self.cache, &chunks)?;
+        Ok(crate::warmup::Warmed::default())
     }
 
     fn sample(&mut self, seq: &mut Sequence) -> Sampled {

@@ -192,3 +192,17 @@ fn embeddings_are_unit_norm_deterministic_and_input_dependent() {
     assert!(m.embed(&[u32::MAX]).is_err());
     assert!(m.embed(&[]).is_err());
 }
+
+#[test]
+fn warm_up_runs_a_real_pass_per_capture_size_even_past_the_cache() {
+    let mut backend = CpuBackend::new(Arc::new(tiny()), 2, BS);
+    for size in [1, 4] {
+        let cost = crate::capture_cost::SizeCost {
+            size,
+            bytes: 0,
+            seconds: 0.0,
+        };
+        let warmed = backend.warm_up(&cost).unwrap();
+        assert_eq!(warmed, crate::warmup::Warmed::default());
+    }
+}

@@ -51,6 +51,14 @@ pub trait Backend: Send {
     fn capture_budget(&self) -> Option<usize> {
         None
     }
+    /// Warms one capture size before the engine reports ready (see [`crate::warmup`]); the
+    /// default has nothing to warm.
+    fn warm_up(
+        &mut self,
+        _cost: &crate::capture_cost::SizeCost,
+    ) -> Result<crate::warmup::Warmed, String> {
+        Ok(crate::warmup::Warmed::default())
+    }
     /// Whether `token` ends generation (models may have several EOS tokens).
     fn is_eos(&self, token: u32) -> bool {
         token == self.eos_token()

@@ -34,6 +34,8 @@ pub struct SimBackend {
     block_size: usize,
     /// Modelled host time per step (zero by default).
     host: HostCost,
+    /// Share of the modelled capture time warm-up waits (`--sim-capture-time-scale`).
+    capture_time_scale: f64,
 }
 
 impl SimBackend {
@@ -64,6 +66,7 @@ impl SimBackend {
             eos,
             eos_probability: 1.0 / mean_output_tokens.max(1.0),
             host: HostCost::default(),
+            capture_time_scale: crate::warmup::DEFAULT_SIM_CAPTURE_TIME_SCALE,
         }
     }
 
@@ -71,6 +74,12 @@ impl SimBackend {
     /// engine idles its accelerator for it between steps).
     pub fn with_host_cost(mut self, host: HostCost) -> Self {
         self.host = host;
+        self
+    }
+
+    /// This backend charging `scale` x the modelled capture time per size at warm-up.
+    pub fn with_capture_time_scale(mut self, scale: f64) -> Self {
+        self.capture_time_scale = scale;
         self
     }
 
@@ -119,6 +128,17 @@ impl Backend for SimBackend {
 
     fn host_seconds(&self, batch: &Batch, running: &[Sequence]) -> Option<f64> {
         Some(self.host.seconds(&HostWork::of(batch, running)))
+    }
+
+    /// Charges the capture-cost model's time for the size (scaled) and reports its memory.
+    fn warm_up(
+        &mut self,
+        cost: &crate::capture_cost::SizeCost,
+    ) -> Result<crate::warmup::Warmed, String> {
+        Ok(crate::warmup::Warmed {
+            bytes: cost.bytes,
+            charge_seconds: cost.seconds * self.capture_time_scale,
+        })
     }
 
     fn sample(&mut self, seq: &mut Sequence) -> Sampled {

@@ -51,8 +51,22 @@ impl Engine {
         Self::start_with("sim", args, &[]).await
     }
 
-    /// Spawns `infergate engine --backend BACKEND --port 0 ARGS` with extra environment `envs`.
+    /// Spawns `infergate engine --backend BACKEND --port 0 ARGS` with extra environment `envs`,
+    /// and waits until it is warm (`/ready` 200) too.
     pub async fn start_with(backend: &str, args: &[&str], envs: &[(&str, &str)]) -> Engine {
+        let engine = Self::start_alive(backend, args, envs).await;
+        if let Err(e) = wait_ok(&engine.at("/ready"), START_DEADLINE).await {
+            panic!(
+                "engine never became ready ({e}); stderr:\n{}",
+                engine.stderr()
+            );
+        }
+        engine
+    }
+
+    /// As [`start_with`](Self::start_with), returning once `/health` answers, maybe still
+    /// warming up.
+    pub async fn start_alive(backend: &str, args: &[&str], envs: &[(&str, &str)]) -> Engine {
         let (mut child, stderr, mut stdout) =
             process::spawn(&mut engine_command(backend, 0, args, envs));
         let deadline = Instant::now() + START_DEADLINE;

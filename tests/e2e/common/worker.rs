@@ -1,6 +1,7 @@
 //! A stand-in worker on loopback for answers no real engine gives on demand (a 503 every time, a
-//! usage without cached tokens): `GET /metrics` serves idle vLLM gauges, so the gateway's poller
-//! keeps it healthy, and every other request gets what `answer` returns for its method and path.
+//! usage without cached tokens): `GET /metrics` serves idle vLLM gauges and `GET /ready` 200, so
+//! the gateway's poller keeps it healthy and warm, and every other request gets what `answer`
+//! returns for its method and path.
 
 use std::convert::Infallible;
 
@@ -29,6 +30,7 @@ where
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let (status, body) = match (req.method(), req.uri().path()) {
                         (&Method::GET, "/metrics") => (StatusCode::OK, IDLE_METRICS.to_string()),
+                        (&Method::GET, "/ready") => (StatusCode::OK, String::new()),
                         (method, path) => answer(method, path),
                     };
                     let mut res = Response::new(Full::new(Bytes::from(body)));

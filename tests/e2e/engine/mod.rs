@@ -9,3 +9,4 @@ mod engine_faults;
 mod engine_kv;
 mod engine_metrics;
 mod engine_sampling;
+mod engine_warmup;

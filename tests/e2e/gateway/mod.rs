@@ -10,4 +10,5 @@ mod gateway_routing;
 mod gateway_streaming;
 mod gateway_tls_admin;
 mod gateway_up;
+mod gateway_warmup;
 mod otlp_export;

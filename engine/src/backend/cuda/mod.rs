@@ -85,17 +85,8 @@ impl CudaBackend {
             kv_bytes = num_blocks * per_block,
             "sized the KV cache"
         );
-        let started = Instant::now();
-        model
-            .capture_graphs(opts.capture_sizes.as_slice())
-            .map_err(|e| {
-                format!("{e} (capturing CUDA graphs; --enforce-eager runs without them)")
-            })?;
-        tracing::info!(
-            sizes = opts.capture_sizes.as_slice().len(),
-            seconds = started.elapsed().as_secs_f64(),
-            "CUDA graphs ready"
-        );
+        // The graphs are captured by warm-up (`Backend::warm_up`), after the server listens:
+        // `/health` answers meanwhile and `/ready` says when they are done.
         Ok((
             Self {
                 model,
@@ -166,6 +157,20 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn capture_budget(&self) -> Option<usize> {
         self.sizes.as_slice().last().copied()
+    }
+
+    /// Captures the size's CUDA graph; the bytes are measured on the device.
+    fn warm_up(
+        &mut self,
+        cost: &crate::capture_cost::SizeCost,
+    ) -> Result<crate::warmup::Warmed, String> {
+        let bytes = self.model.capture_graph(cost.size).map_err(|e| {
+            format!("{e} (capturing CUDA graphs; --enforce-eager runs without them)")
+        })?;
+        Ok(crate::warmup::Warmed {
+            bytes,
+            charge_seconds: 0.0,
+        })
     }
 
     fn execute(&mut self, batch: &Batch, running: &[Sequence]) -> StepCost {

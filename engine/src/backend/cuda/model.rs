@@ -488,6 +488,15 @@ impl GpuModel {
     /// time and memory each took.
     pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<(), String> {
         for &size in sizes {
+            self.capture_graph(size)?;
+        }
+        Ok(())
+    }
+
+    /// Captures the decode graph of batch size `size` (after the cache exists), logging the
+    /// time and memory it took; returns the device bytes it keeps.
+    pub fn capture_graph(&mut self, size: usize) -> Result<u64, String> {
+        {
             let (free_before, _) = self.memory()?;
             let started = Instant::now();
             let padding = StepPlan::new(
@@ -524,8 +533,8 @@ impl GpuModel {
                 "captured CUDA graph"
             );
             self.graphs.insert(size, OwnedGraph(graph));
+            Ok(free_before.saturating_sub(free_after) as u64)
         }
-        Ok(())
     }
 
     /// Whether a graph was captured for `size`.

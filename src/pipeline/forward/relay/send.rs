@@ -27,8 +27,9 @@ use crate::usage_check::TokenUsage;
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::pool::Routed;
-use crate::workers::state::{Attempt, KvEventsState, OutlierSettings, WorkerState};
+use crate::workers::state::{Attempt, KvEventsState, OutlierSettings, Warmth, WorkerState};
 use infergate_engine::kv_events::{PREFIX_KEYS_HEADER, PrefixKeys};
+use infergate_engine::server::NOT_READY_HEADER;
 
 /// Timeouts and retry budget of forwarding.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,6 +174,10 @@ pub async fn forward(
                     && attempt < settings.retries
                     && another_worker(pool, &tried, worker.key) =>
             {
+                if res.headers().contains_key(NOT_READY_HEADER) && pool.dialect.has_ready() {
+                    // Restarted and warming since the last poll: out until `/ready` says 200.
+                    worker.set_warmth(Warmth::Warming);
+                }
                 failed("status_503");
                 Err(GatewayError::UpstreamUnavailable(format!(
                     "the workers of pool `{}` are overloaded",
