@@ -116,13 +116,20 @@ fn gateway_with(
         p.as_ref().map(|(s, p)| (s.as_str(), p.as_path())),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    Gateway::new(
+    let gw = Gateway::new(
         snapshot,
         ConfigSource::Embedded,
         (Default::default(), Vec::new()),
         None,
     )
-    .unwrap()
+    .unwrap();
+    // No poller runs here to find the stand-in workers warm (they serve no `/ready`).
+    for pool in &gw.live().pools {
+        for w in pool.workers().iter() {
+            w.set_warmth(crate::workers::state::Warmth::Warm);
+        }
+    }
+    gw
 }
 
 const GOLD: &str = "tiers:\n  gold:\n    priority: 5\n    requests_per_minute: 100\n    tokens_per_minute: 1000\n    max_tokens: 800\n    models: [\"*\"]\n";
