@@ -107,7 +107,9 @@ struct Counts {
 
 impl Rogue {
     /// Starts a rogue whose every request is answered by `script`. `GET /metrics` goes to the
-    /// script too: return [`IDLE_VLLM_METRICS`] there to look healthy to the poller.
+    /// script too: return [`IDLE_VLLM_METRICS`] there to look healthy to the poller. `GET /ready`
+    /// (the gateway's warm-up check) is answered 200 here, neither scripted nor counted: a rogue
+    /// misbehaves once it is in rotation.
     pub async fn start<F>(script: F) -> Rogue
     where
         F: Fn(&RogueRequest) -> Vec<Step> + Send + Sync + 'static,
@@ -149,6 +151,13 @@ where
         let Some(req) = read_request(&mut tcp, &mut buf).await else {
             return;
         };
+        if req.method == "GET" && req.path == "/ready" {
+            let ready = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+            if tcp.write_all(ready).await.is_err() {
+                return;
+            }
+            continue;
+        }
         if req.method == "GET" && req.path.starts_with("/metrics") {
             counts.metrics.fetch_add(1, Ordering::Relaxed);
         } else {
