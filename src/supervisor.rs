@@ -363,12 +363,13 @@ fn health_client() -> HealthClient {
 }
 
 /// True when `GET http://127.0.0.1:PORT/health` answers 200 within [`HEALTH_REQUEST_TIMEOUT`],
-/// from the process `pid` when given (the engine names itself in its `PID_HEADER`).
+/// from the process `pid` when given (the engine names itself in its `PID_HEADER`), and the
+/// worker is not warming up.
 async fn health_ok(client: &HealthClient, port: u16, pid: Option<u32>) -> bool {
     let Ok(uri) = format!("http://127.0.0.1:{port}/health").parse::<hyper::Uri>() else {
         return false;
     };
-    match tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await {
+    let healthy = match tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await {
         Ok(Ok(resp)) if resp.status() == hyper::StatusCode::OK => pid.is_none_or(|pid| {
             resp.headers()
                 .get(infergate_engine::server::PID_HEADER)
@@ -376,7 +377,21 @@ async fn health_ok(client: &HealthClient, port: u16, pid: Option<u32>) -> bool {
                 .is_some_and(|v| v == pid.to_string())
         }),
         _ => false,
-    }
+    };
+    healthy && !warming(client, port).await
+}
+
+/// True while the worker's `GET /ready` answers 503 (an engine still warming its capture sizes):
+/// `up` hands the gateway workers that are warm, so the first requests find them in rotation.
+/// A worker without `/ready` (any other answer) is not warming.
+async fn warming(client: &HealthClient, port: u16) -> bool {
+    let Ok(uri) = format!("http://127.0.0.1:{port}/ready").parse::<hyper::Uri>() else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(HEALTH_REQUEST_TIMEOUT, client.get(uri)).await,
+        Ok(Ok(resp)) if resp.status() == hyper::StatusCode::SERVICE_UNAVAILABLE
+    )
 }
 
 /// Sends SIGTERM to `pid`. The crate forbids `unsafe`, so there is no `libc::kill`: we run the

@@ -244,15 +244,19 @@ impl Gateway {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Ready: not draining, shared state reachable when the config fails closed, and at least
-    /// one healthy, warm worker.
+    /// Ready: not draining, shared state reachable when the config fails closed, every worker
+    /// polled at least once (so that a pool whose workers are warm is not refused for a moment
+    /// after start while its first poll is under way), and at least one healthy, warm worker.
     pub fn is_ready(&self) -> bool {
+        let live = self.live();
+        let workers = || {
+            live.pools
+                .iter()
+                .flat_map(|p| p.workers().iter().cloned().collect::<Vec<_>>())
+        };
         !self.is_draining()
             && !self.shared.as_ref().is_some_and(|s| s.blocks_readiness())
-            && self
-                .live()
-                .pools
-                .iter()
-                .any(|p| p.workers().iter().any(|w| w.is_healthy() && w.is_warm()))
+            && workers().all(|w| w.warmth() != crate::workers::state::Warmth::Unknown)
+            && workers().any(|w| w.is_healthy() && w.is_warm())
     }
 }
