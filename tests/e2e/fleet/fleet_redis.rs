@@ -251,14 +251,14 @@ async fn concurrency_and_tokens_are_counted_once_across_replicas() {
     // back to Redis in the background after the answers end: until then the refusal may still
     // be the concurrency one.
     let ask = completion("x", 900);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let over = loop {
-        let over = post(&b.at("/v1/completions"), Some(&key_of("acme")), &ask).await;
-        if !over.text.contains("in flight") || Instant::now() > deadline {
-            break over;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (url, key) = (b.at("/v1/completions"), key_of("acme"));
+    let over = common::settle(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || post(&url, Some(&key), &ask),
+        |over| !over.text.contains("in flight"),
+    )
+    .await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{}", over.text);
     assert!(over.text.contains("tokens"), "{}", over.text);
 
