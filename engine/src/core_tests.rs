@@ -385,6 +385,7 @@ fn a_mixed_step_runs_eager() {
     // `a` decoded in `b`'s prefill step, eager but within the captured budget (31 tokens of
     // at most 256): not off the fast path for it.
     assert_eq!((ia.eager_shared_steps, ib.eager_shared_steps), (0, 0));
+    assert_eq!((ia.off_path_steps, ib.off_path_steps), (0, 0));
 }
 
 #[test]
@@ -406,6 +407,8 @@ fn a_chunked_prefill_makes_each_of_its_steps_shared_for_the_decoders() {
         ib.eager_shared_steps, 0,
         "its own prefill chunks are not shared"
     );
+    // Both left the fast path in those two steps: `a` as a victim, `b` by its own shape.
+    assert_eq!((ia.off_path_steps, ib.off_path_steps), (2, 2));
 }
 
 #[test]

@@ -116,6 +116,24 @@ impl CaptureSizes {
     }
 }
 
+/// A request's path class, from its steps (summed over its sequences): `eager` when none
+/// replayed a graph; otherwise `mixed` when some step took it off the fast path, else `graph`.
+///
+/// Off the fast path means an eager step past the captured budget (`off_path`: more sequences
+/// or tokens than the largest capture size, by its own prefill chunk or the others'). Eager
+/// steps within the budget are the fast path's own: every step with prefill tokens runs
+/// eagerly, so a request decoding beside short prefills stays `graph`. Without the count (an
+/// older record, a header), at most one eager step (its prefill) is allowed.
+pub fn request_path(graph: u64, eager: u64, off_path: Option<u64>) -> &'static str {
+    if graph == 0 {
+        "eager"
+    } else if off_path.map_or(eager <= 1, |n| n == 0) {
+        "graph"
+    } else {
+        "mixed"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +166,18 @@ mod tests {
         assert_eq!(s.pick(&decode(8)), (ExecPath::Graph, 8));
         // A rare shape: more sequences than the largest capture size.
         assert_eq!(s.pick(&decode(9)), (ExecPath::Eager, 9));
+    }
+
+    #[test]
+    fn a_request_is_mixed_only_when_a_step_left_the_captured_budget() {
+        // Decoding beside ten short prefills (eager, within the budget) is the fast path.
+        assert_eq!(request_path(100, 11, Some(0)), "graph");
+        assert_eq!(request_path(100, 11, Some(1)), "mixed");
+        assert_eq!(request_path(0, 11, Some(11)), "eager");
+        // Without the count: the prefill step alone.
+        assert_eq!(request_path(100, 1, None), "graph");
+        assert_eq!(request_path(100, 2, None), "mixed");
+        assert_eq!(request_path(0, 1, None), "eager");
     }
 
     #[test]

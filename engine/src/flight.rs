@@ -16,8 +16,8 @@ pub const FLIGHT_HEADER: &str = "x-infergate-flight";
 /// Start of the SSE comment line carrying the record of a stream.
 pub const SSE_PREFIX: &str = ": flight ";
 /// Format version, in the record's `v` (2: `batch_hist` added; 3: `eager_shared` added, so
-/// a reader can tell "none" from "not counted").
-pub const FORMAT_VERSION: u32 = 3;
+/// a reader can tell "none" from "not counted"; 4: `off_path` added).
+pub const FORMAT_VERSION: u32 = 4;
 /// Most capture sizes a record lists (vLLM's default has at most 67): keeps the record small.
 pub const MAX_CAPTURE_LISTED: usize = 80;
 /// Upper bound of one serialized record, in bytes; what the gateway accepts (a record past it
@@ -43,6 +43,9 @@ pub struct FlightRecord {
     /// largest capture size in tokens, or the batch outgrew it in sequences (every eager step
     /// it only decoded in, when no graphs are captured). Summed over its sequences, as `steps`.
     pub eager_shared: u32,
+    /// Of the eager steps, all those past the captured budget (the request prefilling or only
+    /// decoding in them): the steps that took it off the fast path. Format 4; summed as `steps`.
+    pub off_path: u32,
     /// Batch sizes (sequences) of the steps the request was in.
     pub batch: BatchStats,
     /// The same steps by batch size, decode-only apart from prefill (summed over its
@@ -172,6 +175,13 @@ impl EngineInfo {
 }
 
 impl FlightRecord {
+    /// The request's path class (see [`crate::exec_path::request_path`]); a record older than
+    /// format 4 does not count off-path steps, and is classed by its step counts alone.
+    pub fn path(&self) -> &'static str {
+        let off_path = (self.v >= 4).then_some(u64::from(self.off_path));
+        crate::exec_path::request_path(self.steps.graph.into(), self.steps.eager.into(), off_path)
+    }
+
     /// The record of a request with `features`, run on `engine`, whose sequences ended with
     /// `infos` (a sequence that did not end adds nothing).
     pub fn build<'a>(
@@ -200,6 +210,7 @@ impl FlightRecord {
             r.steps.graph = r.steps.graph.saturating_add(info.graph_steps);
             r.steps.eager = r.steps.eager.saturating_add(info.eager_steps);
             r.eager_shared = r.eager_shared.saturating_add(info.eager_shared_steps);
+            r.off_path = r.off_path.saturating_add(info.off_path_steps);
             r.tokens.decode = r
                 .tokens
                 .decode
@@ -261,6 +272,7 @@ mod tests {
             graph_steps: graph,
             eager_steps: eager,
             eager_shared_steps: eager / 2,
+            off_path_steps: eager / 2,
             preemptions: 1,
             batch_min: batches.0,
             batch_max: batches.1,
@@ -287,7 +299,7 @@ mod tests {
         assert_eq!(r.backend, "sim");
         assert_eq!(r.capture, vec![1, 2, 4, 8]);
         assert_eq!(r.steps, PathSteps { graph: 5, eager: 3 });
-        assert_eq!(r.eager_shared, 1);
+        assert_eq!((r.eager_shared, r.off_path), (1, 1));
         assert_eq!((r.batch.min, r.batch.max), (1, 9));
         assert!((r.batch.mean - 30.0 / 8.0).abs() < 1e-9);
         assert_eq!(
@@ -316,6 +328,7 @@ mod tests {
             [FinishInfo {
                 batch_hist: widest_hist(),
                 eager_shared_steps: u32::MAX,
+                off_path_steps: u32::MAX,
                 ..info(u32::MAX, u32::MAX, (u32::MAX, u32::MAX, u64::MAX))
             }]
             .iter(),

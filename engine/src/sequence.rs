@@ -37,6 +37,10 @@ pub struct FinishInfo {
     /// size in tokens, or the batch outgrew it in sequences (with no capture sizes, every eager
     /// step it only decoded in).
     pub eager_shared_steps: u32,
+    /// Eager steps it was in (prefilling or decoding) that went past the captured budget, by
+    /// its own prefill chunk or the others': the steps that took it off the fast path (with no
+    /// capture sizes, every eager step).
+    pub off_path_steps: u32,
     /// Times this sequence was preempted and recomputed.
     pub preemptions: u32,
     /// Smallest batch (sequences) of the steps it was in; 0 before any.
@@ -159,6 +163,8 @@ pub struct Sequence {
     pub eager_steps: u32,
     /// Eager steps in which it only decoded (see [`FinishInfo::eager_shared_steps`]).
     pub eager_shared_steps: u32,
+    /// Steps past the captured budget it was in (see [`FinishInfo::off_path_steps`]).
+    pub off_path_steps: u32,
     /// Times preempted.
     pub preemptions: u32,
     /// Smallest batch of its steps (0 before any).
@@ -231,6 +237,7 @@ impl Sequence {
             graph_steps: 0,
             eager_steps: 0,
             eager_shared_steps: 0,
+            off_path_steps: 0,
             preemptions: 0,
             batch_min: 0,
             batch_max: 0,
@@ -290,6 +297,9 @@ impl Sequence {
     /// output already under way) left it because of the others in it.
     pub fn record_shared(&mut self, off_path: bool, own_tokens: usize) {
         let decoded = own_tokens == 1 && self.remaining() == 0 && self.num_output() > 0;
+        if off_path {
+            self.off_path_steps = self.off_path_steps.saturating_add(1);
+        }
         if off_path && decoded {
             self.eager_shared_steps = self.eager_shared_steps.saturating_add(1);
         }
@@ -319,6 +329,7 @@ impl Sequence {
             graph_steps: self.graph_steps,
             eager_steps: self.eager_steps,
             eager_shared_steps: self.eager_shared_steps,
+            off_path_steps: self.off_path_steps,
             preemptions: self.preemptions,
             batch_min: self.batch_min,
             batch_max: self.batch_max,

@@ -79,6 +79,10 @@ fn check(r: &FlightRecord) -> Result<(), &'static str> {
     if r.eager_shared > r.steps.eager {
         return Err("eager_shared");
     }
+    // Off-path steps are eager steps past the budget, shared ones among them (format 4).
+    if r.v >= 4 && (r.off_path > r.steps.eager || r.eager_shared > r.off_path) {
+        return Err("off_path");
+    }
     let b = &r.batch;
     if !count(b.max.into()) || b.min > b.max || !b.mean.is_finite() {
         return Err("batch");
@@ -220,7 +224,17 @@ mod tests {
             Flight::Invalid,
             "more than eager"
         );
-        assert_eq!(with(|r| r.eager_shared = 1).label(), "ok");
+        assert_eq!(
+            with(|r| {
+                r.eager_shared = 1;
+                r.off_path = 1;
+            })
+            .label(),
+            "ok"
+        );
+        // More off-path steps than eager ones, or fewer than the shared ones among them.
+        assert_eq!(with(|r| r.off_path = 99), Flight::Invalid);
+        assert_eq!(with(|r| r.eager_shared = 1), Flight::Invalid);
         assert_eq!(
             with(|r| r.steps = PathSteps::default()),
             Flight::Invalid,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::args::Endpoint;
-use super::sse::{SseReader, flight_shared, parse_exec_path, path_class};
+use super::sse::{SseReader, flight_facts, parse_exec_path, path_class};
 use crate::report::RequestRecord;
 use crate::workload::{PlannedRequest, request_body};
 use http_body_util::{BodyExt, Full};
@@ -159,10 +159,14 @@ impl Target {
         record.worker = header("x-infergate-worker").map(str::to_owned);
         let mut reader = SseReader::default();
         reader.stats.paths = header("x-infergate-exec-path").and_then(parse_exec_path);
-        reader.stats.shared = parts
+        if let Some((shared, path)) = parts
             .headers
             .get(infergate_engine::flight::FLIGHT_HEADER)
-            .and_then(|v| flight_shared(v.as_bytes()));
+            .and_then(|v| flight_facts(v.as_bytes()))
+        {
+            reader.stats.shared = shared;
+            reader.stats.flight_path = Some(path);
+        }
         let mut complete = false;
         loop {
             match tokio::time::timeout(self.idle_timeout, body.frame()).await {
@@ -185,7 +189,12 @@ impl Target {
             (None, true) if !streamed_ok => 0,
             _ => parts.status.as_u16(),
         };
-        record.path = s.paths.map(|(g, e)| path_class(g, e).to_owned());
+        // The flight record's class counts the steps past the captured budget; the exec-path
+        // counts alone cannot tell an eager step beside a short prefill from one past it.
+        record.path = s
+            .flight_path
+            .or_else(|| s.paths.map(|(g, e)| path_class(g, e)))
+            .map(str::to_owned);
         record.shared = s.shared;
         record.ttft = s.first.map(|f| f.duration_since(t0).as_secs_f64());
         record.itl = s.gaps;

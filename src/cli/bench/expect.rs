@@ -2,9 +2,10 @@
 //! path the operator intended, the canary check of a capture-size or routing change.
 //!
 //! A class meets `CLASS=PATH` when it has at least one successful request and every successful
-//! request of it took `PATH`, as the report's `by_path` names paths (`graph`: at most its
-//! prefill step ran eagerly; `mixed`: more than that, and some graph steps; `eager`: no graph
-//! step). Failed requests are left out (their path is not known); a successful request whose
+//! request of it took `PATH`, as the report's `by_path` names paths
+//! (`infergate_engine::exec_path::request_path`: `eager`: no graph step; `mixed`: some step
+//! took it past the captured budget, by its own prefill chunk or beside another's; else
+//! `graph`; without a flight record, at most its prefill step may run eagerly). Failed requests are left out (their path is not known); a successful request whose
 //! path was not reported counts as missing the path.
 
 use std::collections::BTreeMap;

@@ -67,6 +67,9 @@ pub struct StreamStats {
     /// Whether the request shared a step with an off-path step, from the engine's flight record
     /// (comment or header) when one came and counts it (format 3 or later).
     pub shared: Option<bool>,
+    /// The request's path class by its flight record (which counts the steps past the captured
+    /// budget, unlike the exec-path counts).
+    pub flight_path: Option<&'static str>,
     /// Status carried by a mid-stream error event (502 when it names none).
     pub error: Option<u16>,
     /// `data: [DONE]` arrived.
@@ -119,7 +122,10 @@ impl SseReader {
             if let Some(value) = text.strip_prefix("x-infergate-exec-path") {
                 self.stats.paths = parse_exec_path(value.trim()).or(self.stats.paths);
             } else if let Some(raw) = text.strip_prefix(FLIGHT_COMMENT) {
-                self.stats.shared = flight_shared(raw.trim().as_bytes()).or(self.stats.shared);
+                if let Some((shared, path)) = flight_facts(raw.trim().as_bytes()) {
+                    self.stats.shared = shared.or(self.stats.shared);
+                    self.stats.flight_path = Some(path);
+                }
             }
         }
     }
@@ -155,13 +161,13 @@ impl SseReader {
 /// The flight-record comment's name (`infergate_engine::flight::SSE_PREFIX` without its `: `).
 const FLIGHT_COMMENT: &str = "flight ";
 
-/// Whether a raw flight record (header value or comment payload) says its request shared a
-/// step with an off-path step; `None` for a record that fails the gateway's checks or predates
-/// the count (format 2 or older).
-pub fn flight_shared(raw: &[u8]) -> Option<bool> {
+/// What a raw flight record (header value or comment payload) says of its request: whether it
+/// shared a step with an off-path step (`None` before format 3 counted it), and its path
+/// class. `None` for a record that fails the gateway's checks.
+pub fn flight_facts(raw: &[u8]) -> Option<(Option<bool>, &'static str)> {
     let record = infergate::trace::record::parse(raw);
     let r = record.record()?;
-    (r.v >= 3).then_some(r.eager_shared > 0)
+    Some(((r.v >= 3).then_some(r.eager_shared > 0), r.path()))
 }
 
 /// Parses `graph=N,eager=M`.
@@ -177,14 +183,9 @@ pub fn parse_exec_path(value: &str) -> Option<(u64, u64)> {
     Some((graph?, eager?))
 }
 
-/// The path class of a request's steps: `eager` when no step ran as a graph, `graph` when at
-/// most one did not (the prefill), else `mixed`.
+/// The path class of a request's steps by their counts alone (the exec-path header, without a
+/// flight record): `eager` when no step ran as a graph, `graph` when at most one did not (the
+/// prefill), else `mixed`. See `infergate_engine::exec_path::request_path`.
 pub fn path_class(graph: u64, eager: u64) -> &'static str {
-    if graph == 0 {
-        "eager"
-    } else if eager <= 1 {
-        "graph"
-    } else {
-        "mixed"
-    }
+    infergate_engine::exec_path::request_path(graph, eager, None)
 }

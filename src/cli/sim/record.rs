@@ -3,8 +3,8 @@
 
 use infergate_engine::sequence::FinishInfo;
 
-use crate::bench::path_class;
 use crate::report::RequestRecord;
+use infergate_engine::exec_path::request_path;
 
 /// A request routed to a worker and not yet finished.
 #[derive(Debug, Clone)]
@@ -69,8 +69,10 @@ impl Live {
         worker: &str,
         info: Option<&FinishInfo>,
     ) -> RequestRecord {
-        let path =
-            info.map(|i| path_class(u64::from(i.graph_steps), u64::from(i.eager_steps)).to_owned());
+        let path = info.map(|i| {
+            let off_path = Some(u64::from(i.off_path_steps));
+            request_path(i.graph_steps.into(), i.eager_steps.into(), off_path).to_owned()
+        });
         RequestRecord {
             id,
             tenant: self.tenant,

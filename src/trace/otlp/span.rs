@@ -213,12 +213,10 @@ fn server_attrs(line: &TraceLine, op: &str) -> Attrs {
         a.str("infergate.engine.version", &f.engine);
         a.str("infergate.engine.backend", &f.backend);
         a.ints("infergate.engine.capture_sizes", &f.capture);
-        a.str(
-            "infergate.exec.path",
-            exec_path(f.steps.graph, f.steps.eager),
-        );
+        a.str("infergate.exec.path", f.path());
         a.int("infergate.exec.graph_steps", f.steps.graph.into());
         a.int("infergate.exec.eager_steps", f.steps.eager.into());
+        a.int("infergate.exec.off_path_steps", f.off_path.into());
         a.int("infergate.batch.min", f.batch.min.into());
         a.int("infergate.batch.max", f.batch.max.into());
         a.f64("infergate.batch.mean", f.batch.mean);
@@ -238,17 +236,6 @@ fn server_attrs(line: &TraceLine, op: &str) -> Attrs {
         a.int("infergate.features.images", x.images.into());
     }
     a
-}
-
-/// The request's execution path by its steps: all replayed from a captured graph, all eager,
-/// or both.
-fn exec_path(graph: u32, eager: u32) -> &'static str {
-    match (graph > 0, eager > 0) {
-        (true, false) => "graph",
-        (false, true) => "eager",
-        (true, true) => "mixed",
-        (false, false) => "none",
-    }
 }
 
 fn attempt_attrs(line: &TraceLine, at: &AttemptLine, (op, index): (&str, usize)) -> Attrs {

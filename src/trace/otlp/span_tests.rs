@@ -105,7 +105,8 @@ fn a_request_is_a_server_span_with_genai_names_and_a_client_span_per_attempt() {
     assert_eq!(attr(server, "infergate.tenant")["stringValue"], "acme");
     assert_eq!(attr(server, "infergate.pool")["stringValue"], "gpu");
     assert_eq!(attr(server, "infergate.version")["stringValue"], "v2");
-    assert_eq!(attr(server, "infergate.exec.path")["stringValue"], "mixed");
+    // A format-1 record does not count off-path steps: one eager step (the prefill) is allowed.
+    assert_eq!(attr(server, "infergate.exec.path")["stringValue"], "graph");
     assert_eq!(attr(server, "infergate.exec.graph_steps")["intValue"], "7");
     assert_eq!(attr(server, "infergate.batch.mean")["doubleValue"], 1.5);
     assert_eq!(attr(server, "infergate.preemptions")["intValue"], "2");

@@ -71,14 +71,18 @@ async fn whole(url: &str, id: &str, tokens: u64) -> HeaderMap {
 fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]) {
     assert_eq!(line["flight_status"], "ok", "{line}");
     let f = &line["flight"];
-    assert_eq!(f["v"], 3);
+    assert_eq!(f["v"], 4);
     assert_eq!(f["backend"], "sim");
     assert!(!f["capture"].as_array().unwrap().is_empty(), "{f}");
     let (graph, eager) = (
         f["steps"]["graph"].as_u64().unwrap(),
         f["steps"]["eager"].as_u64().unwrap(),
     );
-    assert!(f["eager_shared"].as_u64().unwrap() <= eager, "{f}");
+    let off_path = f["off_path"].as_u64().unwrap();
+    assert!(
+        f["eager_shared"].as_u64().unwrap() <= off_path && off_path <= eager,
+        "{f}"
+    );
     // The prefill step is eager; the decode steps of a lone request replay the size-1 graph.
     assert!(eager >= 1, "{f}");
     assert_eq!(graph + eager, tokens, "one step per token: {f}");
