@@ -36,6 +36,19 @@ pub(super) enum Outcome<'a> {
     Gone,
 }
 
+/// A traced request's shape, what a replay of the trace needs (see `TraceLine`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TracedShape {
+    /// The gateway's prompt-token estimate.
+    pub prompt_estimate: Option<u64>,
+    /// The canonical prompt's bytes.
+    pub prompt_bytes: Option<u64>,
+    /// Session key hash, hex.
+    pub session: Option<String>,
+    /// Prefix marks (`trace::prefix_marks`).
+    pub prefix: Vec<String>,
+}
+
 /// The request's one exit: its usage row as far as the phases got, and everything its end
 /// reports to. Empty (`Default`) once finished or moved on: then it does nothing.
 #[derive(Default)]
@@ -67,6 +80,8 @@ pub(crate) struct Exit {
     otlp: Option<Arc<OtlpExporter>>,
     /// The endpoint's path and the completion bound, for the trace.
     request: Option<(&'static str, u64)>,
+    /// The request's shape as a replay needs it (prompt estimate, session, prefix marks).
+    shape: TracedShape,
     /// The client's `traceparent`, kept only while a trace is kept.
     traceparent: Option<String>,
     /// The attempts on workers, once one answered.
@@ -130,14 +145,16 @@ impl Exit {
         self.trace.is_some() || self.otlp.is_some()
     }
 
-    /// What the trace says of the request: its endpoint's path, its completion bound and the
-    /// client's `traceparent`.
+    /// What the trace says of the request: its endpoint's path, its completion bound, its
+    /// shape and the client's `traceparent`.
     pub(super) fn traced_request(
         &mut self,
         (path, max_tokens): (&'static str, u64),
+        shape: TracedShape,
         traceparent: Option<&hyper::header::HeaderValue>,
     ) {
         self.request = Some((path, max_tokens));
+        self.shape = shape;
         self.traceparent = traceparent.and_then(|v| v.to_str().ok()).map(str::to_owned);
     }
 
@@ -377,6 +394,10 @@ impl Exit {
             ttft_ms: end.ttft.map(crate::trace::millis),
             total_ms: crate::trace::millis(elapsed),
             prompt_tokens: end.usage.map(|u| u.prompt),
+            prompt_estimate: self.shape.prompt_estimate,
+            prompt_bytes: self.shape.prompt_bytes,
+            session: self.shape.session.clone(),
+            prefix: self.shape.prefix.clone(),
             completion_tokens: end.usage.map(|u| u.completion),
             flight_status: end.flight.label(),
             flight: end.flight.record().cloned(),

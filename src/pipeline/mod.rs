@@ -212,8 +212,14 @@ async fn run<B: RequestBody>(
     if ctx.exit.traced() {
         let v = &validated.valid;
         let traceparent = parts.headers.get(edge::trace_context::TRACEPARENT);
+        let shape = account::TracedShape {
+            prompt_estimate: Some(prompt_tokens),
+            prompt_bytes: u64::try_from(v.features.prompt_bytes).ok(),
+            session: v.features.session_key.map(|k| format!("{k:016x}")),
+            prefix: crate::trace::prefix_marks(&v.features.prefix_hashes),
+        };
         ctx.exit
-            .traced_request((v.endpoint.path(), v.max_tokens), traceparent);
+            .traced_request((v.endpoint.path(), v.max_tokens), shape, traceparent);
     }
 
     let meter::Metered {

@@ -76,6 +76,21 @@ pub struct TraceLine {
     pub prompt_tokens: Option<u64>,
     /// Completion tokens the worker reported.
     pub completion_tokens: Option<u64>,
+    /// The gateway's own estimate of the prompt's tokens (kept for a request refused before
+    /// any worker counted it, so a replay still sends it).
+    pub prompt_estimate: Option<u64>,
+    /// Bytes of the prompt as the router reads it (messages' roles and contents): with the
+    /// token counts, how many tokens a prefix block held.
+    pub prompt_bytes: Option<u64>,
+    /// The session key's hash (hex), when the request named a session: a replay keeps the turns
+    /// of one session together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Prefix marks: the chained hashes (hex) of the prompt's first 1, 2, 4, ... 256 blocks of
+    /// [`PREFIX_MARK_BLOCK_BYTES`] (as many as it has). Two requests sharing a mark share that
+    /// many leading blocks, so a replay rebuilds prefix groups without keeping any text.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefix: Vec<String>,
     /// `ok`, `invalid` (a record came and was ignored) or `absent`.
     pub flight_status: &'static str,
     /// The engine's record, when one came and passed the checks.
@@ -104,6 +119,18 @@ pub struct AttemptLine {
     pub retried: bool,
 }
 
+/// Bytes of one prefix block of the marks (the router's block).
+pub const PREFIX_MARK_BLOCK_BYTES: usize = crate::routing::features::DEFAULT_BLOCK_BYTES;
+
+/// The prefix marks of a prompt from its chained block hashes: the hashes at 1, 2, 4, ...
+/// blocks, as hex.
+pub fn prefix_marks(block_hashes: &[u64]) -> Vec<String> {
+    std::iter::successors(Some(1usize), |n| n.checked_mul(2))
+        .take_while(|&n| n <= block_hashes.len())
+        .map(|n| format!("{:016x}", block_hashes[n - 1]))
+        .collect()
+}
+
 impl TraceLine {
     /// The line as JSON (no newline).
     pub fn to_json(&self) -> String {
@@ -119,6 +146,16 @@ pub fn millis(d: std::time::Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_marks_are_the_hashes_at_powers_of_two_blocks() {
+        let hashes: Vec<u64> = (1..=9).collect();
+        let marks = prefix_marks(&hashes);
+        assert_eq!(marks.len(), 4, "1, 2, 4 and 8 blocks of 9");
+        assert_eq!(marks[0], "0000000000000001");
+        assert_eq!(marks[3], "0000000000000008");
+        assert!(prefix_marks(&[]).is_empty());
+    }
 
     #[test]
     fn a_line_is_one_json_object_with_the_record_nested() {

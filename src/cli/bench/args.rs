@@ -37,6 +37,13 @@ pub struct BenchArgs {
     /// Workload name (`config/workloads/NAME.yaml` or shipped) or path to a YAML file.
     #[arg(long, default_value = "chat")]
     pub workload: String,
+    /// Replay the gateway's trace file (its `trace:` output) instead of a workload: arrivals,
+    /// prompt and answer lengths, tenants, sessions and prefix groups as recorded.
+    #[arg(long, value_name = "TRACE", conflicts_with = "workload")]
+    pub replay: Option<std::path::PathBuf>,
+    /// With --replay: time scale of the recorded arrivals (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0, requires = "replay")]
+    pub speed: f64,
     /// Run length instead of the workload's, e.g. 30s, 500ms, 2m.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,

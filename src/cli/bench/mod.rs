@@ -44,7 +44,7 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
     let Some(url) = args.url.clone() else {
         return Err("bench needs --url (the gateway or engine, e.g. http://127.0.0.1:8080)".into());
     };
-    let workload = workload::load(&args.workload)?;
+    let workload = workload::load_or_replay(&args.workload, args.replay.as_deref(), args.speed)?;
     let expectations = expect::parse(&args.expect_path)?;
     if !expectations.is_empty() {
         let classes: Vec<&str> = workload

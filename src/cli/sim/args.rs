@@ -18,6 +18,13 @@ pub struct SimArgs {
     /// Workload name (`config/workloads/NAME.yaml` or shipped) or path to a YAML file.
     #[arg(long, default_value = "chat")]
     pub workload: String,
+    /// Replay the gateway's trace file (its `trace:` output) instead of a workload: arrivals,
+    /// prompt and answer lengths, tenants, sessions and prefix groups as recorded.
+    #[arg(long, value_name = "TRACE", conflicts_with = "workload")]
+    pub replay: Option<std::path::PathBuf>,
+    /// With --replay: time scale of the recorded arrivals (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0, requires = "replay")]
+    pub speed: f64,
     /// Engine workers in the fleet [default: 16].
     #[arg(long)]
     pub workers: Option<usize>,
@@ -333,7 +340,7 @@ pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), Strin
 
 /// Runs the simulation(s) the flags ask for; returns the text to print and writes `--out`.
 pub fn run(args: &SimArgs) -> Result<String, String> {
-    let workload = workload::load(&args.workload)?;
+    let workload = workload::load_or_replay(&args.workload, args.replay.as_deref(), args.speed)?;
     let overrides = Overrides {
         duration: args.duration,
         rate: args.rate,

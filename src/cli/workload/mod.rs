@@ -10,6 +10,7 @@ mod dist;
 mod load;
 mod model;
 mod plan;
+mod replay;
 mod rng;
 mod shape;
 mod spec;
@@ -31,4 +32,5 @@ pub use model::{
     Tenant, Trace, TraceEntry, TracePrompt, Workload,
 };
 pub use plan::{Requests, prompt_text};
+pub use replay::{load_or_replay, replay};
 pub use rng::{Rng, Zipf};

@@ -181,6 +181,17 @@ pub struct TraceEntry {
     pub prompt: TracePrompt,
     /// Answer length in tokens.
     pub output_tokens: u32,
+    /// The prefix group it shares its first tokens with (a gateway trace's marks).
+    pub group: Option<TraceGroup>,
+}
+
+/// A trace entry's shared prefix: the group, and how many of its first tokens the group shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceGroup {
+    /// Group id, from 0.
+    pub id: usize,
+    /// Shared prefix tokens.
+    pub tokens: u32,
 }
 
 /// A trace entry's prompt.

@@ -8,7 +8,9 @@ use std::time::Duration;
 use infergate_engine::tokenizer::SimTokenizer;
 
 use super::arrivals::{Schedule, Times, trace_speedup};
-use super::model::{Arrival, Overrides, PlannedRequest, TraceEntry, TracePrompt, Workload};
+use super::model::{
+    Arrival, Overrides, PlannedRequest, TraceEntry, TraceGroup, TracePrompt, Workload,
+};
 use super::rng::Rng;
 use super::shape::{Shaper, fresh_words};
 
@@ -46,6 +48,8 @@ impl Workload {
                 speedup: trace_speedup(trace, o.rate),
                 end: duration,
                 histories: HashMap::new(),
+                prefixes: HashMap::new(),
+                seed,
                 tokenizer,
                 rng: Rng::derive(seed, 3),
             }),
@@ -145,11 +149,29 @@ struct TraceReplay {
     speedup: f64,
     end: Duration,
     histories: HashMap<String, Vec<u32>>,
+    /// Each prefix group's shared tokens, drawn once (the longest any member asked for).
+    prefixes: HashMap<usize, Vec<u32>>,
+    seed: u64,
     tokenizer: &'static SimTokenizer,
     rng: Rng,
 }
 
 impl TraceReplay {
+    /// The first `g.tokens` tokens of group `g`'s prefix, the same for every member: words
+    /// drawn from the group's own stream, so a longer member extends a shorter one's.
+    fn group_prefix(&mut self, g: TraceGroup) -> Vec<u32> {
+        let words = self.tokenizer.word_tokens();
+        let seed = self.seed;
+        let prefix = self.prefixes.entry(g.id).or_default();
+        if prefix.len() < g.tokens as usize {
+            let mut rng = Rng::derive(seed ^ 0x9e37_79b9, 4 + g.id as u64);
+            let mut longer = Vec::new();
+            fresh_words(&mut longer, g.tokens, words, &mut rng);
+            *prefix = longer;
+        }
+        prefix[..(g.tokens as usize).min(prefix.len())].to_vec()
+    }
+
     /// The next entry as a request, or `None` past the end of the trace or the run.
     fn next_request(&mut self, id: u64) -> Option<PlannedRequest> {
         let entry = self.entries.next()?;
@@ -167,6 +189,7 @@ impl TraceReplay {
                 // A session's recorded length includes its history: reuse it and fill the rest.
                 let mut prompt = history
                     .filter(|h| h.len() <= n as usize)
+                    .or_else(|| entry.group.map(|g| self.group_prefix(g)))
                     .unwrap_or_default();
                 let fill = n.saturating_sub(prompt.len() as u32);
                 fresh_words(
@@ -190,7 +213,7 @@ impl TraceReplay {
             tenant: entry.tenant,
             class: None,
             session: entry.session,
-            group: None,
+            group: entry.group.map(|g| g.id),
             prompt,
             output_tokens: entry.output_tokens,
         })

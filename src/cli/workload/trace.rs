@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::model::{Trace, TraceEntry, TracePrompt};
+use super::replay;
 use super::spec::RawTraceLine;
 
 /// Reads and checks a trace file; entries come back sorted by timestamp (stable).
@@ -12,16 +13,29 @@ pub(super) fn read(path: &Path) -> Result<Trace, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let shown = path.display();
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    // The gateway's own trace file (`trace:`) replays as recorded; see `replay`.
+    if lines
+        .first()
+        .is_some_and(|(_, l)| replay::is_gateway_line(l))
+    {
+        let (entries, _skipped) = replay::entries(&lines).map_err(|e| format!("{shown}: {e}"))?;
+        return Ok(Trace {
+            path: path.to_path_buf(),
+            entries,
+        });
+    }
     let mut entries = Vec::new();
     let mut problems = Vec::new();
-    for (i, raw_line) in text.lines().enumerate() {
-        let trimmed = raw_line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        match parse_line(trimmed) {
+    for (n, line) in lines {
+        match parse_line(line) {
             Ok(entry) => entries.push(entry),
-            Err(e) => problems.push(format!("{shown}:{}: {e}", i + 1)),
+            Err(e) => problems.push(format!("{shown}:{n}: {e}")),
         }
     }
     if !problems.is_empty() {
@@ -53,5 +67,6 @@ fn parse_line(line: &str) -> Result<TraceEntry, String> {
         session: raw.session,
         prompt,
         output_tokens: raw.output_tokens,
+        group: None,
     })
 }
