@@ -165,6 +165,17 @@ pub struct GatewayMetrics {
     /// `infergate_flight_records_total{result}`: engine flight records on relayed answers (ok,
     /// invalid: came but ignored, absent).
     pub flight_records: IntCounterVec,
+    /// `infergate_shape_class_requests_total{class,pool}`: requests by shape class (routing.yaml
+    /// `shape_classes:`; `unclassified` for those no class matched), counted once classes exist.
+    pub shape_class_requests: IntCounterVec,
+    /// `infergate_shape_class_ttft_seconds{class,path}`: time to the first body byte, by class
+    /// and the path the engine's flight record names (`unknown` without one).
+    pub shape_class_ttft: HistogramVec,
+    /// `infergate_shape_class_max_gap_seconds{class,path}`: each answer's longest gap between
+    /// body chunks (a freeze mid-answer).
+    pub shape_class_max_gap: HistogramVec,
+    /// `infergate_shape_class_e2e_seconds{class,path}`: end-to-end duration.
+    pub shape_class_e2e: HistogramVec,
     /// `infergate_trace_lines_total{result}`: trace file lines (written, dropped: queue full,
     /// failed, unsampled).
     pub trace_lines: IntCounterVec,
@@ -638,6 +649,29 @@ impl GatewayMetrics {
                 "Shadow output tokens over the client's.",
             )?,
             tenant_models: Mutex::default(),
+            shape_class_requests: counter(
+                "infergate_shape_class_requests_total",
+                "Requests by shape class (routing.yaml shape_classes; unclassified: none matched) and pool.",
+                &["class", "pool"],
+            )?,
+            shape_class_ttft: class_hist(
+                &registry,
+                "infergate_shape_class_ttft_seconds",
+                "Time to the first upstream body byte by shape class and execution path.",
+                LATENCY_BUCKETS,
+            )?,
+            shape_class_max_gap: class_hist(
+                &registry,
+                "infergate_shape_class_max_gap_seconds",
+                "Each answer's longest gap between body chunks by shape class and execution path.",
+                GAP_BUCKETS,
+            )?,
+            shape_class_e2e: class_hist(
+                &registry,
+                "infergate_shape_class_e2e_seconds",
+                "End-to-end request duration by shape class and execution path.",
+                LATENCY_BUCKETS,
+            )?,
             flight_records: counter(
                 "infergate_flight_records_total",
                 "Engine flight records on relayed answers by result (ok, invalid, absent).",
@@ -727,4 +761,19 @@ impl GatewayMetrics {
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+}
+
+/// A histogram by shape class and execution path, registered in `registry`.
+fn class_hist(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<HistogramVec, prometheus::Error> {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["class", "path"],
+    )?;
+    registry.register(Box::new(h.clone()))?;
+    Ok(h)
 }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use super::raw::RawConfig;
 use super::snapshot::Snapshot;
 use super::{
-    degradation_file, pools, prices_file, routing_doc, routing_file, sections, tenant_section,
-    tiers_file,
+    degradation_file, pools, prices_file, routing_doc, routing_file, sections, shape_classes,
+    tenant_section, tiers_file,
 };
 use crate::diagnostics::{ConfigError, ConfigErrors, Sink};
 
@@ -74,12 +74,13 @@ pub(super) fn compile(
     let routing_doc = routing
         .as_ref()
         .map(|(text, file)| routing_doc::parse(text, file));
-    let (routing_pools, routing_models, routing_shadows) = match routing_doc {
-        Some(doc) => (doc.pools, doc.models, doc.shadows),
+    let (routing_pools, routing_models, routing_shadows, routing_classes) = match routing_doc {
+        Some(doc) => (doc.pools, doc.models, doc.shadows, doc.shape_classes),
         None => (
             Ok(Vec::new()),
             Ok(Default::default()),
             Ok(Default::default()),
+            Ok(Vec::new()),
         ),
     };
     let mut routing_errors = Vec::new();
@@ -162,6 +163,23 @@ pub(super) fn compile(
         (_, Err(err)) => (Default::default(), vec![err]),
         (None, Ok(_)) => (Default::default(), Vec::new()),
     };
+    let (shape_classes, class_errors) = match (&routing, routing_classes) {
+        (Some((_, file)), Ok(section)) => {
+            let mut class_sink = Sink::new(file);
+            let pools: Vec<&str> = pool_specs.iter().map(|p| p.name.as_str()).collect();
+            let tiers: Vec<&str> = tiers.iter().map(|t| t.name.as_str()).collect();
+            let model_names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+            let known = shape_classes::Known {
+                pools: &pools,
+                tiers: &tiers,
+                models: &model_names,
+            };
+            let classes = shape_classes::check(section, &known, &mut class_sink);
+            (classes, class_sink.into_sorted())
+        }
+        (_, Err(err)) => (Vec::new(), vec![err]),
+        (None, Ok(_)) => (Vec::new(), Vec::new()),
+    };
     let (degradation_policies, degradation_errors) = match &degradation {
         Some((text, file)) => degradation_file::compile(text, file, &pool_specs, &tiers, &models),
         None => (Default::default(), Vec::new()),
@@ -200,6 +218,7 @@ pub(super) fn compile(
         degradation: degradation_policies,
         canaries,
         shadows,
+        shape_classes,
         tenant_budgets,
         prices: std::sync::Arc::new(prices),
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
@@ -228,6 +247,7 @@ pub(super) fn compile(
     errors.extend(price_errors);
     errors.extend(canary_errors);
     errors.extend(shadow_errors);
+    errors.extend(class_errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {

@@ -12,6 +12,7 @@ mod raw;
 mod routing_doc;
 mod routing_file;
 mod sections;
+mod shape_classes;
 mod snapshot;
 mod tenant_section;
 mod tiers_file;

@@ -16,6 +16,7 @@ use serde::de::IgnoredAny;
 
 use super::pool_policy::RawPoolPolicy;
 use super::raw::Text;
+use super::shape_classes::RawShapeClass;
 use crate::canary::spec::RawCanary;
 use crate::diagnostics::ConfigError;
 use crate::routing::PolicyConfig;
@@ -29,6 +30,8 @@ pub(super) struct RoutingDoc {
     pub models: Result<BTreeMap<String, RawCanary>, ConfigError>,
     /// `shadows:`: each model's shadow as written.
     pub shadows: Result<BTreeMap<String, ShadowSpec>, ConfigError>,
+    /// `shape_classes:`: the classes as written, in file order.
+    pub shape_classes: Result<Vec<RawShapeClass>, ConfigError>,
 }
 
 /// The whole document: every section typed by its owner, nothing else allowed.
@@ -39,6 +42,8 @@ struct Whole {
     models: Option<BTreeMap<String, RawCanary>>,
     #[serde(default)]
     shadows: BTreeMap<String, ShadowSpec>,
+    #[serde(default)]
+    shape_classes: Vec<RawShapeClass>,
 }
 
 /// Parses routing.yaml (named `file` in errors) once; see the module doc for the error path.
@@ -50,6 +55,7 @@ pub(super) fn parse(text: &str, file: &Path) -> RoutingDoc {
                 pools: Ok(in_file_order(pools)),
                 models: Ok(whole.models.unwrap_or_default()),
                 shadows: Ok(whole.shadows),
+                shape_classes: Ok(whole.shape_classes),
             }
         }
         Err(_) => each_alone(text, file),
@@ -65,6 +71,8 @@ struct PoolsAlone {
     _models: Option<IgnoredAny>,
     #[serde(rename = "shadows")]
     _shadows: Option<IgnoredAny>,
+    #[serde(rename = "shape_classes")]
+    _shape_classes: Option<IgnoredAny>,
 }
 
 /// `pools:` read leniently for the place of every key under each pool.
@@ -86,6 +94,13 @@ struct ShadowsAlone {
     shadows: BTreeMap<String, ShadowSpec>,
 }
 
+/// `shape_classes:` read alone; every other key is left to its owner.
+#[derive(Deserialize)]
+struct ShapeClassesAlone {
+    #[serde(default)]
+    shape_classes: Vec<RawShapeClass>,
+}
+
 /// The error path: each section read alone. A blank file has no pools or models; a file that is
 /// not YAML is reported once (by the pools' reading).
 fn each_alone(text: &str, file: &Path) -> RoutingDoc {
@@ -100,6 +115,7 @@ fn each_alone(text: &str, file: &Path) -> RoutingDoc {
             pools,
             models: Ok(BTreeMap::new()),
             shadows: Ok(BTreeMap::new()),
+            shape_classes: Ok(Vec::new()),
         };
     }
     let models = if blank {
@@ -112,10 +128,14 @@ fn each_alone(text: &str, file: &Path) -> RoutingDoc {
     let shadows = yaml::<ShadowsAlone>(text)
         .map(|s| s.shadows)
         .map_err(|e| ConfigError::file(file, format!("shadows: {e}")));
+    let shape_classes = yaml::<ShapeClassesAlone>(text)
+        .map(|s| s.shape_classes)
+        .map_err(|e| ConfigError::yaml(file, &e));
     RoutingDoc {
         pools,
         models,
         shadows,
+        shape_classes,
     }
 }
 

@@ -62,6 +62,8 @@ pub struct Snapshot {
     pub canaries: std::collections::BTreeMap<String, crate::canary::CanarySpec>,
     /// Shadow traffic per model name, from `policies/routing.yaml` `shadows:`.
     pub shadows: std::collections::BTreeMap<String, crate::shadow::ShadowSpec>,
+    /// Shape classes, from `policies/routing.yaml` `shape_classes:` (first match wins).
+    pub shape_classes: Vec<crate::routing::shape_class::ShapeClass>,
     /// Degradation policy per pool name, from `policies/degradation.yaml` (absent: none).
     pub degradation: std::collections::BTreeMap<String, crate::degrade::DegradationPolicy>,
     /// Budgets per tenant name (tenants.yaml `budgets:`), replacing their tier's.

@@ -82,6 +82,8 @@ pub(crate) struct Exit {
     request: Option<(&'static str, u64)>,
     /// The request's shape as a replay needs it (prompt estimate, session, prefix marks).
     shape: TracedShape,
+    /// Its shape class, when routing.yaml declares classes (`classify`).
+    shape_class: Option<String>,
     /// The client's `traceparent`, kept only while a trace is kept.
     traceparent: Option<String>,
     /// The attempts on workers, once one answered.
@@ -156,6 +158,11 @@ impl Exit {
         self.request = Some((path, max_tokens));
         self.shape = shape;
         self.traceparent = traceparent.and_then(|v| v.to_str().ok()).map(str::to_owned);
+    }
+
+    /// The request's shape class (or `unclassified`), which labels its latency at the end.
+    pub(super) fn shape_class(&mut self, class: &str) {
+        self.shape_class = Some(class.to_owned());
     }
 
     /// The attempts that led to the worker that answered.
@@ -306,6 +313,23 @@ impl Exit {
             .with_label_values(&[end.flight.label()])
             .inc();
         self.write_trace(&end, status.as_u16(), elapsed);
+        if let Some(class) = &self.shape_class {
+            let path = end.flight.record().map_or("unknown", |r| r.path());
+            let labels = [class.as_str(), path];
+            if let Some(ttft) = end.ttft {
+                m.shape_class_ttft
+                    .with_label_values(&labels)
+                    .observe(ttft.as_secs_f64());
+            }
+            if let Some(gap) = end.max_gap {
+                m.shape_class_max_gap
+                    .with_label_values(&labels)
+                    .observe(gap.as_secs_f64());
+            }
+            m.shape_class_e2e
+                .with_label_values(&labels)
+                .observe(elapsed.as_secs_f64());
+        }
         if let Some(tx) = self.shadow.take() {
             let _ = tx.send(PrimaryOutcome {
                 status: end.status,

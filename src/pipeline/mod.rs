@@ -15,11 +15,13 @@
 //!    [`Account`](reservation::Account), which settles it against the real usage;
 //! 5. **degrade** ([`degrade`]): the pool's level decides shed, refuse, cap or fallback;
 //! 6. **split** ([`split`]): the canary version, sticky per session;
-//! 7. **admit** ([`admit`]): the pool's priority queue;
-//! 8. **route** ([`route`]): the pool's policy picks a worker;
-//! 9. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
+//! 7. **classify** ([`classify`]): a shape class of routing.yaml moves the request to its own
+//!    pool, with its own deadline;
+//! 8. **admit** ([`admit`]): the pool's priority queue;
+//! 9. **route** ([`route`]): the pool's policy picks a worker;
+//! 10. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
 //!    streams back through;
-//! 10. **account** ([`account`]): the request's one exit, opened at accept and filled in by the
+//! 11. **account** ([`account`]): the request's one exit, opened at accept and filled in by the
 //!     phases, finishes once with the outcome: metrics, tenant outcome, canary sample, shadow
 //!     comparison, usage row, and the reservation settled. For a relayed answer the exit rides in
 //!     the body's end hook, so a stream that fails after its 200 counts as the failure it is; a
@@ -29,6 +31,7 @@ mod accept;
 mod account;
 mod admit;
 mod authenticate;
+mod classify;
 mod ctx;
 mod degrade;
 pub mod forward;
@@ -242,6 +245,18 @@ async fn run<B: RequestBody>(
     let degraded = degrade::degrade(gw, &live, &mut valid, &tier.name, prompt_tokens, ctx)?;
     ctx.exit.pool(&pool_at(&live, valid.pool)?.name);
     let version = split::split(&live, &mut valid, (&tenant.name, &ctx.request_id))?;
+    let deadline = classify::classify(
+        &live,
+        &mut valid,
+        (
+            &tier.name,
+            version.as_ref().map(|v| v.served_model.as_str()),
+        ),
+        prompt_tokens,
+        deadline,
+        &gw.metrics,
+        ctx,
+    );
     let pool = pool_at(&live, valid.pool)?;
     ctx.exit.pool(&pool.name);
     if let Some(v) = &version {

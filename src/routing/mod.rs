@@ -27,6 +27,7 @@ pub mod prefix;
 pub mod prefix_index;
 pub mod round_robin;
 pub mod session;
+pub mod shape_class;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]

@@ -53,11 +53,12 @@ where
         .pools
         .get(valid.pool)
         .ok_or_else(|| GatewayError::Internal("model routes to a missing pool".into()))?;
-    // The tokenizer costs CPU: it runs only when a token budget, a context check or a
-    // degradation limit can use the number.
+    // The tokenizer costs CPU: it runs only when a token budget, a context check, a
+    // degradation limit or a shape class can use the number.
     let exact_needed = tier.tokens_per_minute.is_some()
         || valid.max_context.is_some()
-        || snapshot.degradation.contains_key(&pool.name);
+        || snapshot.degradation.contains_key(&pool.name)
+        || !snapshot.shape_classes.is_empty();
     let prompt_tokens = match &valid.prompt {
         PromptSize::Tokens(n) => *n,
         PromptSize::Text(t) if !exact_needed => (t.len() as u64).div_ceil(4),

@@ -1,4 +1,4 @@
-//! The gateway against real engines: routing, failover, streaming, reloads, TLS and admin, DNS discovery, `up`.
+//! The gateway against real engines: routing, shape classes, failover, streaming, reloads, TLS and admin, DNS discovery, `up`.
 
 mod flight_record;
 mod gateway_cpu;
@@ -12,3 +12,4 @@ mod gateway_tls_admin;
 mod gateway_up;
 mod gateway_warmup;
 mod otlp_export;
+mod shape_classes;
