@@ -205,6 +205,10 @@ pub(super) fn compile(
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
         trace,
         otlp,
+        quality: std::sync::Arc::new(super::quality_section::quality(
+            &mut sink,
+            raw.quality.as_ref(),
+        )),
         redis: raw
             .state
             .as_ref()

@@ -20,6 +20,8 @@ use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::EndReport;
 use crate::shadow::PrimaryOutcome;
 use crate::trace::otlp::OtlpExporter;
+use crate::quality::signals::Asked;
+use crate::quality::{QualityConfig, QualityJob, QualitySampler};
 use crate::trace::{TraceLine, TraceWriter};
 
 /// How a request ended.
@@ -71,6 +73,15 @@ pub(crate) struct Exit {
     traceparent: Option<String>,
     /// The attempts on workers, once one answered.
     attempts: Attempts,
+    /// Where the answer goes for its quality signals and drift windows, when it does.
+    quality: Option<QualityHook>,
+}
+
+/// The quality worker, the config in force and what the request asked of its answer.
+struct QualityHook {
+    sampler: Arc<QualitySampler>,
+    config: Arc<QualityConfig>,
+    asked: Asked,
 }
 
 impl Drop for Exit {
@@ -139,6 +150,20 @@ impl Exit {
     ) {
         self.request = Some((path, max_tokens));
         self.traceparent = traceparent.and_then(|v| v.to_str().ok()).map(str::to_owned);
+    }
+
+    /// The answer goes to `sampler` for its quality signals (when sampled) and drift windows.
+    pub(super) fn quality(
+        &mut self,
+        sampler: Arc<QualitySampler>,
+        config: Arc<QualityConfig>,
+        asked: Asked,
+    ) {
+        self.quality = Some(QualityHook {
+            sampler,
+            config,
+            asked,
+        });
     }
 
     /// The attempts that led to the worker that answered.
@@ -272,7 +297,7 @@ impl Exit {
 
     /// A worker's answer, at the end of its body: counted by how it really ended (a stream can
     /// still fail after its 200), compared with its shadow, sampled for the canary, settled.
-    fn relayed(&mut self, m: &GatewayMetrics, end: EndReport) {
+    fn relayed(&mut self, m: &GatewayMetrics, mut end: EndReport) {
         let (status, outcome) = end_outcome(&end);
         if self.targeted {
             m.requests
@@ -304,6 +329,24 @@ impl Exit {
             } else {
                 v.record(m, served_well(&end), end.ttft, end.max_gap);
             }
+        }
+        // Only a whole answer says anything about its quality.
+        if let Some(q) = self.quality.take()
+            && served_well(&end)
+        {
+            q.sampler.submit(QualityJob {
+                tenant: self.tenant().unwrap_or("unknown").to_owned(),
+                model: self.row.model.clone(),
+                version: match self.row.version.as_str() {
+                    "" => "default".to_owned(),
+                    v => v.to_owned(),
+                },
+                capture: end.capture.take(),
+                asked: q.asked,
+                usage: end.usage,
+                canary: self.version.as_ref().map(|v| (v.canary.clone(), v.index)),
+                config: q.config,
+            });
         }
         let Some(account) = self.account.take() else {
             return;
