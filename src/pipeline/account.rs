@@ -330,29 +330,13 @@ impl Exit {
                 v.record(m, served_well(&end), end.ttft, end.max_gap);
             }
         }
-        // Only a whole answer says anything about its quality.
-        if let Some(q) = self.quality.take()
-            && served_well(&end)
-        {
-            q.sampler.submit(QualityJob {
-                tenant: self.tenant().unwrap_or("unknown").to_owned(),
-                model: self.row.model.clone(),
-                version: match self.row.version.as_str() {
-                    "" => "default".to_owned(),
-                    v => v.to_owned(),
-                },
-                capture: end.capture.take(),
-                asked: q.asked,
-                usage: end.usage,
-                canary: self.version.as_ref().map(|v| (v.canary.clone(), v.index)),
-                config: q.config,
-            });
-        }
         let Some(account) = self.account.take() else {
+            self.submit_quality(&mut end, None);
             return;
         };
         let served = self.served_model.as_deref().unwrap_or(&self.row.model);
         let settled = account.settle(&end, (&self.row.model, served, &self.row.pool));
+        self.submit_quality(&mut end, Some(settled.tokens));
         if self.ledger.is_none() {
             return;
         }
@@ -377,6 +361,33 @@ impl Exit {
         row.total_ms = elapsed.as_millis() as u64;
         row.worker = end.worker;
         self.record(row);
+    }
+
+    /// Hands a whole answer to the quality worker (when the request has a hook), with its
+    /// `tokens` as checked against the request (never the worker's word unchecked).
+    fn submit_quality(&mut self, end: &mut EndReport, tokens: Option<crate::pricing::TokenCounts>) {
+        let Some(q) = self.quality.take() else { return };
+        // Only a whole answer says anything about its quality.
+        if !served_well(end) {
+            return;
+        }
+        q.sampler.submit(QualityJob {
+            tenant: self.tenant().unwrap_or("unknown").to_owned(),
+            model: self.row.model.clone(),
+            version: match self.row.version.as_str() {
+                "" => "default".to_owned(),
+                v => v.to_owned(),
+            },
+            capture: end.capture.take(),
+            asked: q.asked,
+            usage: tokens.map(|t| crate::usage_check::TokenUsage {
+                prompt: t.prompt,
+                completion: t.completion,
+                cached: Some(t.cached),
+            }),
+            canary: self.version.as_ref().map(|v| (v.canary.clone(), v.index)),
+            config: q.config,
+        });
     }
 
     /// Queues the request's trace line for the trace file and the OTLP exporter (each when
