@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::common;
 use common::TempDir;
-use common::gateway::{Gateway, chat, send};
+use common::gateway::{FAST_HEALTH, Gateway, MODEL, chat, eventually, send};
 
 /// Answers per drift window in the test config.
 const WINDOW: u32 = 10;
@@ -151,4 +151,98 @@ async fn sampled_answers_count_their_signals_and_a_prompt_shift_raises_the_drift
     );
     assert_eq!(output, Some(0.0), "output lengths did not move");
     assert_eq!(gw.metric("infergate_drift_psi_threshold").await, 0.2);
+}
+
+/// A worker answering every request with the same whole chat answer `text`.
+async fn answering(text: &'static str) -> String {
+    common::stand_in_worker(move |_, _| {
+        let body = json!({
+            "id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+        });
+        (StatusCode::OK, body.to_string())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_canary_that_refuses_is_rolled_back_with_a_reason_naming_the_refusals() {
+    let stable = answering("Paris is the capital of France.").await;
+    let canary = answering("I'm sorry, but I can't help with that.").await;
+    let dir = TempDir::new("quality-canary");
+    dir.write_config(&format!(
+        "listen: \"127.0.0.1:0\"\n\
+         admin:\n  listen: \"127.0.0.1:0\"\n\
+         policies: policies\n\
+         {FAST_HEALTH}\
+         quality: {{sample_share: 1.0}}\n\
+         models:\n  \
+           - {{name: {MODEL}, pool: stable}}\n  \
+           - {{name: {MODEL}-canary, pool: canary, upstream_model: {MODEL}}}\n\
+         pools:\n  \
+           - name: stable\n    workers:\n      - url: {stable}\n  \
+           - name: canary\n    workers:\n      - url: {canary}\n"
+    ));
+    // Latency ratios so wide that two stand-ins answering in a fraction of a millisecond never
+    // breach them: only quality can roll this canary back.
+    dir.write_routing(&format!(
+        "models:\n  {MODEL}:\n    versions:\n      \
+           - {{name: stable, model: {MODEL}, weight: 50}}\n      \
+           - {{name: canary, model: {MODEL}-canary, weight: 50}}\n    \
+         stable: stable\n    sticky: session\n    analysis:\n      \
+           window: 1s\n      min_samples: 20\n      max_error_rate_delta: 0.02\n      \
+           max_ttft_p99_ratio: 1000\n      max_itl_p99_ratio: 1000\n      schedule: [50, 100]\n"
+    ));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    // Paused, a window judged before enough answers were scored holds instead of promoting;
+    // a breach still rolls back.
+    let pause = json!({"model": MODEL}).to_string();
+    let (status, _, text) = send(
+        Method::POST,
+        &gw.admin_at("/admin/canary/pause"),
+        &[],
+        Some(pause),
+    )
+    .await
+    .expect("pause");
+    assert_eq!(status, StatusCode::OK, "{text}");
+
+    let url = gw.at("/v1/chat/completions");
+    let body = chat("Be brief.", "Capital of France?", 16, false).to_string();
+    let mut sent = 0u32;
+    let reason = eventually("a rollback", Duration::from_secs(20), || {
+        let (url, body) = (url.clone(), body.clone());
+        sent += 1;
+        let session = format!("s-{sent}");
+        let gw = &gw;
+        async move {
+            for i in 0..10 {
+                let headers = [("x-session-id", format!("{session}-{i}"))];
+                let headers: Vec<(&str, &str)> =
+                    headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let (status, _, text) =
+                    send(Method::POST, &url, &headers, Some(body.clone())).await.expect("ask");
+                assert_eq!(status, StatusCode::OK, "{text}");
+            }
+            let (_, _, state) = send(Method::GET, &gw.admin_at("/admin/canary"), &[], None)
+                .await
+                .expect("canary state");
+            let state: serde_json::Value = serde_json::from_str(&state).expect("JSON");
+            let d = &state["models"][MODEL]["last_decision"];
+            (d["decision"] == "rollback").then(|| d["reason"].as_str().unwrap_or_default().to_owned())
+        }
+    })
+    .await;
+    assert!(reason.starts_with("refusal rate 100.00% on canary vs 0.00% on stable"), "{reason}");
+    assert!(reason.contains("one-sided two-proportion z ="), "{reason}");
+    let refusals = |version: &str| {
+        format!(
+            "infergate_quality_signal_total{{tenant=\"anonymous\",model=\"{MODEL}\",version=\"{version}\",signal=\"refusal\"}}"
+        )
+    };
+    let metrics = gw.metrics().await;
+    assert!(common::find_metric(&metrics, &refusals("canary")).is_some_and(|v| v >= 20.0));
+    assert_eq!(common::find_metric(&metrics, &refusals("stable")), None);
 }
