@@ -88,3 +88,55 @@ pub(super) fn quality(sink: &mut Sink<'_>, raw: Option<&RawQuality>) -> QualityC
     q.drift = Some(drift);
     q
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{MINIMAL, errors, load_both};
+    use super::*;
+
+    #[test]
+    fn absent_it_samples_five_percent_with_rolling_drift_windows() {
+        let s = load_both(MINIMAL, None).unwrap();
+        assert_eq!(*s.quality, QualityConfig::default());
+        assert_eq!(s.quality.sample_share, 0.05);
+        let d = s.quality.drift.unwrap();
+        assert_eq!((d.windows.window, d.psi_threshold), (1000, 0.2));
+    }
+
+    #[test]
+    fn every_key_is_read_and_phrases_are_lowercased() {
+        let yaml = format!(
+            "quality:\n  sample_share: 1.0\n  refusal_phrases: [\" Not Allowed \"]\n  queue: 8\n  \
+             drift: {{window: 40, min_count: 7, reference: pinned, psi_threshold: 0.5}}\n{MINIMAL}"
+        );
+        let q = load_both(&yaml, None).unwrap().quality;
+        assert_eq!(q.sample_share, 1.0);
+        assert_eq!(q.refusal_phrases, ["not allowed"]);
+        assert_eq!(q.queue, 8);
+        let d = q.drift.unwrap();
+        assert_eq!(
+            (d.windows.window, d.windows.min_count, d.windows.reference),
+            (40, 7, Reference::Pinned)
+        );
+        assert_eq!(d.psi_threshold, 0.5);
+        let off = format!("quality: {{drift: {{enabled: false}}}}\n{MINIMAL}");
+        assert_eq!(load_both(&off, None).unwrap().quality.drift, None);
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_at_its_line() {
+        let yaml = format!(
+            "quality:\n  sample_share: 2\n  refusal_phrases: [\"\"]\n  queue: 0\n  drift:\n    \
+             window: 5\n    min_count: 5000\n    reference: fixed\n    psi_threshold: 0\n{MINIMAL}"
+        );
+        let errs = errors(&yaml, None);
+        let lines: Vec<Option<u64>> = errs.iter().map(|e| e.1).collect();
+        assert_eq!(
+            lines,
+            [2, 3, 4, 6, 7, 8, 9].map(Some),
+            "{errs:?}"
+        );
+        assert!(errs[0].2.contains("sample_share must be between 0 and 1"), "{errs:?}");
+        assert!(errs[5].2.contains("`fixed` is not `rolling` or `pinned`"), "{errs:?}");
+    }
+}
