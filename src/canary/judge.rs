@@ -133,17 +133,19 @@ pub fn summary(spec: &AnalysisSpec, stable: &VersionWindow, canary: &VersionWind
         });
     }
     let min = spec.min_samples;
-    parts.push(if stable.quality_sampled < min || canary.quality_sampled < min {
-        format!(
-            "quality not compared ({} vs {} scored answers, need {min})",
-            canary.quality_sampled, stable.quality_sampled
-        )
-    } else {
-        format!(
-            "quality over {} vs {} scored answers",
-            canary.quality_sampled, stable.quality_sampled
-        )
-    });
+    parts.push(
+        if stable.quality_sampled < min || canary.quality_sampled < min {
+            format!(
+                "quality not compared ({} vs {} scored answers, need {min})",
+                canary.quality_sampled, stable.quality_sampled
+            )
+        } else {
+            format!(
+                "quality over {} vs {} scored answers",
+                canary.quality_sampled, stable.quality_sampled
+            )
+        },
+    );
     format!("canary vs stable: {}", parts.join(", "))
 }
 
@@ -216,11 +218,17 @@ mod tests {
         // 0 of 100 against 10 of 100: pooled 0.05, se = sqrt(0.05 * 0.95 * 0.02) = 0.030822,
         // z = 0.1 / 0.030822 = 3.2444.
         let z = two_proportion_z((0, 100), (10, 100));
-        assert!((z - 0.1 / (0.05f64 * 0.95 * 0.02).sqrt()).abs() < 1e-12, "{z}");
+        assert!(
+            (z - 0.1 / (0.05f64 * 0.95 * 0.02).sqrt()).abs() < 1e-12,
+            "{z}"
+        );
         assert!((z - 3.2444).abs() < 1e-3);
         assert_eq!(two_proportion_z((0, 100), (0, 100)), 0.0);
         assert_eq!(two_proportion_z((0, 0), (5, 10)), 0.0);
-        assert!(two_proportion_z((10, 100), (0, 100)) < 0.0, "one-sided: better is no breach");
+        assert!(
+            two_proportion_z((10, 100), (0, 100)) < 0.0,
+            "one-sided: better is no breach"
+        );
     }
 
     #[test]
@@ -238,7 +246,10 @@ mod tests {
         // Too few scored answers: not judged, and the summary says so.
         let (s, c) = (scored(20, 0), scored(20, 20));
         assert!(breaches(&spec, &s, &c).is_empty());
-        assert!(summary(&spec, &s, &c).contains("quality not compared (20 vs 20 scored answers, need 50)"));
+        assert!(
+            summary(&spec, &s, &c)
+                .contains("quality not compared (20 vs 20 scored answers, need 50)")
+        );
     }
 
     #[test]

@@ -18,7 +18,10 @@ pub(super) fn quality(sink: &mut Sink<'_>, raw: Option<&RawQuality>) -> QualityC
         if (0.0..=1.0).contains(&s.value) {
             q.sample_share = s.value;
         } else {
-            sink.at(&s.referenced, "quality.sample_share must be between 0 and 1");
+            sink.at(
+                &s.referenced,
+                "quality.sample_share must be between 0 and 1",
+            );
         }
     }
     if let Some(phrases) = &raw.refusal_phrases {
@@ -54,7 +57,10 @@ pub(super) fn quality(sink: &mut Sink<'_>, raw: Option<&RawQuality>) -> QualityC
             w.window = n.value;
             w.min_count = n.value / 2;
         } else {
-            sink.at(&n.referenced, "quality.drift.window must be at least 10 answers");
+            sink.at(
+                &n.referenced,
+                "quality.drift.window must be at least 10 answers",
+            );
         }
     }
     if let Some(n) = &d.min_count {
@@ -131,12 +137,14 @@ mod tests {
         );
         let errs = errors(&yaml, None);
         let lines: Vec<Option<u64>> = errs.iter().map(|e| e.1).collect();
-        assert_eq!(
-            lines,
-            [2, 3, 4, 6, 7, 8, 9].map(Some),
+        assert_eq!(lines, [2, 3, 4, 6, 7, 8, 9].map(Some), "{errs:?}");
+        assert!(
+            errs[0].2.contains("sample_share must be between 0 and 1"),
             "{errs:?}"
         );
-        assert!(errs[0].2.contains("sample_share must be between 0 and 1"), "{errs:?}");
-        assert!(errs[5].2.contains("`fixed` is not `rolling` or `pinned`"), "{errs:?}");
+        assert!(
+            errs[5].2.contains("`fixed` is not `rolling` or `pinned`"),
+            "{errs:?}"
+        );
     }
 }

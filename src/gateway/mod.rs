@@ -177,7 +177,8 @@ impl Gateway {
             )?),
             None => None,
         };
-        let quality = crate::quality::QualitySampler::start(metrics.clone(), snapshot.quality.queue)?;
+        let quality =
+            crate::quality::QualitySampler::start(metrics.clone(), snapshot.quality.queue)?;
         if let Some(d) = &snapshot.quality.drift {
             metrics.drift_threshold.set(d.psi_threshold);
         }

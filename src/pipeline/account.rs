@@ -18,10 +18,10 @@ use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
 use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::EndReport;
-use crate::shadow::PrimaryOutcome;
-use crate::trace::otlp::OtlpExporter;
 use crate::quality::signals::Asked;
 use crate::quality::{QualityConfig, QualityJob, QualitySampler};
+use crate::shadow::PrimaryOutcome;
+use crate::trace::otlp::OtlpExporter;
 use crate::trace::{TraceLine, TraceWriter};
 
 /// How a request ended.

@@ -211,7 +211,8 @@ mod tests {
             ("Hi there", Some("stop"))
         );
         let mut completion = Capture::default();
-        completion.json_body(br#"{"choices":[{"index":0,"text":"a b c","finish_reason":"length"}]}"#);
+        completion
+            .json_body(br#"{"choices":[{"index":0,"text":"a b c","finish_reason":"length"}]}"#);
         assert_eq!(completion.answer().text, "a b c");
         assert_eq!(completion.finish_reason(), Some("length"));
     }

@@ -216,27 +216,38 @@ mod tests {
     #[test]
     fn a_sampled_answer_is_counted_by_its_signals_and_drift_is_exported() {
         let m = GatewayMetrics::new().unwrap();
-        let mut config = QualityConfig::default();
-        config.drift = Some(DriftConfig {
-            windows: WindowSettings {
-                window: 10,
-                reference: Reference::Rolling,
-                min_count: 5,
-            },
-            psi_threshold: 0.2,
-        });
+        let config = QualityConfig {
+            drift: Some(DriftConfig {
+                windows: WindowSettings {
+                    window: 10,
+                    reference: Reference::Rolling,
+                    min_count: 5,
+                },
+                psi_threshold: 0.2,
+            }),
+            ..QualityConfig::default()
+        };
         let config = Arc::new(config);
         let mut book = DriftBook::default();
-        handle(job(&config, "I'm sorry, but I can't do that.", 100), &m, &mut book);
+        handle(
+            job(&config, "I'm sorry, but I can't do that.", 100),
+            &m,
+            &mut book,
+        );
         handle(job(&config, "", 100), &m, &mut book);
-        let sampled = m.quality_sampled.with_label_values(&["acme", "m", "default"]);
+        let sampled = m
+            .quality_sampled
+            .with_label_values(&["acme", "m", "default"]);
         assert_eq!(sampled.get(), 2);
         let signal = |s| {
             m.quality_signals
                 .with_label_values(&["acme", "m", "default", s])
                 .get()
         };
-        assert_eq!((signal("refusal"), signal("empty"), signal("repetition")), (1, 1, 0));
+        assert_eq!(
+            (signal("refusal"), signal("empty"), signal("repetition")),
+            (1, 1, 0)
+        );
         for _ in 2..10 {
             handle(job(&config, "fine", 100), &m, &mut book);
         }

@@ -141,7 +141,10 @@ impl DriftBook {
         if !self.keys.contains_key(&key) && self.keys.len() >= MAX_KEYS {
             return None;
         }
-        self.keys.entry(key).or_insert_with(Windows::new).observe(o, s)
+        self.keys
+            .entry(key)
+            .or_insert_with(Windows::new)
+            .observe(o, s)
     }
 }
 
@@ -186,7 +189,10 @@ mod tests {
         let mut book = DriftBook::default();
         assert_eq!(window(&mut book, &s, 100), None);
         let same = window(&mut book, &s, 100).expect("scored");
-        assert!(same.iter().all(|p| p.is_some_and(|p| p.abs() < 1e-12)), "{same:?}");
+        assert!(
+            same.iter().all(|p| p.is_some_and(|p| p.abs() < 1e-12)),
+            "{same:?}"
+        );
         // Prompts move from the [64, 128) bin to [1024, 2048): the whole mass moves, and the
         // PSI is 2 (1 - 1e-4) ln(1e4) by hand.
         let shifted = window(&mut book, &s, 1500).expect("scored");

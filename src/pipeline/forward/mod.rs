@@ -55,8 +55,7 @@ pub(super) async fn forward(
             true => crate::quality::capture::asked_of(&body),
             false => Default::default(),
         };
-        ctx.exit
-            .quality(gw.quality.clone(), quality.clone(), asked);
+        ctx.exit.quality(gw.quality.clone(), quality.clone(), asked);
     }
     let exit = &mut ctx.exit;
     let mut on_end = move |attempts| -> Option<OnEnd> {

@@ -47,7 +47,10 @@ async fn looper() -> String {
         };
         let mut body = chunk(json!({"role": "assistant", "content": "Sure. "}), None);
         for _ in 0..12 {
-            body.push_str(&chunk(json!({"content": "I will check that for you. "}), None));
+            body.push_str(&chunk(
+                json!({"content": "I will check that for you. "}),
+                None,
+            ));
         }
         body.push_str(&chunk(json!({}), Some("length")));
         let usage = json!({"id": "c", "object": "chat.completion.chunk", "model": "looper",
@@ -114,11 +117,13 @@ async fn sampled_answers_count_their_signals_and_a_prompt_shift_raises_the_drift
             "infergate_quality_signal_total{{tenant=\"anonymous\",model=\"{model}\",version=\"default\",signal=\"{s}\"}}"
         ),
     };
-    gw.expect_metric(&series("refuser", None), 3.0, within).await;
+    gw.expect_metric(&series("refuser", None), 3.0, within)
+        .await;
     gw.expect_metric(&series("refuser", Some("refusal")), 3.0, within)
         .await;
     let looped = f64::from(2 * WINDOW);
-    gw.expect_metric(&series("looper", None), looped, within).await;
+    gw.expect_metric(&series("looper", None), looped, within)
+        .await;
     for signal in ["repetition", "length_limit"] {
         gw.expect_metric(&series("looper", Some(signal)), looped, within)
             .await;
@@ -222,8 +227,9 @@ async fn a_canary_that_refuses_is_rolled_back_with_a_reason_naming_the_refusals(
                 let headers = [("x-session-id", format!("{session}-{i}"))];
                 let headers: Vec<(&str, &str)> =
                     headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                let (status, _, text) =
-                    send(Method::POST, &url, &headers, Some(body.clone())).await.expect("ask");
+                let (status, _, text) = send(Method::POST, &url, &headers, Some(body.clone()))
+                    .await
+                    .expect("ask");
                 assert_eq!(status, StatusCode::OK, "{text}");
             }
             let (_, _, state) = send(Method::GET, &gw.admin_at("/admin/canary"), &[], None)
@@ -231,11 +237,15 @@ async fn a_canary_that_refuses_is_rolled_back_with_a_reason_naming_the_refusals(
                 .expect("canary state");
             let state: serde_json::Value = serde_json::from_str(&state).expect("JSON");
             let d = &state["models"][MODEL]["last_decision"];
-            (d["decision"] == "rollback").then(|| d["reason"].as_str().unwrap_or_default().to_owned())
+            (d["decision"] == "rollback")
+                .then(|| d["reason"].as_str().unwrap_or_default().to_owned())
         }
     })
     .await;
-    assert!(reason.starts_with("refusal rate 100.00% on canary vs 0.00% on stable"), "{reason}");
+    assert!(
+        reason.starts_with("refusal rate 100.00% on canary vs 0.00% on stable"),
+        "{reason}"
+    );
     assert!(reason.contains("one-sided two-proportion z ="), "{reason}");
     let refusals = |version: &str| {
         format!(

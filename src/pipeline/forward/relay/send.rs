@@ -228,11 +228,12 @@ pub async fn forward(
                 worker: worker.url.clone(),
                 request_id: out.request_id.to_owned(),
             },
-            UsageTap::new(is_stream, out.hide_usage_chunk).with_flight(
-                parts.headers.get(FLIGHT_HEADER).map(HeaderValue::as_bytes),
-                !settings.debug_headers,
-            )
-            .with_capture(out.capture),
+            UsageTap::new(is_stream, out.hide_usage_chunk)
+                .with_flight(
+                    parts.headers.get(FLIGHT_HEADER).map(HeaderValue::as_bytes),
+                    !settings.debug_headers,
+                )
+                .with_capture(out.capture),
             Some(with_feedback(
                 pool,
                 out.features,

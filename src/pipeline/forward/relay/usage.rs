@@ -407,13 +407,20 @@ mod tests {
         let _ = tap.feed(Bytes::from(a.to_string()));
         let _ = tap.feed(Bytes::from(b.to_string()));
         let c = tap.capture.as_deref().expect("captured");
-        assert_eq!((c.answer().text, c.finish_reason()), ("Hi there", Some("stop")));
-        let body = br#"{"choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"length"}]}"#;
+        assert_eq!(
+            (c.answer().text, c.finish_reason()),
+            ("Hi there", Some("stop"))
+        );
+        let body =
+            br#"{"choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"length"}]}"#;
         let mut tap = UsageTap::new(false, false).with_capture(true);
         tap.feed(Bytes::from_static(body));
         tap.flush();
         let c = tap.capture.as_deref().expect("captured");
-        assert_eq!((c.answer().text, c.finish_reason()), ("whole", Some("length")));
+        assert_eq!(
+            (c.answer().text, c.finish_reason()),
+            ("whole", Some("length"))
+        );
         let mut off = UsageTap::new(false, false);
         off.feed(Bytes::from_static(body));
         off.flush();
