@@ -3,6 +3,7 @@
 //! each error at its line.
 
 use super::raw::RawQuality;
+use super::snapshot::PoolSpec;
 use crate::diagnostics::Sink;
 use crate::quality::windows::Reference;
 use crate::quality::{DriftConfig, QualityConfig};
@@ -10,8 +11,13 @@ use crate::quality::{DriftConfig, QualityConfig};
 /// Most jobs the quality worker's queue may hold.
 const MAX_QUEUE: usize = 1 << 20;
 
-/// Checks `quality:`; absent, the defaults (5% sampled, rolling drift windows of 1000).
-pub(super) fn quality(sink: &mut Sink<'_>, raw: Option<&RawQuality>) -> QualityConfig {
+/// Checks `quality:` (`pool_share` names pools of `pools`); absent, the defaults (5% sampled,
+/// rolling drift windows of 1000).
+pub(super) fn quality(
+    sink: &mut Sink<'_>,
+    raw: Option<&RawQuality>,
+    pools: &[PoolSpec],
+) -> QualityConfig {
     let mut q = QualityConfig::default();
     let Some(raw) = raw else { return q };
     if let Some(s) = &raw.sample_share {
@@ -22,6 +28,17 @@ pub(super) fn quality(sink: &mut Sink<'_>, raw: Option<&RawQuality>) -> QualityC
                 &s.referenced,
                 "quality.sample_share must be between 0 and 1",
             );
+        }
+    }
+    for (pool, share) in raw.pool_share.iter().flatten() {
+        if !pools.iter().any(|p| p.name == pool.value) {
+            let msg = format!("quality.pool_share: no pool `{}` in `pools`", pool.value);
+            sink.at(&pool.referenced, msg);
+        } else if !(0.0..=1.0).contains(&share.value) {
+            let msg = format!("quality.pool_share.{} must be between 0 and 1", pool.value);
+            sink.at(&share.referenced, msg);
+        } else {
+            q.pool_share.insert(pool.value.clone(), share.value);
         }
     }
     if let Some(phrases) = &raw.refusal_phrases {
@@ -112,11 +129,13 @@ mod tests {
     #[test]
     fn every_key_is_read_and_phrases_are_lowercased() {
         let yaml = format!(
-            "quality:\n  sample_share: 1.0\n  refusal_phrases: [\" Not Allowed \"]\n  queue: 8\n  \
+            "quality:\n  sample_share: 1.0\n  pool_share: {{p: 0.5}}\n  refusal_phrases: [\" Not Allowed \"]\n  queue: 8\n  \
              drift: {{window: 40, min_count: 7, reference: pinned, psi_threshold: 0.5}}\n{MINIMAL}"
         );
         let q = load_both(&yaml, None).unwrap().quality;
         assert_eq!(q.sample_share, 1.0);
+        assert_eq!(q.share_of("p"), 0.5);
+        assert_eq!(q.share_of("other"), 1.0);
         assert_eq!(q.refusal_phrases, ["not allowed"]);
         assert_eq!(q.queue, 8);
         let d = q.drift.unwrap();
@@ -132,18 +151,19 @@ mod tests {
     #[test]
     fn every_bad_value_is_reported_at_its_line() {
         let yaml = format!(
-            "quality:\n  sample_share: 2\n  refusal_phrases: [\"\"]\n  queue: 0\n  drift:\n    \
+            "quality:\n  sample_share: 2\n  pool_share: {{nope: 0.5}}\n  refusal_phrases: [\"\"]\n  queue: 0\n  drift:\n    \
              window: 5\n    min_count: 5000\n    reference: fixed\n    psi_threshold: 0\n{MINIMAL}"
         );
         let errs = errors(&yaml, None);
         let lines: Vec<Option<u64>> = errs.iter().map(|e| e.1).collect();
-        assert_eq!(lines, [2, 3, 4, 6, 7, 8, 9].map(Some), "{errs:?}");
+        assert_eq!(lines, [2, 3, 4, 5, 7, 8, 9, 10].map(Some), "{errs:?}");
         assert!(
             errs[0].2.contains("sample_share must be between 0 and 1"),
             "{errs:?}"
         );
+        assert!(errs[1].2.contains("no pool `nope`"), "{errs:?}");
         assert!(
-            errs[5].2.contains("`fixed` is not `rolling` or `pinned`"),
+            errs[6].2.contains("`fixed` is not `rolling` or `pinned`"),
             "{errs:?}"
         );
     }

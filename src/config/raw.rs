@@ -85,6 +85,7 @@ pub(super) struct RawOtlp {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawQuality {
     pub sample_share: Option<Spanned<f64>>,
+    pub pool_share: Option<HashMap<Text, Spanned<f64>>>,
     pub refusal_phrases: Option<Vec<Text>>,
     pub queue: Option<Spanned<usize>>,
     pub drift: Option<RawDrift>,

@@ -31,6 +31,8 @@ pub const DEFAULT_PSI_THRESHOLD: f64 = 0.2;
 pub struct QualityConfig {
     /// Share of answers scored, 0..=1 (decided by the request id's hash).
     pub sample_share: f64,
+    /// Shares of named pools, in place of `sample_share` (e.g. all of a canary's pool).
+    pub pool_share: std::collections::BTreeMap<String, f64>,
     /// Refusal phrases, lowercase.
     pub refusal_phrases: Vec<String>,
     /// Jobs the queue to the worker holds (read at start only).
@@ -52,6 +54,7 @@ impl Default for QualityConfig {
     fn default() -> Self {
         Self {
             sample_share: DEFAULT_SAMPLE_SHARE,
+            pool_share: Default::default(),
             refusal_phrases: signals::default_refusals(),
             queue: DEFAULT_QUEUE,
             drift: Some(DriftConfig::default()),
@@ -73,9 +76,17 @@ impl Default for DriftConfig {
 }
 
 impl QualityConfig {
-    /// Whether the request `request_id` is in the quality sample.
-    pub fn sampled(&self, request_id: &str) -> bool {
-        crate::trace::sampled(request_id, self.sample_share)
+    /// The share of `pool`'s answers scored.
+    pub fn share_of(&self, pool: &str) -> f64 {
+        self.pool_share
+            .get(pool)
+            .copied()
+            .unwrap_or(self.sample_share)
+    }
+
+    /// Whether the request `request_id`, served by `pool`, is in the quality sample.
+    pub fn sampled(&self, pool: &str, request_id: &str) -> bool {
+        crate::trace::sampled(request_id, self.share_of(pool))
     }
 }
 

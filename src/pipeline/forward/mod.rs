@@ -48,7 +48,7 @@ pub(super) async fn forward(
     let quality = &snapshot.quality;
     // Only answers that generate text are scored and windowed (embeddings have no text).
     let generates = endpoint.generates();
-    let sampled = generates && quality.sampled(&ctx.request_id);
+    let sampled = generates && quality.sampled(&pool.name, &ctx.request_id);
     let body = valid.body.bytes();
     if sampled || (generates && quality.drift.is_some()) {
         let asked = match sampled {
