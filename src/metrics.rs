@@ -182,6 +182,8 @@ pub struct GatewayMetrics {
     /// `infergate_drift_psi{model,version,feature}`: PSI of the latest drift window against
     /// its reference (`quality::windows::FEATURES`).
     pub drift_psi: GaugeVec,
+    /// `infergate_drift_tenant_psi{tenant,feature}`: the same per tenant, over all its models.
+    pub drift_tenant_psi: GaugeVec,
     /// `infergate_drift_psi_threshold`: `quality.drift.psi_threshold`, for the alert rule.
     pub drift_threshold: Gauge,
 }
@@ -691,6 +693,17 @@ impl GatewayMetrics {
                         "PSI of the latest drift window against its reference, by feature.",
                     ),
                     &["model", "version", "feature"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            drift_tenant_psi: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_drift_tenant_psi",
+                        "PSI of a tenant's latest drift window against its reference, by feature.",
+                    ),
+                    &["tenant", "feature"],
                 )?;
                 registry.register(Box::new(g.clone()))?;
                 g

@@ -12,7 +12,7 @@ use prometheus::IntCounter;
 
 use super::capture::Capture;
 use super::signals::{self, Asked, SIGNAL_NAMES};
-use super::windows::{DriftBook, FEATURES, Observation, Reference, WindowSettings};
+use super::windows::{DriftBook, FEATURES, Observation, Reference, Scores, WindowSettings};
 use crate::canary::Canary;
 use crate::metrics::GatewayMetrics;
 use crate::usage_check::TokenUsage;
@@ -136,15 +136,22 @@ impl QualitySampler {
     }
 }
 
+/// The drift windows the worker keeps: per model and version, and per tenant.
+#[derive(Default)]
+struct Books {
+    versions: DriftBook,
+    tenants: DriftBook,
+}
+
 /// The worker: until every sender is gone.
 fn run(rx: &Receiver<QualityJob>, metrics: &GatewayMetrics) {
-    let mut drift = DriftBook::default();
+    let mut books = Books::default();
     for job in rx {
-        handle(job, metrics, &mut drift);
+        handle(job, metrics, &mut books);
     }
 }
 
-fn handle(job: QualityJob, m: &GatewayMetrics, drift: &mut DriftBook) {
+fn handle(job: QualityJob, m: &GatewayMetrics, books: &mut Books) {
     let labels = [job.tenant.as_str(), &job.model, &job.version];
     if let Some(capture) = &job.capture {
         let raised = signals::score(
@@ -176,19 +183,31 @@ fn handle(job: QualityJob, m: &GatewayMetrics, drift: &mut DriftBook) {
         finish_reason: job.capture.as_ref().and_then(|c| c.finish_reason()),
     };
     let key = (job.model.as_str(), job.version.as_str());
-    let Some(scores) = drift.observe(key, &observation, &d.windows) else {
-        return;
-    };
+    if let Some(scores) = books.versions.observe(key, &observation, &d.windows) {
+        export(m, d, &[key.0, key.1], scores);
+    }
+    // Tenants are keyed alone (their traffic over every model): the tenant whose inputs moved.
+    let tenant = (job.tenant.as_str(), "");
+    if let Some(scores) = books.tenants.observe(tenant, &observation, &d.windows) {
+        export(m, d, &[tenant.0], scores);
+    }
+}
+
+/// Sets the PSI gauges of `key` (model and version, or tenant) and logs each above the threshold.
+fn export(m: &GatewayMetrics, d: &DriftConfig, key: &[&str], scores: Scores) {
     m.drift_threshold.set(d.psi_threshold);
+    let gauge = match key.len() {
+        2 => &m.drift_psi,
+        _ => &m.drift_tenant_psi,
+    };
     for (feature, score) in FEATURES.iter().zip(scores) {
         let Some(psi) = score else { continue };
-        m.drift_psi
-            .with_label_values(&[key.0, key.1, feature])
-            .set(psi);
+        let mut labels = key.to_vec();
+        labels.push(feature);
+        gauge.with_label_values(&labels).set(psi);
         if psi > d.psi_threshold {
             tracing::warn!(
-                model = key.0,
-                version = key.1,
+                key = key.join("/"),
                 feature,
                 psi,
                 threshold = d.psi_threshold,
@@ -239,7 +258,7 @@ mod tests {
             ..QualityConfig::default()
         };
         let config = Arc::new(config);
-        let mut book = DriftBook::default();
+        let mut book = Books::default();
         handle(
             job(&config, "I'm sorry, but I can't do that.", 100),
             &m,
@@ -270,6 +289,14 @@ mod tests {
             .with_label_values(&["m", "default", "prompt_tokens"])
             .get();
         assert!(psi > 0.2, "{psi}");
+        let tenant = m
+            .drift_tenant_psi
+            .with_label_values(&["acme", "prompt_tokens"])
+            .get();
+        assert!(
+            (tenant - psi).abs() < 1e-12,
+            "the tenant's only traffic: {tenant}"
+        );
         assert_eq!(m.drift_threshold.get(), 0.2);
         let text = m.render();
         assert!(!text.contains("sorry"), "the text never reaches a metric");

@@ -28,11 +28,18 @@ const PREFIXES: &[&str] = &["infergate_", "vllm:", "process_"];
 /// Dashboard metric families the live scrape may lack, each with the condition it needs that
 /// the test cannot create cheaply (add an entry only with its reason; an entry no dashboard
 /// queries fails the test).
-const NOT_LIVE: &[(&str, &str)] = &[(
-    "infergate_drift_psi",
-    "a score needs two full drift windows (quality.drift.window answers each) of one model and \
-     version; tests/e2e/policies/quality.rs reads it from a live gateway",
-)];
+const NOT_LIVE: &[(&str, &str)] = &[
+    (
+        "infergate_drift_psi",
+        "a score needs two full drift windows (quality.drift.window answers each) of one model \
+         and version; tests/e2e/policies/quality.rs reads it from a live gateway",
+    ),
+    (
+        "infergate_drift_tenant_psi",
+        "a score needs two full drift windows of one tenant; tests/e2e/policies/quality.rs reads \
+         it from a live gateway",
+    ),
+];
 
 /// Metric names in `text` with one of [`PREFIXES`], without the histogram suffixes.
 fn metric_names(text: &str) -> BTreeSet<String> {

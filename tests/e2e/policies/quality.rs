@@ -150,6 +150,15 @@ async fn sampled_answers_count_their_signals_and_a_prompt_shift_raises_the_drift
         )
         .await;
     assert!(psi > 0.2, "prompt-length PSI {psi}");
+    // The tenant's own windows (over both models) saw the same shift.
+    let tenant = gw
+        .settle_metric(
+            "infergate_drift_tenant_psi{tenant=\"anonymous\",feature=\"prompt_tokens\"}",
+            within,
+            |v| v > 0.2,
+        )
+        .await;
+    assert!(tenant > 0.2, "the tenant's prompt-length PSI {tenant}");
     let output = common::find_metric(
         &gw.metrics().await,
         "infergate_drift_psi{model=\"looper\",version=\"default\",feature=\"output_tokens\"}",
