@@ -46,9 +46,12 @@ pub(super) async fn forward(
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
     let quality = &snapshot.quality;
-    // Only answers that generate text are scored and windowed (embeddings have no text).
+    // Only answers that generate text are windowed (embeddings have no text), and only chat and
+    // completions answers are scored (the capture reads their `choices`; a Responses answer
+    // would read as empty).
     let generates = endpoint.generates();
-    let sampled = generates && quality.sampled(&pool.name, &ctx.request_id);
+    let scored = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
+    let sampled = scored && quality.sampled(&pool.name, &ctx.request_id);
     let body = valid.body.bytes();
     if sampled || (generates && quality.drift.is_some()) {
         let asked = match sampled {
