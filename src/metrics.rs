@@ -182,6 +182,21 @@ pub struct GatewayMetrics {
     /// `infergate_otlp_spans_total{result}`: spans of the OTLP export (exported, dropped: queue
     /// full, failed: the collector refused or did not answer in time).
     pub otlp_spans: IntCounterVec,
+    /// `infergate_quality_sampled_total{tenant,model,version}`: answers scored for quality
+    /// signals (tenants and models come from config, versions from the canary spec).
+    pub quality_sampled: IntCounterVec,
+    /// `infergate_quality_signal_total{tenant,model,version,signal}`: scored answers that raised
+    /// a signal (`quality::signals::SIGNAL_NAMES`).
+    pub quality_signals: IntCounterVec,
+    /// `infergate_quality_dropped_total`: answers not handed to the quality worker (queue full).
+    pub quality_dropped: IntCounter,
+    /// `infergate_drift_psi{model,version,feature}`: PSI of the latest drift window against
+    /// its reference (`quality::windows::FEATURES`).
+    pub drift_psi: GaugeVec,
+    /// `infergate_drift_tenant_psi{tenant,feature}`: the same per tenant, over all its models.
+    pub drift_tenant_psi: GaugeVec,
+    /// `infergate_drift_psi_threshold`: `quality.drift.psi_threshold`, for the alert rule.
+    pub drift_threshold: Gauge,
 }
 
 /// The counters a settled request of one tenant and model adds to (six label lookups a request
@@ -687,6 +702,54 @@ impl GatewayMetrics {
                 "OTLP trace export spans by result (exported, dropped, failed).",
                 &["result"],
             )?,
+            quality_sampled: counter(
+                "infergate_quality_sampled_total",
+                "Answers scored for quality signals.",
+                &["tenant", "model", "version"],
+            )?,
+            quality_signals: counter(
+                "infergate_quality_signal_total",
+                "Scored answers that raised a quality signal, by signal.",
+                &["tenant", "model", "version", "signal"],
+            )?,
+            quality_dropped: {
+                let c = IntCounter::new(
+                    "infergate_quality_dropped_total",
+                    "Answers not handed to the quality worker because its queue was full.",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            drift_psi: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_drift_psi",
+                        "PSI of the latest drift window against its reference, by feature.",
+                    ),
+                    &["model", "version", "feature"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            drift_tenant_psi: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_drift_tenant_psi",
+                        "PSI of a tenant's latest drift window against its reference, by feature.",
+                    ),
+                    &["tenant", "feature"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            drift_threshold: {
+                let g = Gauge::new(
+                    "infergate_drift_psi_threshold",
+                    "PSI above which drift is reported (quality.drift.psi_threshold).",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             registry,
         })
     }

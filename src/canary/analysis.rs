@@ -134,6 +134,22 @@ impl Canary {
         }
     }
 
+    /// Records the quality signals `raised` by one scored answer of version `i` at `now` (same
+    /// window rule as [`Self::record`]).
+    pub fn record_quality(
+        &mut self,
+        version: usize,
+        raised: &crate::quality::signals::Signals,
+        now: Instant,
+    ) {
+        if now < self.window_start {
+            return;
+        }
+        if let Some(w) = self.windows.get_mut(version) {
+            w.record_quality(raised);
+        }
+    }
+
     /// Call often (e.g. each second). Once a full window has passed, judges it, applies the
     /// decision, starts the next window at `now` and returns the decision; `None` otherwise.
     pub fn tick(&mut self, now: Instant) -> Option<Decision> {

@@ -215,3 +215,54 @@ fn a_schedule_ending_below_100_is_done_there() {
     assert_eq!(c.model(1), Some("llama-canary"));
     assert_eq!(c.model(2), None);
 }
+
+/// Records `scored` quality-scored answers of `version` at `at`, `refusals` of them refusals.
+fn score(c: &mut Canary, at: Instant, version: usize, scored: u64, refusals: u64) {
+    for i in 0..scored {
+        let raised = crate::quality::signals::Signals {
+            refusal: i < refusals,
+            ..Default::default()
+        };
+        c.record_quality(version, &raised, at);
+    }
+}
+
+#[test]
+fn a_canary_that_refuses_significantly_more_is_rolled_back_naming_the_signal() {
+    let t0 = Instant::now();
+    let mut c = Canary::new(&spec(25), t0);
+    score(&mut c, t0, 0, 100, 1);
+    score(&mut c, t0, 1, 100, 12);
+    let d = window(&mut c, t0, HEALTHY, HEALTHY);
+    assert_eq!(d.as_ref().map(Decision::label), Some("rollback"), "{d:?}");
+    assert!(
+        reason(&d).starts_with("refusal rate 12.00% on canary vs 1.00% on stable"),
+        "{d:?}"
+    );
+    assert_eq!(canary_weight(&c), 0);
+}
+
+#[test]
+fn equal_quality_or_too_few_scored_answers_do_not_stop_a_healthy_canary() {
+    let t0 = Instant::now();
+    let mut c = Canary::new(&spec(25), t0);
+    score(&mut c, t0, 0, 100, 2);
+    score(&mut c, t0, 1, 100, 3);
+    let d = window(&mut c, t0, HEALTHY, HEALTHY);
+    assert_eq!(d.as_ref().map(Decision::label), Some("promote"), "{d:?}");
+    assert!(
+        reason(&d).contains("quality over 100 vs 100 scored answers"),
+        "{d:?}"
+    );
+    // All refusals, but 10 scored answers are under min_samples (50): not judged.
+    let t1 = t0 + secs(60);
+    score(&mut c, t1, 0, 10, 0);
+    score(&mut c, t1, 1, 10, 10);
+    let d = window(&mut c, t1, HEALTHY, HEALTHY);
+    assert_eq!(d.as_ref().map(Decision::label), Some("promote"), "{d:?}");
+    assert!(reason(&d).contains("quality not compared"), "{d:?}");
+    // Scored before the current window began: ignored.
+    let before = c.windows[1].quality_sampled;
+    c.record_quality(1, &Default::default(), t0);
+    assert_eq!(c.windows[1].quality_sampled, before);
+}

@@ -1,6 +1,9 @@
 //! The comparison of one window: the canary's error rate, TTFT p99 and inter-token p99 against
 //! stable's, under the analysis thresholds. A latency metric is compared only when both versions
 //! have at least `min_samples` values of it (non-streamed requests have no inter-token gaps).
+//! Quality signals (refusal, empty, repetition, invalid JSON, malformed tool arguments) are
+//! compared when both versions have at least `min_samples` scored answers, by a one-sided
+//! two-proportion z-test: the canary's rate is worse when `z > 2.326` (significance 1%).
 
 use std::time::Duration;
 
@@ -50,7 +53,64 @@ pub fn breaches(
             ));
         }
     }
+    found.extend(quality_breaches(spec, stable, canary));
     found
+}
+
+/// Signals a canary is rolled back for (a length-limit hit follows the client's `max_tokens`,
+/// so it is counted but not judged).
+pub const JUDGED_SIGNALS: [&str; 5] = [
+    "refusal",
+    "empty",
+    "repetition",
+    "invalid_json",
+    "malformed_tool_args",
+];
+
+/// One-sided critical value of the standard normal at 1% significance.
+pub const Z_CRITICAL: f64 = 2.326;
+
+/// Each judged signal whose rate is significantly higher on the canary than on stable.
+fn quality_breaches(
+    spec: &AnalysisSpec,
+    stable: &VersionWindow,
+    canary: &VersionWindow,
+) -> Vec<String> {
+    if stable.quality_sampled < spec.min_samples || canary.quality_sampled < spec.min_samples {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    for signal in JUDGED_SIGNALS {
+        let (s, c) = (stable.quality(signal), canary.quality(signal));
+        let z = two_proportion_z(s, c);
+        if z > Z_CRITICAL {
+            found.push(format!(
+                "{signal} rate {} on canary vs {} on stable ({} vs {} scored answers; \
+                 one-sided two-proportion z = {z:.2} > {Z_CRITICAL})",
+                pct(c.0 as f64 / c.1 as f64),
+                pct(s.0 as f64 / s.1 as f64),
+                c.1,
+                s.1
+            ));
+        }
+    }
+    found
+}
+
+/// The two-proportion z statistic of `canary` (raised, scored) over `stable`, with the pooled
+/// rate's standard error; 0 when the pooled rate is 0 or 1 (nothing tells them apart).
+pub fn two_proportion_z(stable: (u64, u64), canary: (u64, u64)) -> f64 {
+    let ((xs, ns), (xc, nc)) = (stable, canary);
+    if ns == 0 || nc == 0 {
+        return 0.0;
+    }
+    let (ns, nc) = (ns as f64, nc as f64);
+    let pooled = (xs + xc) as f64 / (ns + nc);
+    let se = (pooled * (1.0 - pooled) * (1.0 / ns + 1.0 / nc)).sqrt();
+    if se == 0.0 {
+        return 0.0;
+    }
+    (xc as f64 / nc - xs as f64 / ns) / se
 }
 
 /// The window's figures for a log line: error rates and p99s of canary vs stable.
@@ -72,6 +132,20 @@ pub fn summary(spec: &AnalysisSpec, stable: &VersionWindow, canary: &VersionWind
             None => format!("{name} not compared (too few samples)"),
         });
     }
+    let min = spec.min_samples;
+    parts.push(
+        if stable.quality_sampled < min || canary.quality_sampled < min {
+            format!(
+                "quality not compared ({} vs {} scored answers, need {min})",
+                canary.quality_sampled, stable.quality_sampled
+            )
+        } else {
+            format!(
+                "quality over {} vs {} scored answers",
+                canary.quality_sampled, stable.quality_sampled
+            )
+        },
+    );
     format!("canary vs stable: {}", parts.join(", "))
 }
 
@@ -125,6 +199,57 @@ mod tests {
         assert_eq!(slow.len(), 2, "{slow:?}");
         assert!(slow[0].starts_with("ttft p99 200.0ms on canary vs 100.0ms on stable"));
         assert!(slow[1].starts_with("inter-token p99 40.0ms on canary vs 20.0ms"));
+    }
+
+    fn scored(n: u64, refusals: u64) -> VersionWindow {
+        let mut w = fill(n, 0, 100, 20);
+        for i in 0..n {
+            let raised = crate::quality::signals::Signals {
+                refusal: i < refusals,
+                ..Default::default()
+            };
+            w.record_quality(&raised);
+        }
+        w
+    }
+
+    #[test]
+    fn the_z_statistic_matches_a_hand_calculation() {
+        // 0 of 100 against 10 of 100: pooled 0.05, se = sqrt(0.05 * 0.95 * 0.02) = 0.030822,
+        // z = 0.1 / 0.030822 = 3.2444.
+        let z = two_proportion_z((0, 100), (10, 100));
+        assert!(
+            (z - 0.1 / (0.05f64 * 0.95 * 0.02).sqrt()).abs() < 1e-12,
+            "{z}"
+        );
+        assert!((z - 3.2444).abs() < 1e-3);
+        assert_eq!(two_proportion_z((0, 100), (0, 100)), 0.0);
+        assert_eq!(two_proportion_z((0, 0), (5, 10)), 0.0);
+        assert!(
+            two_proportion_z((10, 100), (0, 100)) < 0.0,
+            "one-sided: better is no breach"
+        );
+    }
+
+    #[test]
+    fn a_significantly_worse_quality_signal_is_a_breach_naming_it() {
+        let spec = analysis();
+        let found = breaches(&spec, &scored(100, 0), &scored(100, 10));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("refusal rate 10.00% on canary vs 0.00% on stable"),
+            "{found:?}"
+        );
+        assert!(found[0].contains("z = 3.24 > 2.326"), "{found:?}");
+        // 2 in 100 against 1 in 100 is noise.
+        assert!(breaches(&spec, &scored(100, 1), &scored(100, 2)).is_empty());
+        // Too few scored answers: not judged, and the summary says so.
+        let (s, c) = (scored(20, 0), scored(20, 20));
+        assert!(breaches(&spec, &s, &c).is_empty());
+        assert!(
+            summary(&spec, &s, &c)
+                .contains("quality not compared (20 vs 20 scored answers, need 50)")
+        );
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::quality::signals::{SIGNAL_NAMES, Signals};
+
 /// Most latencies kept per metric and window; beyond it, reservoir sampling keeps a uniform
 /// sample, enough for a p99 (about 80 values above it).
 pub const RESERVOIR: usize = 8192;
@@ -19,6 +21,10 @@ pub struct VersionWindow {
     ttft: Reservoir,
     /// Largest inter-token gap of the requests that report one.
     itl: Reservoir,
+    /// Answers scored for quality signals (a sample of the requests).
+    pub quality_sampled: u64,
+    /// Of those, how many raised each signal, in `quality::signals::SIGNAL_NAMES` order.
+    pub quality_raised: [u64; SIGNAL_NAMES.len()],
 }
 
 impl VersionWindow {
@@ -34,6 +40,25 @@ impl VersionWindow {
         if let Some(t) = max_itl {
             self.itl.push(t);
         }
+    }
+
+    /// Adds one answer scored for quality signals.
+    pub fn record_quality(&mut self, raised: &Signals) {
+        self.quality_sampled += 1;
+        for name in raised.names() {
+            if let Some(i) = SIGNAL_NAMES.iter().position(|n| *n == name) {
+                self.quality_raised[i] += 1;
+            }
+        }
+    }
+
+    /// Scored answers that raised `signal`, and scored answers.
+    pub fn quality(&self, signal: &str) -> (u64, u64) {
+        let raised = SIGNAL_NAMES
+            .iter()
+            .position(|n| *n == signal)
+            .map_or(0, |i| self.quality_raised[i]);
+        (raised, self.quality_sampled)
     }
 
     /// Failed share of the requests, 0..=1; 0 without requests.

@@ -188,6 +188,11 @@ pub(super) fn compile(
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
     let max_body_bytes = sections::max_body_bytes(&mut sink, raw.limits.as_ref());
     let (trace, otlp) = sections::trace(&mut sink, raw.trace.as_ref(), base);
+    let quality = std::sync::Arc::new(super::quality_section::quality(
+        &mut sink,
+        raw.quality.as_ref(),
+        &pool_specs,
+    ));
     let snapshot = Snapshot {
         listen: sections::address(&mut sink, raw.listen.as_ref(), "listen", default_listen),
         admin: sections::admin(&mut sink, raw.admin.as_ref()),
@@ -224,6 +229,7 @@ pub(super) fn compile(
         ledger: sections::ledger(&mut sink, raw.ledger.as_ref(), base),
         trace,
         otlp,
+        quality,
         redis: raw
             .state
             .as_ref()

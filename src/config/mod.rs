@@ -8,6 +8,7 @@ mod otlp_section;
 mod pool_policy;
 mod pools;
 mod prices_file;
+mod quality_section;
 mod raw;
 mod routing_doc;
 mod routing_file;

@@ -31,6 +31,7 @@ pub(super) struct RawConfig {
     pub ledger: Option<RawLedger>,
     pub trace: Option<RawTrace>,
     pub state: Option<RawState>,
+    pub quality: Option<RawQuality>,
     pub models: Vec<RawModel>,
     pub pools: Vec<RawPool>,
     pub tenants: Option<Vec<RawTenant>>,
@@ -77,6 +78,28 @@ pub(super) struct RawOtlp {
     pub max_queue: Option<Spanned<usize>>,
     pub batch: Option<Spanned<usize>>,
     pub batch_delay: Option<Text>,
+}
+
+/// `quality:` (quality signals of sampled answers, drift windows).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQuality {
+    pub sample_share: Option<Spanned<f64>>,
+    pub pool_share: Option<HashMap<Text, Spanned<f64>>>,
+    pub refusal_phrases: Option<Vec<Text>>,
+    pub queue: Option<Spanned<usize>>,
+    pub drift: Option<RawDrift>,
+}
+
+/// `quality.drift:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDrift {
+    pub enabled: Option<bool>,
+    pub window: Option<Spanned<u64>>,
+    pub min_count: Option<Spanned<u64>>,
+    pub reference: Option<Text>,
+    pub psi_threshold: Option<Spanned<f64>>,
 }
 
 /// `ledger:`

@@ -79,6 +79,8 @@ pub struct Snapshot {
     /// The flight records' OTLP/HTTP export (`trace.otlp`); `None` exports none. Read at start
     /// only.
     pub otlp: Option<crate::trace::otlp::OtlpConfig>,
+    /// Quality signals of sampled answers and drift windows (`quality:`).
+    pub quality: std::sync::Arc<crate::quality::QualityConfig>,
     /// Every file the snapshot was compiled from (config, routing.yaml and tenants.yaml when
     /// read, tenants' `key_file`s), absolute, for the file watcher.
     pub files: Vec<PathBuf>,

@@ -114,6 +114,8 @@ pub struct Gateway {
     pub trace: Option<Arc<crate::trace::TraceWriter>>,
     /// The flight records' OTLP exporter (`trace.otlp`), when one is configured; set at start.
     pub otlp: Option<Arc<crate::trace::otlp::OtlpExporter>>,
+    /// The quality worker: sampled answers' signals and the drift windows (`quality:`).
+    pub quality: Arc<crate::quality::QualitySampler>,
     /// Tenants' spend against their budgets.
     pub budgets: Arc<crate::budgets::BudgetBook>,
     /// Fleet mode: tenant limits shared through Redis (`state.redis`).
@@ -175,6 +177,11 @@ impl Gateway {
             )?),
             None => None,
         };
+        let quality =
+            crate::quality::QualitySampler::start(metrics.clone(), snapshot.quality.queue)?;
+        if let Some(d) = &snapshot.quality.drift {
+            metrics.drift_threshold.set(d.psi_threshold);
+        }
         let client = upstream::client(snapshot.forward.connect_timeout);
         let (grace_over, grace_watch) = tokio::sync::watch::channel(false);
         let gw = Arc::new(Self {
@@ -196,6 +203,7 @@ impl Gateway {
             ledger,
             trace,
             otlp,
+            quality,
             budgets,
             shared,
             extra_tenants,

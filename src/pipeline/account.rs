@@ -18,6 +18,8 @@ use crate::ledger::{UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
 use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::EndReport;
+use crate::quality::signals::Asked;
+use crate::quality::{QualityConfig, QualityJob, QualitySampler};
 use crate::shadow::PrimaryOutcome;
 use crate::trace::otlp::OtlpExporter;
 use crate::trace::{TraceLine, TraceWriter};
@@ -88,6 +90,15 @@ pub(crate) struct Exit {
     traceparent: Option<String>,
     /// The attempts on workers, once one answered.
     attempts: Attempts,
+    /// Where the answer goes for its quality signals and drift windows, when it does.
+    quality: Option<QualityHook>,
+}
+
+/// The quality worker, the config in force and what the request asked of its answer.
+struct QualityHook {
+    sampler: Arc<QualitySampler>,
+    config: Arc<QualityConfig>,
+    asked: Asked,
 }
 
 impl Drop for Exit {
@@ -163,6 +174,20 @@ impl Exit {
     /// The request's shape class (or `unclassified`), which labels its latency at the end.
     pub(super) fn shape_class(&mut self, class: &str) {
         self.shape_class = Some(class.to_owned());
+    }
+
+    /// The answer goes to `sampler` for its quality signals (when sampled) and drift windows.
+    pub(super) fn quality(
+        &mut self,
+        sampler: Arc<QualitySampler>,
+        config: Arc<QualityConfig>,
+        asked: Asked,
+    ) {
+        self.quality = Some(QualityHook {
+            sampler,
+            config,
+            asked,
+        });
     }
 
     /// The attempts that led to the worker that answered.
@@ -296,7 +321,7 @@ impl Exit {
 
     /// A worker's answer, at the end of its body: counted by how it really ended (a stream can
     /// still fail after its 200), compared with its shadow, sampled for the canary, settled.
-    fn relayed(&mut self, m: &GatewayMetrics, end: EndReport) {
+    fn relayed(&mut self, m: &GatewayMetrics, mut end: EndReport) {
         let (status, outcome) = end_outcome(&end);
         if self.targeted {
             m.requests
@@ -347,10 +372,12 @@ impl Exit {
             }
         }
         let Some(account) = self.account.take() else {
+            self.submit_quality(&mut end, None);
             return;
         };
         let served = self.served_model.as_deref().unwrap_or(&self.row.model);
         let settled = account.settle(&end, (&self.row.model, served, &self.row.pool));
+        self.submit_quality(&mut end, Some(settled.tokens));
         if self.ledger.is_none() {
             return;
         }
@@ -375,6 +402,33 @@ impl Exit {
         row.total_ms = elapsed.as_millis() as u64;
         row.worker = end.worker;
         self.record(row);
+    }
+
+    /// Hands a whole answer to the quality worker (when the request has a hook), with its
+    /// `tokens` as checked against the request (never the worker's word unchecked).
+    fn submit_quality(&mut self, end: &mut EndReport, tokens: Option<crate::pricing::TokenCounts>) {
+        let Some(q) = self.quality.take() else { return };
+        // Only a whole answer says anything about its quality.
+        if !served_well(end) {
+            return;
+        }
+        q.sampler.submit(QualityJob {
+            tenant: self.tenant().unwrap_or("unknown").to_owned(),
+            model: self.row.model.clone(),
+            version: match self.row.version.as_str() {
+                "" => "default".to_owned(),
+                v => v.to_owned(),
+            },
+            capture: end.capture.take(),
+            asked: q.asked,
+            usage: tokens.map(|t| crate::usage_check::TokenUsage {
+                prompt: t.prompt,
+                completion: t.completion,
+                cached: Some(t.cached),
+            }),
+            canary: self.version.as_ref().map(|v| (v.canary.clone(), v.index)),
+            config: q.config,
+        });
     }
 
     /// Queues the request's trace line for the trace file and the OTLP exporter (each when

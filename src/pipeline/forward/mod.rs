@@ -45,6 +45,21 @@ pub(super) async fn forward(
     (endpoint, traceparent): (Endpoint, Option<&HeaderValue>),
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
+    let quality = &snapshot.quality;
+    // Only answers that generate text are windowed (embeddings have no text), and only chat and
+    // completions answers are scored (the capture reads their `choices`; a Responses answer
+    // would read as empty).
+    let generates = endpoint.generates();
+    let scored = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
+    let sampled = scored && quality.sampled(&pool.name, &ctx.request_id);
+    let body = valid.body.bytes();
+    if sampled || (generates && quality.drift.is_some()) {
+        let asked = match sampled {
+            true => crate::quality::capture::asked_of(&body),
+            false => Default::default(),
+        };
+        ctx.exit.quality(gw.quality.clone(), quality.clone(), asked);
+    }
     let exit = &mut ctx.exit;
     let mut on_end = move |attempts| -> Option<OnEnd> {
         let mut exit = exit.relay();
@@ -54,7 +69,7 @@ pub(super) async fn forward(
     let out = Outbound {
         path: endpoint.path(),
         // The one place the upstream body is built, after every phase has had its say.
-        body: valid.body.bytes(),
+        body,
         stream: valid.stream,
         // OpenAI's chat and completions streams end with `data: [DONE]`; Responses streams end
         // with their `response.completed` event instead.
@@ -67,6 +82,7 @@ pub(super) async fn forward(
         hide_usage_chunk: valid.stream && !valid.client_wants_usage,
         grace_over: gw.grace_over(),
         on_end: &mut on_end,
+        capture: sampled,
     };
     send(pool, first, out, settings(snapshot), &gw.metrics).await
 }

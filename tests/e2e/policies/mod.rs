@@ -1,5 +1,7 @@
-//! Traffic policies: the canary split and its analysis, degradation, shadow traffic.
+//! Traffic policies: the canary split and its analysis, degradation, shadow traffic, quality
+//! signals and drift.
 
 mod canary;
 mod degradation;
+mod quality;
 mod shadow;

@@ -46,6 +46,8 @@ pub struct EndReport {
     pub stream: bool,
     /// The engine's flight record, as the tap found it.
     pub flight: crate::trace::Flight,
+    /// The answer's text, when the request is in the quality sample.
+    pub capture: Option<Box<crate::quality::capture::Capture>>,
 }
 
 /// Called exactly once when the body ends, fails or is dropped.
@@ -215,6 +217,7 @@ impl ProxyBody {
                     client_gone,
                     stream: self.report.is_stream,
                     flight: std::mem::take(&mut self.tap.flight),
+                    capture: self.tap.capture.take(),
                 });
             }
             let r = &self.report;

@@ -78,6 +78,8 @@ pub struct Outbound<'a> {
     pub on_end: &'a mut (dyn FnMut(Attempts) -> Option<OnEnd> + Send),
     /// Turns true when the drain's grace is over.
     pub grace_over: &'a tokio::sync::watch::Receiver<bool>,
+    /// Collect the answer's text for the quality signals (the request is sampled).
+    pub capture: bool,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -226,10 +228,12 @@ pub async fn forward(
                 worker: worker.url.clone(),
                 request_id: out.request_id.to_owned(),
             },
-            UsageTap::new(is_stream, out.hide_usage_chunk).with_flight(
-                parts.headers.get(FLIGHT_HEADER).map(HeaderValue::as_bytes),
-                !settings.debug_headers,
-            ),
+            UsageTap::new(is_stream, out.hide_usage_chunk)
+                .with_flight(
+                    parts.headers.get(FLIGHT_HEADER).map(HeaderValue::as_bytes),
+                    !settings.debug_headers,
+                )
+                .with_capture(out.capture),
             Some(with_feedback(
                 pool,
                 out.features,

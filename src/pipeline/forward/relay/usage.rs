@@ -42,6 +42,8 @@ pub struct UsageTap {
     /// The engine's flight record: from the `x-infergate-flight` header of a whole answer, or
     /// the first `: flight {json}` comment of a stream (later ones are ignored).
     pub flight: Flight,
+    /// The answer's text, collected when the request is in the quality sample.
+    pub capture: Option<Box<crate::quality::capture::Capture>>,
 }
 
 /// What a body or SSE payload says about usage: `usage` of chat, completions and embeddings
@@ -157,6 +159,12 @@ impl UsageTap {
         self
     }
 
+    /// Collects the answer's text for the quality signals (a sampled request).
+    pub fn with_capture(mut self, capture: bool) -> Self {
+        self.capture = capture.then(Box::default);
+        self
+    }
+
     /// Feeds one upstream frame; returns what to send to the client now. Streams are forwarded
     /// event by event (a partial event waits for its end); JSON bodies pass through unchanged.
     pub fn feed(&mut self, data: Bytes) -> Bytes {
@@ -229,6 +237,12 @@ impl UsageTap {
             };
             if let Some(p) = Payload::read(&body) {
                 self.usage = p.usage.or(self.usage);
+            }
+            match self.capture.as_deref_mut() {
+                // An answer too big to scan is not scored (it would read as empty).
+                Some(_) if self.too_big => self.capture = None,
+                Some(c) => c.json_body(&body),
+                None => {}
             }
             return Bytes::new();
         }
@@ -307,6 +321,9 @@ impl UsageTap {
             self.saw_error = true;
             return false;
         }
+        if let Some(c) = self.capture.as_deref_mut() {
+            c.sse_payload(payload);
+        }
         let Some(p) = Payload::read(payload) else {
             // JSON of another shape (not an object, or a usage of odd types) still carries
             // content; only what is not JSON at all is skipped.
@@ -378,6 +395,36 @@ mod tests {
             cached: None,
         };
         assert_eq!(tap.usage, Some(want));
+    }
+
+    #[test]
+    fn a_sampled_answer_is_captured_streamed_or_whole() {
+        let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \"}}]}\n\n\
+                      data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"there\"},\"finish_reason\":\"stop\"}]}\n\n\
+                      data: [DONE]\n\n";
+        let mut tap = UsageTap::new(true, false).with_capture(true);
+        let (a, b) = events.split_at(30);
+        let _ = tap.feed(Bytes::from(a.to_string()));
+        let _ = tap.feed(Bytes::from(b.to_string()));
+        let c = tap.capture.as_deref().expect("captured");
+        assert_eq!(
+            (c.answer().text, c.finish_reason()),
+            ("Hi there", Some("stop"))
+        );
+        let body =
+            br#"{"choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"length"}]}"#;
+        let mut tap = UsageTap::new(false, false).with_capture(true);
+        tap.feed(Bytes::from_static(body));
+        tap.flush();
+        let c = tap.capture.as_deref().expect("captured");
+        assert_eq!(
+            (c.answer().text, c.finish_reason()),
+            ("whole", Some("length"))
+        );
+        let mut off = UsageTap::new(false, false);
+        off.feed(Bytes::from_static(body));
+        off.flush();
+        assert!(off.capture.is_none(), "not sampled: nothing kept");
     }
 
     #[test]
