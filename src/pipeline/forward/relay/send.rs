@@ -275,6 +275,11 @@ pub async fn forward(
         // hyper parsed has room for the request id, and a reserve rehashes it every time.
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
+        if is_stream {
+            // The gateway may drop events it added or reads (the usage chunk, the flight
+            // comment): a worker's length would promise the client bytes that never come.
+            headers.remove(hyper::header::CONTENT_LENGTH);
+        }
         if !settings.debug_headers {
             // The engine's flight record is the gateway's to read (the trace file).
             headers.remove(FLIGHT_HEADER);
