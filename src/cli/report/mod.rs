@@ -102,6 +102,11 @@ pub struct Breakdown {
     /// Longest inter-token gap, seconds.
     #[serde(default)]
     pub itl_max: f64,
+    /// 99th percentile over the successful requests of each one's longest gap, seconds: how
+    /// badly the worst answers froze (a few frozen answers barely move `itl_p99`, whose gaps
+    /// are mostly the healthy answers').
+    #[serde(default)]
+    pub worst_gap_p99: f64,
     /// 99th percentile end-to-end latency, seconds.
     pub e2e_p99: f64,
     /// Share of the slice's requests that met the SLO.

@@ -84,13 +84,22 @@ fn class_row(name: String, b: &Breakdown) -> Vec<String> {
         ms(b.ttft_p99),
         ms(b.itl_p99),
         ms(b.itl_max),
+        ms(b.worst_gap_p99),
         ms(b.e2e_p99),
         pct(b.goodput),
     ]
 }
 
-const CLASS_HEADER: [&str; 8] = [
-    "", "requests", "ok", "TTFT p99", "ITL p99", "ITL max", "E2E p99", "goodput",
+const CLASS_HEADER: [&str; 9] = [
+    "",
+    "requests",
+    "ok",
+    "TTFT p99",
+    "ITL p99",
+    "ITL max",
+    "worst gap p99",
+    "E2E p99",
+    "goodput",
 ];
 
 /// One row per class, then one per path of it.

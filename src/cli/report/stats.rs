@@ -179,7 +179,13 @@ pub(super) fn breakdown(rs: &[&RequestRecord], slo_ttft_s: f64, slo_itl_s: f64) 
     let s = Samples::of(rs.iter().copied());
     let good = rs.iter().filter(|r| r.good(slo_ttft_s, slo_itl_s)).count();
     let itl = Percentiles::of(&s.itl);
+    let worst: Vec<f64> = rs
+        .iter()
+        .filter(|r| r.ok())
+        .filter_map(|r| r.itl.iter().copied().reduce(f64::max))
+        .collect();
     Breakdown {
+        worst_gap_p99: Percentiles::of(&worst).p99,
         requests: rs.len() as u64,
         ok: rs.iter().filter(|r| r.ok()).count() as u64,
         ttft_p50: Percentiles::of(&s.ttft).p50,

@@ -324,6 +324,7 @@ pub(super) fn resolve(args: &SimArgs) -> Result<(SimConfig, PolicyConfig), Strin
         cfg.max_wait = args.max_wait.unwrap_or(a.max_wait);
         cfg.fair_share = args.with_window(args.fair_share_flag().unwrap_or(a.fair_share));
         cfg.degradation = snapshot.degradation.get(&pool.name).cloned();
+        cfg.pool = Some(pool.name.clone());
         cfg.gateway = Some(Box::new(snapshot));
     } else if args.pool.is_some() {
         return Err("--pool names a pool of --gateway-config: give that too".into());

@@ -290,6 +290,13 @@ impl Fleet {
             .as_ref()
             .map_or(0, |(before, after)| before.len() + after.len());
         let prompt_tokens = (req.prompt.len() + template) as u64;
+        // A shape class sends it to another pool: not this fleet's traffic.
+        if let Some(g) = &mut self.gate
+            && g.elsewhere(&req, prompt_tokens)
+        {
+            self.client_done(t);
+            return;
+        }
         // The gateway answers these before metering, degradation or admission.
         if let Some(g) = &mut self.gate
             && let Some(refused) = g.check(&req)

@@ -24,6 +24,7 @@ use infergate::pipeline::validate::request::{
     Endpoint, PromptSize, ValidRequest, check_context, validate,
 };
 use infergate::request_body::body_limits;
+use infergate::routing::shape_class::{Shape, classify};
 use infergate::tokens::Estimator;
 use infergate_engine::tokenizer::SimTokenizer;
 
@@ -94,6 +95,11 @@ pub(super) struct Gate {
     counts: [u64; 4],
     /// `validate`'s verdicts so far, by (tier index, max_tokens, prompt empty).
     verdicts: HashMap<(usize, u32, bool), Verdict>,
+    /// Index of the pool simulated, when the config's shape classes may send requests to
+    /// another (`None`: every request is this pool's).
+    pool: Option<usize>,
+    /// Requests a shape class sent to another pool.
+    elsewhere: u64,
 }
 
 impl Gate {
@@ -130,7 +136,52 @@ impl Gate {
             engine_context,
             counts: [0; 4],
             verdicts: HashMap::new(),
+            pool: None,
+            elsewhere: 0,
         })
+    }
+
+    /// Simulates the pool named `pool` (or, without a name, the pool of the clients' model):
+    /// requests the config's shape classes send to another pool are not this fleet's.
+    pub(super) fn for_pool(mut self, pool: Option<&str>) -> Self {
+        let s = &self.snapshot;
+        self.pool = match pool {
+            Some(name) => s.pools.iter().position(|p| p.name == name),
+            None => s.model(&self.model).map(|m| m.pool),
+        };
+        self
+    }
+
+    /// Whether the gateway sends `req` (of `prompt_tokens`, chat wrap included) to a pool
+    /// other than the simulated one, once the config has shape classes: its class's pool, else
+    /// its model's. Counted when it does. The live `classify` phase with the same rules: n = 1
+    /// and no images, as `bench` sends.
+    pub(super) fn elsewhere(&mut self, req: &PlannedRequest, prompt_tokens: u64) -> bool {
+        let classes = &self.snapshot.shape_classes;
+        let Some(pool) = self.pool.filter(|_| !classes.is_empty()) else {
+            return false;
+        };
+        let tier = self.tier(req.tenant.as_deref());
+        let shape = Shape {
+            prompt_tokens,
+            max_tokens: u64::from(req.output_tokens),
+            n: 1,
+            media_parts: 0,
+            tier: self
+                .snapshot
+                .tiers
+                .get(tier)
+                .map_or("", |t| t.name.as_str()),
+            model: &self.model,
+        };
+        let target = classify(classes, &shape)
+            .map(|c| c.pool)
+            .or_else(|| self.snapshot.model(&self.model).map(|m| m.pool));
+        let away = target.is_some_and(|t| t != pool);
+        if away {
+            self.elsewhere += 1;
+        }
+        away
     }
 
     /// The tier a simulated tenant is checked under: a configured tenant's tier, else the tier
@@ -274,15 +325,19 @@ impl Gate {
         self.counts[why as usize] += 1;
     }
 
-    /// Refusals per check, for the report's `extra`.
-    pub(super) fn extra(&self) -> [(&'static str, f64); 4] {
+    /// Refusals per check, and the requests classes sent elsewhere, for the report's `extra`.
+    pub(super) fn extra(&self) -> Vec<(&'static str, f64)> {
         let [body, invalid, context, engine] = self.counts.map(|n| n as f64);
-        [
+        let mut extra = vec![
             ("gateway_refused_body_size", body),
             ("gateway_refused_invalid", invalid),
             ("gateway_refused_context", context),
             ("engine_refused_context", engine),
-        ]
+        ];
+        if self.pool.is_some() && !self.snapshot.shape_classes.is_empty() {
+            extra.push(("shape_class_elsewhere", self.elsewhere as f64));
+        }
+        extra
     }
 }
 

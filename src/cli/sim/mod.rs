@@ -58,6 +58,8 @@ pub struct SimConfig {
     /// The gateway config whose checks every request meets (body size, tier ceilings, the
     /// model's context); `None` = the embedded config `infergate up` serves (default).
     pub gateway: Option<Box<Snapshot>>,
+    /// The pool of `gateway` simulated (its shape classes send other requests elsewhere).
+    pub pool: Option<String>,
     /// Most sequences per batch (default 256).
     pub max_num_seqs: usize,
     /// Token budget of one step (default 8192; raised to the context length without chunking).
@@ -108,6 +110,7 @@ impl Default for SimConfig {
             model: "llama-3-8b".into(),
             tensor_parallel_size: 1,
             gateway: None,
+            pool: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             chunked_prefill: true,
@@ -160,7 +163,8 @@ pub fn simulate(
     // Clients name the model as the preset calls it (what `bench --model` sends by default).
     let model = infergate_engine::presets::model(&cfg.model).map_or(cfg.model.as_str(), |m| m.name);
     let prices = snapshot.prices.clone();
-    let gate = Gate::new(snapshot, model, cfg.chat_template, spec.max_model_len)?;
+    let gate = Gate::new(snapshot, model, cfg.chat_template, spec.max_model_len)?
+        .for_pool(cfg.pool.as_deref());
     let plan = workload.requests(overrides)?;
     let duration = overrides
         .duration

@@ -171,3 +171,62 @@ async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
     );
     assert!(dir.path.join("fail.json").exists(), "the report is written");
 }
+
+/// `infergate sim` on the shipped scenario's config with `--engine-args-from-config`: its
+/// report, parsed.
+async fn scenario_sim(dir: &TempDir, config: &str, extra: &[&str], name: &str) -> Value {
+    let config = format!(
+        "{}/config/scenarios/rare-shapes/{config}",
+        crate::common::REPO
+    );
+    let out = dir.path.join(name).to_string_lossy().into_owned();
+    let mut args = vec![
+        "sim",
+        "--workload",
+        "rare-shapes",
+        "--gateway-config",
+        config.as_str(),
+        "--engine-args-from-config",
+        "--duration",
+        "60s",
+        "--out",
+        out.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    infergate(&args, Duration::from_secs(60))
+        .await
+        .ok("sim on the rare-shapes scenario");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn the_shape_class_lever_keeps_chat_off_the_long_chunks_on_the_same_engines() {
+    let dir = TempDir::new("rare-shapes-lever");
+    let before = scenario_sim(&dir, "infergate.yaml", &[], "before.json").await;
+    let chat = scenario_sim(&dir, "lever.yaml", &["--pool", "local"], "chat.json").await;
+    let long = scenario_sim(&dir, "lever.yaml", &["--pool", "long"], "long.json").await;
+    let class = |r: &Value, c: &str| r["by_class"][c].clone();
+    let (b, l) = (class(&before, "chat"), class(&chat, "chat"));
+    // The class's requests went to the other pool: every chat request is this pool's alone.
+    assert_eq!(
+        float(&chat["extra"], "shape_class_elsewhere"),
+        float(&class(&before, "long"), "requests")
+    );
+    assert!(chat["by_class"]["long"].is_null(), "{}", chat["by_class"]);
+    assert_eq!(uint(&l, "requests"), uint(&b, "requests"));
+    // Before, the answers decoding beside a long chunk froze; with the class none does.
+    let (was, now) = (float(&b, "worst_gap_p99"), float(&l, "worst_gap_p99"));
+    assert!(now * 2.0 <= was, "worst gap p99 {was} -> {now}");
+    assert_eq!(float(&l, "goodput"), 1.0, "{l}");
+    assert!(
+        chat["by_class"]["chat"]["by_path"]["mixed"].is_null(),
+        "every chat answer took the graph path: {}",
+        chat["by_class"]["chat"]
+    );
+    // The long prompts are served on their own engine, not refused.
+    let lc = class(&long, "long");
+    assert!(
+        uint(&lc, "ok") > 0 && uint(&lc, "ok") == uint(&lc, "requests"),
+        "{lc}"
+    );
+}
