@@ -19,6 +19,7 @@
 
 use serde::Deserialize;
 
+pub mod cold_home;
 pub mod demand;
 pub mod features;
 pub mod hash_ring;
@@ -93,9 +94,14 @@ impl WorkerView {
     /// would keep requests that ended since the poll. Finite for any polled values (see
     /// [`MAX_POLLED_REQUESTS`]).
     pub fn load(&self) -> f64 {
-        let polled = polled_count(self.waiting) + polled_count(self.running);
-        let others = (polled - f64::from(self.polled_in_flight)).max(0.0);
+        let others = (self.polled_load() - f64::from(self.polled_in_flight)).max(0.0);
         f64::from(self.in_flight) + others
+    }
+
+    /// The engine's own count of requests (waiting + running) at the last poll: the load every
+    /// gateway replica sees alike, up to poll timing. Finite, as [`WorkerView::load`].
+    pub fn polled_load(&self) -> f64 {
+        polled_count(self.waiting) + polled_count(self.running)
     }
 
     /// KV-cache usage within `0..=1`; NaN counts as full.
@@ -184,6 +190,9 @@ pub struct Decision {
     pub prefill: u64,
     /// Set when a worker holding a longer prefix lost, with why.
     pub lost: Option<LossReason>,
+    /// Most prompt tokens the policy believed cached on any healthy worker (the best it could
+    /// have predicted); at least `predicted_cached`.
+    pub available_cached: u64,
 }
 
 impl Decision {
@@ -195,6 +204,7 @@ impl Decision {
             predicted_cached: 0,
             prefill: features::estimate_tokens(req.prompt_bytes),
             lost: None,
+            available_cached: 0,
         }
     }
 }
