@@ -435,7 +435,9 @@ fn replicas_home_new_prefixes_alike_whatever_their_own_picks() {
     let mut systems: Vec<String> = Vec::new();
     for now in 0..40 * 128 {
         if now % 128 == 0 {
-            systems = (0..16).map(|g| system_prompt(10_000 + now as u64 + g)).collect();
+            systems = (0..16)
+                .map(|g| system_prompt(10_000 + now as u64 + g))
+                .collect();
         }
         // Requests last 10 to 30 arrivals: engine loads swing between polls.
         live.retain(|l| now < l.0 + 10 + (l.0 * 7) % 21);

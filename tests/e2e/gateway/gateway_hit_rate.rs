@@ -108,7 +108,10 @@ async fn precise_mode_counters_explain_cold_then_warm_prefixes() {
     let (predicted, got, available) = settled(&gw, delivered as f64).await;
     // 12 warm requests over a ~500-token shared prefix each.
     assert!(got >= 12.0 * 256.0, "delivered only {got} cached tokens");
-    assert!(predicted <= available, "predicted {predicted} > available {available}");
+    assert!(
+        predicted <= available,
+        "predicted {predicted} > available {available}"
+    );
     // Precise and roomy: what routing expected is what the workers had, within a block or so
     // per request (the index counts whole blocks of the canonical prompt).
     assert!(
@@ -138,7 +141,10 @@ async fn approximate_mode_shows_an_eviction_it_did_not_see_as_a_stale_view() {
     let (_, hit) = ask(&gw, &system, "Second question.").await;
     assert!(hit >= 256, "only {hit} cached tokens on the second ask");
     let before = settled(&gw, hit as f64).await;
-    assert!(before.0 <= before.2, "predicted above available: {before:?}");
+    assert!(
+        before.0 <= before.2,
+        "predicted above available: {before:?}"
+    );
 
     // Traffic the gateway never sees evicts the prefix from the worker.
     for i in 0..6 {
@@ -155,7 +161,10 @@ async fn approximate_mode_shows_an_eviction_it_did_not_see_as_a_stale_view() {
     }
     let (_, stale) = ask(&gw, &system, "Third question.").await;
     // (A few leading blocks of chat template every prompt shares may survive.)
-    assert!(stale <= 128, "{stale} cached tokens: the flood did not evict");
+    assert!(
+        stale <= 128,
+        "{stale} cached tokens: the flood did not evict"
+    );
     let after = settled(&gw, (hit + stale) as f64).await;
     let predicted = after.0 - before.0;
     let delivered = after.1 - before.1;
