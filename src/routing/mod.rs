@@ -301,7 +301,9 @@ pub struct PrefixConfig {
     /// How much busier than its least loaded peer a worker holding the whole prefix may be and
     /// still win, as a share of the pool's mean load (plus 2 requests), doubled by the uncached
     /// prompt's double weight, and doubled again for a prefix its holders serve within their
-    /// share of the traffic (see `prefix`). Default 0.25.
+    /// share of the traffic (see `prefix`). Without KV events it also bounds a new prefix's
+    /// home: a worker whose polled load is above `(1 + this) × the mean + 4` is skipped (see
+    /// `cold_home`). Default 0.25.
     pub balance_tolerance: f64,
     /// Fewest matching blocks that count as a hit. Default 1.
     pub min_match_blocks: usize,
