@@ -197,6 +197,11 @@ pub struct GatewayMetrics {
     pub drift_tenant_psi: GaugeVec,
     /// `infergate_drift_psi_threshold`: `quality.drift.psi_threshold`, for the alert rule.
     pub drift_threshold: Gauge,
+    /// `infergate_route_cached_tokens_total{pool,kind}`: the explained hit rate, over answers
+    /// that report cached tokens: `predicted` (what routing expected on the worker it chose),
+    /// `delivered` (what the worker reported), `available` (the best routing knew of on any
+    /// healthy worker at pick time).
+    pub route_cached_tokens: IntCounterVec,
 }
 
 /// The counters a settled request of one tenant and model adds to (six label lookups a request
@@ -264,6 +269,9 @@ pub struct PoolSeries {
     pub actual_cached: IntCounter,
     /// Answers without a cached-token count, `{pool}`.
     pub cached_unreported: IntCounter,
+    /// `infergate_route_cached_tokens_total{pool,kind}` for `predicted`, `delivered` and
+    /// `available`, in that order.
+    pub route_cached: [IntCounter; 3],
     /// `infergate_routing_decisions_total{pool,reason}` by [`RouteReason`] index, each made at
     /// its first pick (a reason never chosen has no series).
     decisions: [std::sync::OnceLock<IntCounter>; RouteReason::ALL.len()],
@@ -297,6 +305,8 @@ impl GatewayMetrics {
             predicted_cached: self.predicted_cached.with_label_values(&l),
             actual_cached: self.actual_cached.with_label_values(&l),
             cached_unreported: self.cached_unreported.with_label_values(&l),
+            route_cached: ["predicted", "delivered", "available"]
+                .map(|kind| self.route_cached_tokens.with_label_values(&[pool, kind])),
             decisions: Default::default(),
         })
     }
@@ -750,6 +760,12 @@ impl GatewayMetrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
+            route_cached_tokens: counter(
+                "infergate_route_cached_tokens_total",
+                "Cached prompt tokens per answer reporting them: predicted by routing for the \
+                 chosen worker, delivered by the worker, available on the best healthy worker.",
+                &["pool", "kind"],
+            )?,
             registry,
         })
     }

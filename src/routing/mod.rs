@@ -19,6 +19,7 @@
 
 use serde::Deserialize;
 
+pub mod cold_home;
 pub mod demand;
 pub mod features;
 pub mod hash_ring;
@@ -94,9 +95,14 @@ impl WorkerView {
     /// would keep requests that ended since the poll. Finite for any polled values (see
     /// [`MAX_POLLED_REQUESTS`]).
     pub fn load(&self) -> f64 {
-        let polled = polled_count(self.waiting) + polled_count(self.running);
-        let others = (polled - f64::from(self.polled_in_flight)).max(0.0);
+        let others = (self.polled_load() - f64::from(self.polled_in_flight)).max(0.0);
         f64::from(self.in_flight) + others
+    }
+
+    /// The engine's own count of requests (waiting + running) at the last poll: the load every
+    /// gateway replica sees alike, up to poll timing. Finite, as [`WorkerView::load`].
+    pub fn polled_load(&self) -> f64 {
+        polled_count(self.waiting) + polled_count(self.running)
     }
 
     /// KV-cache usage within `0..=1`; NaN counts as full.
@@ -185,6 +191,9 @@ pub struct Decision {
     pub prefill: u64,
     /// Set when a worker holding a longer prefix lost, with why.
     pub lost: Option<LossReason>,
+    /// Most prompt tokens the policy believed cached on any healthy worker (the best it could
+    /// have predicted); at least `predicted_cached`.
+    pub available_cached: u64,
 }
 
 impl Decision {
@@ -196,6 +205,7 @@ impl Decision {
             predicted_cached: 0,
             prefill: features::estimate_tokens(req.prompt_bytes),
             lost: None,
+            available_cached: 0,
         }
     }
 }
@@ -292,7 +302,9 @@ pub struct PrefixConfig {
     /// How much busier than its least loaded peer a worker holding the whole prefix may be and
     /// still win, as a share of the pool's mean load (plus 2 requests), doubled by the uncached
     /// prompt's double weight, and doubled again for a prefix its holders serve within their
-    /// share of the traffic (see `prefix`). Default 0.25.
+    /// share of the traffic (see `prefix`). Without KV events it also bounds a new prefix's
+    /// home: a worker whose polled load is above `(1 + this) × the mean + 4` is skipped (see
+    /// `cold_home`). Default 0.25.
     pub balance_tolerance: f64,
     /// Fewest matching blocks that count as a hit. Default 1.
     pub min_match_blocks: usize,

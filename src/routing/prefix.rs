@@ -36,14 +36,18 @@
 //! elsewhere while it is clearly (more than λ) cheaper, so two replicas whose indexes diverged
 //! (one spilled where the other did not) drift back to the same hash-ordered set.
 //!
-//! A cold prefix's home is the first worker in its hash order that, holding this prompt too,
-//! would not be clearly fuller than the pool's mean (bounded-load consistent hashing, in tokens
-//! of cache as the index sees it): new prefixes start spread, instead of piling onto one worker
-//! by chance and needing spills to even out. The bound is tight when every worker streams its KV
-//! events (all replicas then see the same fills) and one prompt looser otherwise.
+//! A cold prefix's home, when every healthy worker streams its KV events (precise mode), is the
+//! first worker in its hash order among the cheap ones that, holding this prompt too, would not
+//! be clearly fuller than the pool's mean (bounded-load consistent hashing, in tokens of cache as
+//! the index sees it, the same in every replica): new prefixes start spread, instead of piling
+//! onto one worker by chance and needing spills to even out. Otherwise (approximate mode) each
+//! replica's index, in-flight counts and pending prefill are its own, so the home is built from
+//! what every replica sees alike instead: the first worker in the hash order whose *polled* load
+//! is within the tolerance of the pool's (see `cold_home`), so replicas agree by construction.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::cold_home;
 use super::demand::Demand;
 use super::features::{DEFAULT_BLOCK_BYTES, DEFAULT_BYTES_PER_TOKEN};
 use super::hash_ring;
@@ -124,11 +128,19 @@ impl CacheAware {
         }
     }
 
-    /// Indices of the healthy workers that may become a new prefix's home: those that, holding
-    /// `prompt` more tokens, would be within [`COLD_FILL_SLACK`] of the pool's mean fill (tokens
-    /// held over capacity, as the index sees it), and those within half this prompt of the least
-    /// filled, so someone always qualifies (bounded-load consistent hashing, in tokens); with an
-    /// approximate index anywhere, those within one prompt above the slack of the mean.
+    /// True when every healthy worker streams its KV events, so every replica's index agrees.
+    fn all_precise(&self, workers: &[WorkerView]) -> bool {
+        workers
+            .iter()
+            .filter(|w| w.healthy)
+            .all(|w| self.index.is_precise(w.key))
+    }
+
+    /// Indices of the healthy workers that may become a new prefix's home in precise mode: those
+    /// that, holding `prompt` more tokens, would be within [`COLD_FILL_SLACK`] of the pool's mean
+    /// fill (tokens held over capacity, as the index sees it), and those within half this prompt
+    /// of the least filled, so someone always qualifies (bounded-load consistent hashing, in
+    /// tokens).
     fn roomy_workers(&self, workers: &[WorkerView], prompt: f64) -> Vec<usize> {
         let sizes = self.index.sizes();
         // (index, fill, this prompt's share of the capacity) of each healthy worker.
@@ -149,20 +161,12 @@ impl CacheAware {
         let mean = healthy.iter().map(|h| h.1).sum::<f64>() / n;
         let least = healthy.iter().map(|h| h.1).fold(f64::INFINITY, f64::min);
         // Fed by every worker's KV events, all replicas see the same fills and may balance
-        // tightly. Each replica's approximate index sees only its own placements, so it allows
-        // one more prompt: replicas whose views differ by a prompt still pick the same home.
-        let precise = healthy
-            .iter()
-            .all(|h| self.index.is_precise(workers[h.0].key));
+        // tightly.
         healthy
             .iter()
             .filter(|&&(_, fill, share)| {
-                if precise {
-                    fill <= least + share / 2.0
-                        || fill + share <= (1.0 + COLD_FILL_SLACK) * (mean + share / n)
-                } else {
-                    fill <= (1.0 + COLD_FILL_SLACK) * mean + share
-                }
+                fill <= least + share / 2.0
+                    || fill + share <= (1.0 + COLD_FILL_SLACK) * (mean + share / n)
             })
             .map(|h| h.0)
             .collect()
@@ -269,23 +273,35 @@ impl RoutingPolicy for CacheAware {
         let cold = scored.iter().all(|s| s.run == 0);
         let band = best_cost + lambda * if cold { slack } else { BAND_REQUESTS };
         let (key, cold_reason) = self.tie_key(req);
-        // A new prefix also skips workers whose cache already holds clearly more than their
-        // share (bounded-load consistent hashing), so prefixes start spread and do not need
-        // load spills, and the copies they make, to even out later.
-        let roomy = if cold && !req.prefix_hashes.is_empty() {
-            self.roomy_workers(workers, sizes.prompt)
+        let new_prefix = cold && !req.prefix_hashes.is_empty();
+        let chosen = if new_prefix && !self.all_precise(workers) {
+            // Approximate mode: a home every replica computes alike (see `cold_home`).
+            let ask = cold_home::Ask {
+                key,
+                new_kv: sizes.prompt + output,
+                tolerance: self.cfg.balance_tolerance,
+            };
+            let home = cold_home::home(ask, workers)?;
+            scored.iter().find(|s| s.index == home).copied()?
         } else {
-            Vec::new()
+            // A new prefix also skips workers whose cache already holds clearly more than their
+            // share (bounded-load consistent hashing), so prefixes start spread and do not need
+            // load spills, and the copies they make, to even out later.
+            let roomy = if new_prefix {
+                self.roomy_workers(workers, sizes.prompt)
+            } else {
+                Vec::new()
+            };
+            let in_band = |s: &&Scored| s.cost <= band;
+            let rank = |s: &&Scored| hash_ring::score(key, workers[s.index].key);
+            scored
+                .iter()
+                .filter(in_band)
+                .filter(|s| roomy.is_empty() || roomy.contains(&s.index))
+                .max_by_key(rank)
+                .or_else(|| scored.iter().filter(in_band).max_by_key(rank))
+                .copied()?
         };
-        let in_band = |s: &&Scored| s.cost <= band;
-        let rank = |s: &&Scored| hash_ring::score(key, workers[s.index].key);
-        let chosen = scored
-            .iter()
-            .filter(in_band)
-            .filter(|s| roomy.is_empty() || roomy.contains(&s.index))
-            .max_by_key(rank)
-            .or_else(|| scored.iter().filter(in_band).max_by_key(rank))
-            .copied()?;
         let (reason, lost) = if best_run == 0 {
             (cold_reason, None)
         } else if chosen.run >= best_run {
@@ -308,6 +324,7 @@ impl RoutingPolicy for CacheAware {
             predicted_cached: chosen.hit.round() as u64,
             prefill: (sizes.prompt - chosen.hit).round() as u64,
             lost,
+            available_cached: scored.iter().map(|s| s.hit).fold(0.0, f64::max).round() as u64,
         })
     }
 

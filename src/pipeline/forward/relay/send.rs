@@ -393,6 +393,10 @@ fn with_feedback(
                 Some(actual) => {
                     series.predicted_cached.inc_by(decision.predicted_cached);
                     series.actual_cached.inc_by(actual);
+                    let [predicted, delivered, available] = &series.route_cached;
+                    predicted.inc_by(decision.predicted_cached);
+                    delivered.inc_by(actual);
+                    available.inc_by(decision.available_cached);
                 }
                 None => series.cached_unreported.inc(),
             }
