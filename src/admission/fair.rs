@@ -26,6 +26,9 @@ pub struct FairWeights {
     /// Weighted tokens a tenant may be ahead of the least served and still go first when the
     /// workers already hold its next request's prefix (0: strict least-counter order).
     pub locality_window: f64,
+    /// Slots past the pool's capacity that a tenant holding less than its equal share may
+    /// borrow instead of waiting for a heavier tenant's request to end (0: none).
+    pub borrow_slots: usize,
 }
 
 /// Default [`FairWeights::locality_window`]: about one request's service (a 1k-token prompt
@@ -41,6 +44,7 @@ impl Default for FairWeights {
             input: 1.0,
             output: 2.0,
             locality_window: DEFAULT_LOCALITY_WINDOW,
+            borrow_slots: 0,
         }
     }
 }
@@ -71,6 +75,8 @@ pub struct FairShare {
     backlog: HashMap<Arc<str>, usize>,
     /// The least counter among backlogged tenants, as of the last change (never goes back).
     vtime: f64,
+    /// Slots each tenant holds now (tenants holding none are not kept): who may borrow.
+    held: HashMap<Arc<str>, usize>,
 }
 
 impl FairShare {
@@ -214,6 +220,52 @@ impl FairShare {
         let newcomer = lane.get(tenant).map_or(0, BTreeSet::len);
         (worst.0 == priority && heavy.as_ref() != tenant && seqs.len() > newcomer + 1)
             .then_some(key)
+    }
+
+    /// `tenant` took a slot (at once or from the queue).
+    pub fn took_slot(&mut self, tenant: &str) {
+        match self.held.get_mut(tenant) {
+            Some(n) => *n += 1,
+            None => {
+                self.held.insert(Arc::from(tenant), 1);
+            }
+        }
+    }
+
+    /// `tenant` gave a slot back.
+    pub fn gave_slot(&mut self, tenant: &str) {
+        if let Some(n) = self.held.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.held.remove(tenant);
+            }
+        }
+    }
+
+    /// Whether `tenant` holds fewer than its equal share of `capacity` slots, shared among the
+    /// tenants that hold slots or wait (itself counted): such a tenant may borrow a slot past
+    /// the capacity rather than wait behind a heavier one's requests in flight.
+    pub fn under_share(&self, tenant: &str, capacity: usize) -> bool {
+        let waiting_only = self
+            .backlog
+            .keys()
+            .filter(|t| !self.held.contains_key(*t))
+            .count();
+        let known = self.held.contains_key(tenant) || self.backlog.contains_key(tenant);
+        let active = self.held.len() + waiting_only + usize::from(!known);
+        let held = self.held.get(tenant).copied().unwrap_or(0);
+        held.saturating_mul(active) < capacity
+    }
+
+    /// The key that may borrow a slot past `capacity`: at the best priority present, the first
+    /// waiter of the least served tenant [under its share](Self::under_share).
+    pub fn next_under_share(&self, capacity: usize) -> Option<Key> {
+        let (priority, lane) = self.lanes.iter().next()?;
+        lane.iter()
+            .filter(|(tenant, _)| self.under_share(tenant, capacity))
+            .filter_map(|(tenant, seqs)| Some((self.counter(tenant), seqs.first()?.1)))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, seq)| (*priority, seq))
     }
 
     /// Backlogged tenants.

@@ -163,6 +163,7 @@ impl AdmissionQueue {
             cfg.capacity,
             cfg.max_queue,
             cfg.fair_share.map(|f| f.locality_window),
+            cfg.fair_share.map_or(0, |f| f.borrow_slots),
         ));
         Self {
             shared: Arc::new(Shared {
@@ -214,10 +215,12 @@ impl AdmissionQueue {
                     retry_after: st.retry_after(0),
                 });
             }
-            if st.waiters.is_empty() && st.in_flight < st.capacity {
+            let free = st.waiters.is_empty() && st.in_flight < st.capacity;
+            if free || st.may_borrow(ticket.tenant) {
                 st.in_flight += 1;
                 // Served at once, but served: its tenant's turn counts it all the same.
                 st.waiters.settle(ticket.tenant, ticket.cost);
+                st.waiters.took_slot(ticket.tenant);
                 return Ok(self.permit(Duration::ZERO, now, ticket));
             }
             if let Some(deadline) = deadline {
@@ -239,6 +242,7 @@ impl AdmissionQueue {
             key,
             rx,
             settled: false,
+            holder: self.shared.fair.is_some().then(|| Arc::from(ticket.tenant)),
         };
         // On tokio's clock, which the timer runs on (and a test can pause): what is left of
         // `max_wait` (or of the request's deadline, if sooner) since the arrival.
@@ -300,12 +304,13 @@ impl AdmissionQueue {
 
     fn permit(&self, waited: Duration, granted: Instant, ticket: Ticket<'_>) -> Permit {
         let shared = Arc::clone(&self.shared);
-        let fair = shared.fair.is_some();
+        let holder: Option<Arc<str>> = shared.fair.is_some().then(|| Arc::from(ticket.tenant));
         Permit {
             shared,
             waited,
             granted,
-            charge: fair.then(|| (Arc::from(ticket.tenant), ticket.cost)),
+            charge: holder.clone().map(|t| (t, ticket.cost)),
+            holder,
         }
     }
 }
@@ -318,6 +323,8 @@ pub struct Permit {
     granted: Instant,
     /// With fair share: the tenant and the estimate it was charged, corrected on drop.
     charge: Option<(Arc<str>, f64)>,
+    /// With fair share: the tenant holding the slot (counted for borrowing).
+    holder: Option<Arc<str>>,
 }
 
 impl Permit {
@@ -347,6 +354,9 @@ impl Drop for Permit {
         if let Some((tenant, charged)) = self.charge.take() {
             st.waiters.settle(&tenant, -charged);
         }
+        if let Some(tenant) = &self.holder {
+            st.waiters.gave_slot(tenant);
+        }
         st.release(Some(self.granted.elapsed()));
     }
 }
@@ -357,6 +367,8 @@ struct Waiting {
     key: Key,
     rx: oneshot::Receiver<Outcome>,
     settled: bool,
+    /// With fair share, its tenant: a slot handed over as it leaves is given back in its name.
+    holder: Option<Arc<str>>,
 }
 
 impl Waiting {
@@ -384,6 +396,9 @@ impl Drop for Waiting {
         if st.waiters.remove(&self.key).is_none()
             && let Ok(Outcome::Slot) = self.rx.try_recv()
         {
+            if let Some(tenant) = &self.holder {
+                st.waiters.gave_slot(tenant);
+            }
             st.release(None); // handed to us as we left: pass it on
         }
     }

@@ -28,6 +28,8 @@ pub(super) enum Outcome {
 pub(super) struct Waiter {
     pub tx: oneshot::Sender<Outcome>,
     prefix: Vec<u64>,
+    /// Its tenant, with fair share (whose slots are counted for borrowing).
+    tenant: Option<Arc<str>>,
 }
 
 /// Whether a worker with a free slot holds a prefix, by the router's own view.
@@ -54,6 +56,8 @@ impl fmt::Debug for Locality {
 #[derive(Debug)]
 pub(super) struct State {
     pub capacity: usize,
+    /// Slots past `capacity` a tenant under its equal share may borrow (fair share only).
+    pub borrow: usize,
     pub in_flight: usize,
     pub waiters: Waitlist<Waiter>,
     pub closed: bool,
@@ -63,7 +67,7 @@ pub(super) struct State {
 
 impl State {
     /// An empty state; with `fair` (Some(locality window)) tenants take turns.
-    pub fn new(capacity: usize, max_queue: usize, fair: Option<f64>) -> Self {
+    pub fn new(capacity: usize, max_queue: usize, fair: Option<f64>, borrow: usize) -> Self {
         let waiters = if fair.is_some() {
             Waitlist::fair(Some(max_queue))
         } else {
@@ -72,6 +76,7 @@ impl State {
         let rate = CompletionRate::default();
         Self {
             capacity,
+            borrow: if fair.is_some() { borrow } else { 0 },
             in_flight: 0,
             waiters,
             closed: false,
@@ -111,7 +116,11 @@ impl State {
         } else {
             Vec::new()
         };
-        match self.waiters.push_ticket(ticket, Waiter { tx, prefix }) {
+        let tenant = self.waiters.is_fair().then(|| Arc::from(ticket.tenant));
+        match self
+            .waiters
+            .push_ticket(ticket, Waiter { tx, prefix, tenant })
+        {
             Push::Full { position, .. } => Err(Refusal::QueueFull {
                 retry_after: self.retry_after(position),
                 position,
@@ -137,16 +146,36 @@ impl State {
         self.dispatch();
     }
 
-    /// Hands free slots to the best waiters. A waiter whose receiver is gone is skipped.
+    /// Hands free slots to the best waiters, then up to `borrow` slots past the capacity to
+    /// waiters whose tenant holds less than its equal share. A waiter whose receiver is gone is
+    /// skipped.
     pub fn dispatch(&mut self) {
-        while self.in_flight < self.capacity {
-            let Some(waiter) = self.pop_next() else {
+        loop {
+            let waiter = if self.in_flight < self.capacity {
+                self.pop_next()
+            } else if self.in_flight < self.capacity.saturating_add(self.borrow) {
+                self.waiters.pop_borrower(self.capacity)
+            } else {
+                None
+            };
+            let Some(waiter) = waiter else {
                 break;
             };
             if waiter.tx.send(Outcome::Slot).is_ok() {
                 self.in_flight += 1;
+                if let Some(tenant) = &waiter.tenant {
+                    self.waiters.took_slot(tenant);
+                }
             }
         }
+    }
+
+    /// Whether a request of `tenant` arriving now may borrow a slot past the capacity.
+    pub fn may_borrow(&self, tenant: &str) -> bool {
+        self.borrow > 0
+            && self.in_flight >= self.capacity
+            && self.in_flight < self.capacity.saturating_add(self.borrow)
+            && self.waiters.under_share(tenant, self.capacity)
     }
 
     /// The waiter that goes next: with fair share and the router's view, one whose prefix a

@@ -459,3 +459,79 @@ async fn with_fair_share_a_tenants_earliest_deadline_goes_first() {
     }
     assert_eq!(order, [2, 1, 0], "earliest deadline, then the one without");
 }
+
+/// A fair queue of `capacity` slots lending `borrow` more to tenants under their share.
+fn lending_queue(capacity: usize, borrow: usize) -> AdmissionQueue {
+    AdmissionQueue::new(QueueConfig {
+        capacity,
+        max_queue: 16,
+        max_wait: LONG,
+        fair_share: Some(FairWeights {
+            borrow_slots: borrow,
+            ..FairWeights::default()
+        }),
+    })
+}
+
+async fn admitted_as(q: &AdmissionQueue, tenant: &'static str) -> Permit {
+    let ticket = Ticket {
+        tenant,
+        cost: 1.0,
+        ..at(0)
+    };
+    match q.admit(ticket, None, Instant::now()).await {
+        Ok(p) => p,
+        Err(e) => panic!("{tenant} refused: {e:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_under_its_share_borrows_a_slot_the_heavy_one_never_does() {
+    let q = lending_queue(2, 1);
+    // `a` holds both slots: alone, its share is all of them.
+    let (a1, a2) = (admitted_as(&q, "a").await, admitted_as(&q, "a").await);
+    let heavy = {
+        let q = q.clone();
+        tokio::spawn(async move { admitted_as(&q, "a").await })
+    };
+    until("a's third waits", || q.depth() == 1).await;
+    // `b` holds nothing: it borrows the third slot at once, past the capacity.
+    let b1 = admitted_as(&q, "b").await;
+    assert_eq!((q.in_flight(), q.depth()), (3, 1));
+    // Nothing more to lend: `b`'s second waits, with `a`'s third.
+    let b2 = {
+        let q = q.clone();
+        tokio::spawn(async move { admitted_as(&q, "b").await })
+    };
+    until("b's second waits", || q.depth() == 2).await;
+    // `b`'s slot comes back: back at the capacity's bound, `b` (still under its share of one)
+    // borrows again; `a`, holding two of two, does not.
+    drop(b1);
+    let b2 = b2.await.expect("b's second");
+    assert_eq!((q.in_flight(), q.depth()), (3, 1));
+    assert!(!heavy.is_finished(), "a never borrows");
+    // One of `a`'s slots frees: `a` and `b` now hold one each, the capacity: `a` waits.
+    drop(a1);
+    until("the release", || q.in_flight() == 2).await;
+    assert!(!heavy.is_finished(), "a holds its share");
+    // `b`'s borrowed slot comes back: within the capacity, the slot is `a`'s waiter's.
+    drop(b2);
+    let a3 = heavy.await.expect("a's third");
+    assert_eq!((q.in_flight(), q.depth()), (2, 0));
+    drop((a2, a3));
+    assert_eq!(q.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn without_borrow_slots_the_capacity_is_a_hard_bound() {
+    let q = lending_queue(1, 0);
+    let a = admitted_as(&q, "a").await;
+    let b = {
+        let q = q.clone();
+        tokio::spawn(async move { admitted_as(&q, "b").await })
+    };
+    until("b waits", || q.depth() == 1).await;
+    assert_eq!(q.in_flight(), 1);
+    drop(a);
+    drop(b.await.expect("b"));
+}

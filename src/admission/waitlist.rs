@@ -201,6 +201,39 @@ impl<T> Waitlist<T> {
         Some(entry.item)
     }
 
+    /// With fair share, the waiter that may borrow a slot past `capacity` (its tenant holds
+    /// less than its equal share: [`FairShare::under_share`]), taken out and charged. `None`
+    /// for first come, or when every waiting tenant holds its share.
+    pub fn pop_borrower(&mut self, capacity: usize) -> Option<T> {
+        let key = self.fair.as_ref()?.next_under_share(capacity)?;
+        let entry = self.take(&key)?;
+        if let Some(fair) = &mut self.fair {
+            fair.charge(&entry.tenant, entry.cost);
+        }
+        Some(entry.item)
+    }
+
+    /// With fair share, whether `tenant` holds less than its equal share of `capacity` slots.
+    pub fn under_share(&self, tenant: &str, capacity: usize) -> bool {
+        self.fair
+            .as_ref()
+            .is_some_and(|f| f.under_share(tenant, capacity))
+    }
+
+    /// With fair share, `tenant` took a slot (counted for [`under_share`](Self::under_share)).
+    pub fn took_slot(&mut self, tenant: &str) {
+        if let Some(fair) = &mut self.fair {
+            fair.took_slot(tenant);
+        }
+    }
+
+    /// With fair share, `tenant` gave its slot back.
+    pub fn gave_slot(&mut self, tenant: &str) {
+        if let Some(fair) = &mut self.fair {
+            fair.gave_slot(tenant);
+        }
+    }
+
     /// Corrects `tenant`'s charge by `delta` once its request's real usage is known (the real
     /// weighted tokens less the estimate charged when it went). No-op without fair share.
     pub fn settle(&mut self, tenant: &str, delta: f64) {

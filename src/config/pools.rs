@@ -13,6 +13,8 @@ use crate::routing::{PolicyConfig, PrefixConfig};
 
 /// Re-resolution interval of a `dns` source when none is given.
 const DEFAULT_DNS_INTERVAL: Duration = Duration::from_secs(5);
+/// Most slots past a pool's capacity fair share may lend (`borrow_slots`).
+const MAX_BORROW_SLOTS: usize = 4096;
 
 /// Builds the pools, with the default policy (`prefix`); routing.yaml overrides it later.
 /// Spawn arguments naming files resolve against `base`, the config file's directory.
@@ -129,14 +131,27 @@ fn admission(pool: &str, raw: Option<&RawAdmission>, sink: &mut Sink<'_>) -> Adm
     }
     if let Some(fair) = &raw.fair_share {
         let default = FairWeights::default();
-        let weights = FairWeights {
+        let mut weights = FairWeights {
             input: fair.value.input_weight.unwrap_or(default.input),
             output: fair.value.output_weight.unwrap_or(default.output),
             locality_window: fair
                 .value
                 .locality_window
                 .unwrap_or(default.locality_window),
+            borrow_slots: default.borrow_slots,
         };
+        if let Some(b) = &fair.value.borrow_slots {
+            match usize::try_from(b.value) {
+                Ok(n) if n <= MAX_BORROW_SLOTS => weights.borrow_slots = n,
+                _ => sink.at(
+                    &b.referenced,
+                    format!(
+                        "pool `{pool}`: fair_share: borrow_slots must be 0 to {MAX_BORROW_SLOTS}, got {}",
+                        b.value
+                    ),
+                ),
+            }
+        }
         let valid = |w: f64| w.is_finite() && (0.0..=1e6).contains(&w);
         if !(weights.locality_window.is_finite() && (0.0..=1e9).contains(&weights.locality_window))
         {

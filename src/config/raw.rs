@@ -275,13 +275,15 @@ pub(super) struct RawAdmission {
     pub fair_share: Option<Spanned<RawFairShare>>,
 }
 
-/// `admission.fair_share:` `{input_weight, output_weight, locality_window}` (`{}`: defaults).
+/// `admission.fair_share:` `{input_weight, output_weight, locality_window, borrow_slots}`
+/// (`{}`: defaults).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFairShare {
     pub input_weight: Option<f64>,
     pub output_weight: Option<f64>,
     pub locality_window: Option<f64>,
+    pub borrow_slots: Option<Spanned<u64>>,
 }
 
 /// One entry of a pool's `workers:`, a single-key map naming its kind.

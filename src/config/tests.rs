@@ -320,6 +320,13 @@ fn a_pools_fair_share_takes_weights_or_the_defaults() {
         7,
         "locality_window must be weighted tokens",
     );
+    let snap = load_both(&with("{borrow_slots: 4}"), None).unwrap();
+    assert_eq!(snap.pools[0].admission.fair_share.unwrap().borrow_slots, 4);
+    one_error(
+        &with("{borrow_slots: 100000}"),
+        7,
+        "borrow_slots must be 0 to 4096",
+    );
     assert_eq!(
         load_both(MINIMAL, None).unwrap().pools[0]
             .admission

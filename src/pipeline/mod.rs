@@ -20,7 +20,7 @@
 //! 8. **admit** ([`admit`]): the pool's priority queue;
 //! 9. **route** ([`route`]): the pool's policy picks a worker;
 //! 10. **forward** ([`forward`]), with the shadow copy started first ([`mirror`]): the answer
-//!    streams back through;
+//!     streams back through;
 //! 11. **account** ([`account`]): the request's one exit, opened at accept and filled in by the
 //!     phases, finishes once with the outcome: metrics, tenant outcome, canary sample, shadow
 //!     comparison, usage row, and the reservation settled. For a relayed answer the exit rides in

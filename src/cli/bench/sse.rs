@@ -121,11 +121,11 @@ impl SseReader {
             let text = std::str::from_utf8(comment).unwrap_or("").trim();
             if let Some(value) = text.strip_prefix("x-infergate-exec-path") {
                 self.stats.paths = parse_exec_path(value.trim()).or(self.stats.paths);
-            } else if let Some(raw) = text.strip_prefix(FLIGHT_COMMENT) {
-                if let Some((shared, path)) = flight_facts(raw.trim().as_bytes()) {
-                    self.stats.shared = shared.or(self.stats.shared);
-                    self.stats.flight_path = Some(path);
-                }
+            } else if let Some(raw) = text.strip_prefix(FLIGHT_COMMENT)
+                && let Some((shared, path)) = flight_facts(raw.trim().as_bytes())
+            {
+                self.stats.shared = shared.or(self.stats.shared);
+                self.stats.flight_path = Some(path);
             }
         }
     }

@@ -46,6 +46,8 @@ pub(super) struct Admission {
     waiters: Waitlist<Waiting>,
     /// Fair-share weights, when tenants take turns.
     fair: Option<FairWeights>,
+    /// Slots past `capacity` lent to tenants under their equal share (fair share only).
+    borrow: usize,
 }
 
 impl Admission {
@@ -67,6 +69,7 @@ impl Admission {
             priorities,
             waiters: Waitlist::new((max_queue > 0).then_some(max_queue)),
             fair: None,
+            borrow: 0,
         }
     }
 
@@ -75,6 +78,7 @@ impl Admission {
         if let Some(weights) = fair {
             self.waiters = Waitlist::fair(self.waiters.max_queue());
             self.fair = Some(weights);
+            self.borrow = weights.borrow_slots;
         }
         self
     }
@@ -99,6 +103,44 @@ impl Admission {
     pub(super) fn served_at_once(&mut self, w: &Waiting) {
         let ticket = self.ticket(w);
         self.waiters.settle(ticket.tenant, ticket.cost);
+        self.waiters.took_slot(ticket.tenant);
+    }
+
+    /// A waiter popped from the queue took its slot (with fair share, counted for borrowing).
+    pub(super) fn took_slot(&mut self, w: &Waiting) {
+        self.waiters
+            .took_slot(w.req.tenant.as_deref().unwrap_or(""));
+    }
+
+    /// A request of `tenant` in flight ended: its slot is back.
+    pub(super) fn gave_slot(&mut self, tenant: Option<&str>) {
+        self.waiters.gave_slot(tenant.unwrap_or(""));
+    }
+
+    /// Whether a request of `tenant` arriving with `in_flight` requests in flight may borrow a
+    /// slot past the capacity (the gateway's rule: its tenant holds less than its equal share).
+    pub(super) fn may_borrow(&self, in_flight: usize, tenant: Option<&str>) -> bool {
+        self.lends(in_flight)
+            && self
+                .waiters
+                .under_share(tenant.unwrap_or(""), self.capacity)
+    }
+
+    /// With `in_flight` requests in flight, the waiter that may borrow a slot past the
+    /// capacity, taken out of the queue.
+    pub(super) fn pop_borrower(&mut self, in_flight: usize) -> Option<Waiting> {
+        if !self.lends(in_flight) {
+            return None;
+        }
+        self.waiters.pop_borrower(self.capacity)
+    }
+
+    /// True when the capacity is taken but slots remain to lend.
+    fn lends(&self, in_flight: usize) -> bool {
+        self.is_on()
+            && self.borrow > 0
+            && in_flight >= self.capacity
+            && in_flight < self.capacity.saturating_add(self.borrow)
     }
 
     /// True when requests pass through slots and the queue.

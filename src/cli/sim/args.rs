@@ -139,6 +139,10 @@ pub struct SimArgs {
     /// strict turns). Default: the --gateway-config pool's, else 2048.
     #[arg(long)]
     pub locality_window: Option<f64>,
+    /// With fair share: slots past the capacity lent to a tenant holding less than its equal
+    /// share (`admission.fair_share.borrow_slots`). Default: the --gateway-config pool's, else 0.
+    #[arg(long)]
+    pub borrow_slots: Option<usize>,
     /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
     /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
     #[arg(long = "tier", value_parser = parse_tier)]
@@ -214,6 +218,9 @@ impl SimArgs {
         fair.map(|mut f| {
             if let Some(window) = self.locality_window {
                 f.locality_window = window.max(0.0);
+            }
+            if let Some(borrow) = self.borrow_slots {
+                f.borrow_slots = borrow;
             }
             f
         })

@@ -324,7 +324,9 @@ impl Fleet {
             prompt_tokens,
             arrival: t,
         };
-        if self.admission.has_slot(self.live.len()) {
+        let tenant = waiting.req.tenant.as_deref();
+        let lent = self.admission.may_borrow(self.live.len(), tenant);
+        if self.admission.has_slot(self.live.len()) || lent {
             if self.admission.is_on() {
                 self.admission.served_at_once(&waiting);
                 if let Some(d) = &mut self.degradation {
@@ -420,10 +422,21 @@ impl Fleet {
             return;
         }
         let per_worker = self.admission.per_worker(self.workers.len());
-        while self.admission.has_slot(self.live.len()) && self.admission.len() > 0 {
-            while self.admission.has_slot(self.live.len())
-                && let Some(waiting) = self.pop_next(per_worker)
-            {
+        while self.admission.len() > 0 {
+            let mut moved = false;
+            // Within the capacity, the gateway's order; past it, the slots fair share lends.
+            loop {
+                let in_flight = self.live.len();
+                let next = if self.admission.has_slot(in_flight) {
+                    self.pop_next(per_worker)
+                } else {
+                    self.admission.pop_borrower(in_flight)
+                };
+                let Some(waiting) = next else {
+                    break;
+                };
+                moved = true;
+                self.admission.took_slot(&waiting);
                 if let Some(d) = &mut self.degradation {
                     d.record_queue_wait(t - waiting.arrival, t);
                 }
@@ -433,6 +446,9 @@ impl Fleet {
                 if !self.workers[w].busy && self.workers[w].has_work() {
                     self.start_step(w, t);
                 }
+            }
+            if !moved {
+                break;
             }
         }
     }
@@ -539,6 +555,7 @@ impl Fleet {
             let Some((live, routed)) = self.live.remove(&id) else {
                 continue;
             };
+            self.admission.gave_slot(live.tenant());
             if let Some(info) = ended.1.as_ref() {
                 self.cached_tokens += info.cached_tokens as u64;
                 self.policy.feedback(

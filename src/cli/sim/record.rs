@@ -47,6 +47,11 @@ impl Live {
     }
 
     /// A chunk of `n` tokens arrived at `now`; each chunk is one gap, as a streaming client sees it.
+    /// The request's tenant.
+    pub(super) fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
     /// Returns the time to first token when this chunk is the first.
     pub(super) fn tokens(&mut self, now: f64, n: usize) -> Option<f64> {
         let first = self.first.is_none();

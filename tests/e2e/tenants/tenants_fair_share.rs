@@ -125,3 +125,48 @@ async fn a_flooding_tenant_does_not_take_its_neighbours_turns() {
     );
     assert!(quiet < noisy, "quiet waited {quiet} s, noisy {noisy} s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_under_its_share_borrows_a_slot_instead_of_waiting_for_the_heavy_one() {
+    // One slot, one more to lend: the noisy tenant's request holds the slot for seconds and
+    // its second waits; the quiet tenant, holding nothing, is served at once past the capacity.
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    let gw = Gw::start(&Setup {
+        workers: &[&engine.url],
+        admission: Some(
+            "{max_in_flight_per_worker: 1, max_queue: 50, max_wait: 60s, fair_share: {borrow_slots: 1}}",
+        ),
+        tenants: &[("noisy", "std"), ("quiet", "std")],
+        tiers: "tiers:\n  std: {priority: 1}\n",
+        ..Setup::default()
+    })
+    .await;
+    let url = gw.at("/v1/completions");
+    let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
+    let spawn = |tenant: &str, max_tokens: u64| {
+        let (url, key) = (url.clone(), key_of(tenant));
+        let body = completion("a request of the same length", max_tokens);
+        tokio::spawn(async move { post(&url, Some(&key), &body).await })
+    };
+    let occupier = spawn("noisy", 40);
+    engine
+        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
+            v == 1.0
+        })
+        .await;
+    // The noisy tenant holds its share (all of one slot): its second request waits.
+    let second = spawn("noisy", 4);
+    gw.expect_metric(&depth, 1.0, Duration::from_secs(10)).await;
+    let quiet = post(&url, Some(&key_of("quiet")), &completion("a quick one", 2)).await;
+    assert_eq!(quiet.status, StatusCode::OK, "{}", quiet.text);
+    assert!(
+        !occupier.is_finished() && !second.is_finished(),
+        "the quiet request was served while the noisy ones held and waited"
+    );
+    let wait = "infergate_tenant_queue_wait_seconds_sum{tenant=\"quiet\"}";
+    assert_eq!(gw.metric(wait).await, 0.0, "it did not queue");
+    for task in [occupier, second] {
+        let reply = task.await.expect("noisy request");
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    }
+}
