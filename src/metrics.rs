@@ -131,7 +131,7 @@ pub struct GatewayMetrics {
     pub state_replicas: IntGauge,
     /// `infergate_state_errors_total`: Redis calls that failed or timed out.
     pub state_errors: IntCounter,
-    /// `infergate_state_lease_calls_total{call}` (fetch, renew, give): Redis calls for quota leases.
+    /// `infergate_state_lease_calls_total{call}` (fetch, renew, give, refresh): Redis calls for quota leases.
     pub state_lease_calls: IntCounterVec,
     /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, deadline, validation, draining).
     pub rejections: IntCounterVec,
@@ -549,7 +549,7 @@ impl GatewayMetrics {
             },
             state_lease_calls: counter(
                 "infergate_state_lease_calls_total",
-                "Redis calls for quota leases: fetch (a request waited), renew and give (background).",
+                "Redis calls for quota leases: fetch (a request waited); renew, give and refresh (background).",
                 &["call"],
             )?,
             rejections: counter(

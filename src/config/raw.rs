@@ -62,6 +62,7 @@ pub(super) struct RawRedis {
 pub(super) struct RawLease {
     pub requests: Option<Spanned<u64>>,
     pub tokens: Option<Spanned<u64>>,
+    pub slots: Option<Spanned<u32>>,
     pub hold: Option<Text>,
 }
 

@@ -570,8 +570,9 @@ pub(super) fn redis(
     })
 }
 
-/// `state.redis.lease`: block sizes in requests (default 10) and tokens (default 4000), each
-/// ≥ 1, and how long an unused lease is kept (default 10s, above 0).
+/// `state.redis.lease`: block sizes in requests (default 10), tokens (default 4000) and
+/// concurrency slots (default 2), each ≥ 1, and how long an unused lease is kept (default 10s,
+/// above 0).
 fn lease(sink: &mut Sink<'_>, raw: &super::raw::RawLease) -> crate::limits::LeaseSettings {
     let mut block = |v: &Option<Spanned<u64>>, what: &str, default: u64| match v {
         None => default,
@@ -583,6 +584,14 @@ fn lease(sink: &mut Sink<'_>, raw: &super::raw::RawLease) -> crate::limits::Leas
     };
     let requests = block(&raw.requests, "requests", 10);
     let tokens = block(&raw.tokens, "tokens", 4_000);
+    let slots = match &raw.slots {
+        None => 2,
+        Some(n) if n.value == 0 => {
+            sink.at(&n.referenced, "state.redis.lease.slots must be ≥ 1");
+            1
+        }
+        Some(n) => n.value,
+    };
     let hold = match &raw.hold {
         None => Duration::from_secs(10),
         Some(t) => match parse_duration(&t.value) {
@@ -600,6 +609,7 @@ fn lease(sink: &mut Sink<'_>, raw: &super::raw::RawLease) -> crate::limits::Leas
     crate::limits::LeaseSettings {
         requests,
         tokens,
+        slots,
         hold,
     }
 }

@@ -230,6 +230,7 @@ fn quota_leasing_is_off_unless_asked_for_and_its_blocks_are_checked() {
         Some(crate::limits::LeaseSettings {
             requests: 4,
             tokens: 4_000,
+            slots: 2,
             hold: std::time::Duration::from_secs(10),
         })
     );

@@ -40,6 +40,7 @@ impl Gateway {
                     ("fetch", calls.fetch.load(Relaxed)),
                     ("renew", calls.renew.load(Relaxed)),
                     ("give", calls.give.load(Relaxed)),
+                    ("refresh", calls.refresh.load(Relaxed)),
                 ] {
                     catch_up(&m.state_lease_calls.with_label_values(&[call]), n);
                 }

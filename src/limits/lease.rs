@@ -13,6 +13,11 @@
 //! fetch (need plus a top-up to one block) and applies its answer with
 //! [`TenantLease::fetched`]. Renewals ([`TenantLease::renewal`]) top the lease up in the
 //! background once it falls below half a block, so steady traffic never waits on Redis.
+//!
+//! Concurrency slots are leased the same way, a few at a time: each leased slot is an entry of
+//! the tenant's shared slot set, so the fleet never has more in flight than `max_concurrent`;
+//! a replica holds at most a small block of them idle (fewer admissions elsewhere, never more),
+//! and a request that finds no idle slot asks Redis, which counts exactly near the limit.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,8 @@ pub struct LeaseSettings {
     pub requests: u64,
     /// Tokens leased at once (capped at the tenant's tokens per minute).
     pub tokens: u64,
+    /// Concurrency slots leased at once (capped at the tenant's `max_concurrent`).
+    pub slots: u32,
     /// An unused lease goes back to Redis this long after its last grant.
     pub hold: Duration,
 }
@@ -37,6 +44,39 @@ impl LeaseSettings {
             LimitKind::Tokens => self.tokens,
         };
         size.min(per_minute).max(1)
+    }
+
+    fn slot_block(self, max_concurrent: u32) -> u32 {
+        self.slots.min(max_concurrent).max(1)
+    }
+}
+
+/// The concurrency slots this replica holds in the tenant's shared slot set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Slots {
+    /// Ids of the slot entries this replica owns in Redis.
+    owned: Vec<u64>,
+    /// How many of them requests are using.
+    in_use: u32,
+    /// Slots asked for and not answered yet.
+    pending: u32,
+    /// The fleet had fewer free slots than a block at the last answer: idle slots go back at
+    /// once, so near the limit Redis counts exactly.
+    near_limit: bool,
+}
+
+impl Slots {
+    fn idle(&self) -> u32 {
+        u32::try_from(self.owned.len())
+            .unwrap_or(u32::MAX)
+            .saturating_sub(self.in_use)
+    }
+
+    /// Takes up to `n` idle slot ids off the set (to give back to Redis).
+    fn give(&mut self, n: u32) -> Vec<u64> {
+        let n = n.min(self.idle()) as usize;
+        let keep = self.owned.len() - n;
+        self.owned.split_off(keep)
     }
 }
 
@@ -96,6 +136,18 @@ pub struct Ask {
     pub tokens_need: u64,
     /// Tokens wanted beyond the need.
     pub tokens_more: u64,
+    /// Concurrency slots the waiting request lacks (0 or 1).
+    pub slots_need: u32,
+    /// Slots wanted beyond the need.
+    pub slots_more: u32,
+    /// Id of the first slot asked for (set by the caller: ids are unique per replica).
+    pub slot_base: u64,
+}
+
+impl Ask {
+    fn slots(&self) -> u32 {
+        self.slots_need + self.slots_more
+    }
 }
 
 /// Redis's answer to an [`Ask`].
@@ -112,7 +164,13 @@ pub enum Answer {
         reset: (Duration, Duration),
         /// Time until each dry cell has one unit again (0 when not dry).
         next: (Duration, Duration),
+        /// Concurrency slots granted (ids `slot_base..`).
+        slots: u32,
+        /// Free slots the fleet had left after the grant.
+        slots_left: u32,
     },
+    /// No concurrency slot was free: nothing was granted.
+    Full,
     /// A need did not fit: nothing was granted; the need fits after `retry_after`.
     Refused {
         /// The budget that refused.
@@ -138,6 +196,11 @@ pub enum Step {
     },
     /// The lease lacks units and the fleet may have some: ask Redis (then [`TenantLease::fetched`]).
     Fetch(Ask),
+    /// The tenant has `limit` requests in flight across the fleet.
+    Concurrency {
+        /// Its `max_concurrent`.
+        limit: u32,
+    },
     /// The request needs more tokens than the tier's whole burst: never passes.
     TooLarge {
         /// The tokens-per-minute burst.
@@ -150,6 +213,7 @@ pub enum Step {
 pub struct TenantLease {
     requests: Pool,
     tokens: Pool,
+    slots: Slots,
     renewing: bool,
     /// When the lease goes back to Redis unless granted again.
     expires: Option<Instant>,
@@ -184,9 +248,9 @@ impl TenantLease {
         }
         let (need_r, need_t) = needs(limits, tokens);
         let (short_r, short_t) = (self.requests.short_of(need_r), self.tokens.short_of(need_t));
-        if !short_r && !short_t {
-            self.requests.held -= as_i64(need_r);
-            self.tokens.held -= as_i64(need_t);
+        let short_s = limits.max_concurrent.is_some() && self.slots.idle() == 0;
+        if !short_r && !short_t && !short_s {
+            self.take(limits, tokens);
             return Step::Admitted(self.headers(limits, now));
         }
         // A short budget whose fleet cell is dry refuses at once; the longer wait is the answer.
@@ -216,7 +280,30 @@ impl TenantLease {
             (ask.tokens_need, ask.tokens_more) = self.tokens.ask(need_t, block);
             self.tokens.pending += ask.tokens_need + ask.tokens_more;
         }
+        if let Some(limit) = limits.max_concurrent {
+            // Near the limit only the need is asked for: Redis counts exactly.
+            let block = if self.slots.near_limit {
+                0
+            } else {
+                cfg.slot_block(limit)
+            };
+            ask.slots_need = u32::from(short_s);
+            // Top up to one idle block after this request.
+            let after = self.slots.idle() + self.slots.pending;
+            ask.slots_more = (block + u32::from(short_s)).saturating_sub(after + ask.slots_need);
+            self.slots.pending += ask.slots();
+        }
         Step::Fetch(ask)
+    }
+
+    /// The request's units out of the lease (its slot among them).
+    fn take(&mut self, limits: &TierLimits, tokens: u64) {
+        let (need_r, need_t) = needs(limits, tokens);
+        self.requests.held -= as_i64(need_r);
+        self.tokens.held -= as_i64(need_t);
+        if limits.max_concurrent.is_some() {
+            self.slots.in_use += 1;
+        }
     }
 
     /// Applies the answer to a [`Step::Fetch`] for a request costing `tokens`: admitted (the
@@ -231,11 +318,12 @@ impl TenantLease {
         self.apply(cfg, ask, answer, now);
         match answer {
             Answer::Granted { .. } => {
-                let (need_r, need_t) = needs(limits, tokens);
-                self.requests.held -= as_i64(need_r);
-                self.tokens.held -= as_i64(need_t);
+                self.take(limits, tokens);
                 Step::Admitted(self.headers(limits, now))
             }
+            Answer::Full => Step::Concurrency {
+                limit: limits.max_concurrent.unwrap_or(0),
+            },
             Answer::Refused { which, retry_after } => Step::Refused {
                 which,
                 retry_after,
@@ -261,17 +349,27 @@ impl TenantLease {
             }
             u64::try_from(block - have).unwrap_or(0)
         };
+        let slots_more = limits.max_concurrent.map_or(0, |limit| {
+            if self.slots.near_limit {
+                return 0;
+            }
+            let block = cfg.slot_block(limit);
+            let have = self.slots.idle() + self.slots.pending;
+            if have * 2 >= block { 0 } else { block - have }
+        });
         let ask = Ask {
             requests_more: top_up(&self.requests, limits.requests_per_minute, LimitKind::Requests),
             tokens_more: top_up(&self.tokens, limits.tokens_per_minute, LimitKind::Tokens),
+            slots_more,
             ..Ask::default()
         };
-        if ask.requests_more == 0 && ask.tokens_more == 0 {
+        if ask.requests_more == 0 && ask.tokens_more == 0 && ask.slots_more == 0 {
             return None;
         }
         self.renewing = true;
         self.requests.pending += ask.requests_more;
         self.tokens.pending += ask.tokens_more;
+        self.slots.pending += ask.slots_more;
         Some(ask)
     }
 
@@ -295,6 +393,7 @@ impl TenantLease {
             .tokens
             .pending
             .saturating_sub(asked(ask.tokens_need, ask.tokens_more));
+        self.slots.pending = self.slots.pending.saturating_sub(ask.slots());
     }
 
     fn apply(&mut self, cfg: LeaseSettings, ask: Ask, answer: Answer, now: Instant) {
@@ -305,7 +404,13 @@ impl TenantLease {
                 left,
                 reset,
                 next,
+                slots,
+                slots_left,
             } => {
+                self.slots.near_limit = slots_left < cfg.slots;
+                self.slots
+                    .owned
+                    .extend((0..u64::from(slots)).map(|i| ask.slot_base + i));
                 for (pool, granted, left, reset, next) in [
                     (&mut self.requests, granted.0, left.0, reset.0, next.0),
                     (&mut self.tokens, granted.1, left.1, reset.1, next.1),
@@ -325,13 +430,20 @@ impl TenantLease {
                 pool.dry_until = Some(now + retry_after);
                 pool.fleet_left = 0;
             }
+            // Slots free at any moment: the next request short of one asks again.
+            Answer::Full => self.slots.near_limit = true,
         }
     }
 
     /// Settles a leased request's tokens: the unused reservation comes back to the lease, an
     /// excess is owed by it. Returns the tokens to give back to Redis (the lease past two blocks
     /// is trimmed to one).
-    pub fn settle(&mut self, cfg: LeaseSettings, tpm: Option<u64>, (reserved, actual): (u64, u64)) -> u64 {
+    pub fn settle(
+        &mut self,
+        cfg: LeaseSettings,
+        tpm: Option<u64>,
+        (reserved, actual): (u64, u64),
+    ) -> u64 {
         let Some(tpm) = tpm else { return 0 };
         self.tokens.held += as_i64(reserved) - as_i64(actual);
         let block = as_i64(cfg.block(LimitKind::Tokens, tpm));
@@ -343,10 +455,30 @@ impl TenantLease {
         u64::try_from(excess).unwrap_or(0)
     }
 
+    /// Frees a leased request's concurrency slot; returns the ids of idle slots to give back to
+    /// Redis: those past one block, or all of them while the fleet is near its limit.
+    pub fn release_slot(&mut self, cfg: LeaseSettings, max_concurrent: Option<u32>) -> Vec<u64> {
+        self.slots.in_use = self.slots.in_use.saturating_sub(1);
+        let keep = match max_concurrent {
+            Some(_) if self.slots.near_limit => 0,
+            Some(limit) => cfg.slot_block(limit),
+            None => 0,
+        };
+        self.slots.give(self.slots.idle().saturating_sub(keep))
+    }
+
+    /// Ids of the slot entries this replica owns (their expiry is refreshed every heartbeat).
+    pub fn slot_ids(&self) -> &[u64] {
+        &self.slots.owned
+    }
+
     /// When the lease is unused past its hold (nothing under way): the requests and tokens it
     /// held, now given up, to hand back to Redis.
-    pub fn expire(&mut self, now: Instant) -> Option<(u64, u64)> {
-        let idle = !self.renewing && self.requests.pending == 0 && self.tokens.pending == 0;
+    pub fn expire(&mut self, now: Instant) -> Option<((u64, u64), Vec<u64>)> {
+        let idle = !self.renewing
+            && self.requests.pending == 0
+            && self.tokens.pending == 0
+            && self.slots.pending == 0;
         if !idle || self.expires.is_none_or(|t| t > now) {
             return None;
         }
@@ -357,7 +489,8 @@ impl TenantLease {
             n
         };
         let units = (give(&mut self.requests), give(&mut self.tokens));
-        (units != (0, 0)).then_some(units)
+        let slots = self.slots.give(self.slots.idle());
+        (units != (0, 0) || !slots.is_empty()).then_some((units, slots))
     }
 
     /// Requests and tokens held (for the Redis record of this lease).

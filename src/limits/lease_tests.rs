@@ -3,6 +3,7 @@ use super::*;
 const CFG: LeaseSettings = LeaseSettings {
     requests: 5,
     tokens: 1_000,
+    slots: 2,
     hold: Duration::from_secs(10),
 };
 
@@ -31,6 +32,8 @@ fn grant(ask: Ask, left: (u64, u64)) -> Answer {
         left,
         reset: (Duration::from_secs(60), Duration::from_secs(60)),
         next: (Duration::from_secs(1), Duration::from_secs(1)),
+        slots: ask.slots(),
+        slots_left: 10,
     }
 }
 
@@ -95,6 +98,8 @@ fn a_dry_cell_refuses_locally_until_redis_said_it_refills() {
         left: (0, 0),
         reset: (Duration::from_secs(60), Duration::ZERO),
         next: (Duration::from_secs(1), Duration::ZERO),
+        slots: 0,
+        slots_left: 0,
     };
     assert!(matches!(
         l.fetched((CFG, &limits), (ask, answer), 1, now),
@@ -185,7 +190,7 @@ fn an_unused_lease_expires_after_its_hold_and_gives_its_units_back() {
     let ask = fetch(l.admit(CFG, &limits, 100, now));
     l.fetched((CFG, &limits), (ask, grant(ask, (50, 8_000))), 100, now);
     assert_eq!(l.expire(now + Duration::from_secs(9)), None);
-    assert_eq!(l.expire(now + CFG.hold), Some((5, 1_000)));
+    assert_eq!(l.expire(now + CFG.hold), Some(((5, 1_000), Vec::new())));
     assert_eq!(l.held(), (0, 0));
     assert_eq!(l.expire(now + Duration::from_secs(30)), None, "once");
 }
@@ -226,16 +231,79 @@ fn the_fleet_admits_at_most_the_limit_plus_one_block_per_replica_in_a_window() {
                         left: (cell, 0),
                         reset: (Duration::from_secs(60), Duration::ZERO),
                         next: (Duration::from_secs(1), Duration::ZERO),
+                        slots: 0,
+                        slots_left: 0,
                     }
                 };
                 if matches!(l.fetched((CFG, &limits), (ask, answer), 1, now), Step::Admitted(_)) {
                     admitted += 1;
                 }
             }
-            Step::TooLarge { .. } => unreachable!(),
+            other => panic!("{other:?}"),
         }
     }
     let held: i64 = replicas.iter().map(|l| l.held().0).sum();
     assert_eq!(admitted + u64::try_from(held).expect("held"), 60);
     assert!(held <= 4 * 5, "{held}");
+}
+
+fn conc(n: u32) -> TierLimits {
+    TierLimits {
+        max_concurrent: Some(n),
+        ..TierLimits::default()
+    }
+}
+
+#[test]
+fn slots_are_leased_a_few_at_a_time_and_counted_by_redis_when_none_is_idle() {
+    let (mut l, now, limits) = (TenantLease::default(), Instant::now(), conc(4));
+    let mut ask = fetch(l.admit(CFG, &limits, 1, now));
+    assert_eq!((ask.slots_need, ask.slots_more), (1, 2));
+    ask.slot_base = 100;
+    let step = l.fetched((CFG, &limits), (ask, grant(ask, (0, 0))), 1, now);
+    assert!(matches!(step, Step::Admitted(_)), "{step:?}");
+    assert_eq!(l.slot_ids(), &[100, 101, 102]);
+    // Two idle slots: two more requests pass locally, the fourth asks Redis.
+    assert!(matches!(l.admit(CFG, &limits, 1, now), Step::Admitted(_)));
+    assert!(matches!(l.admit(CFG, &limits, 1, now), Step::Admitted(_)));
+    let ask = fetch(l.admit(CFG, &limits, 1, now));
+    assert_eq!((ask.slots_need, ask.slots_more), (1, 2));
+    // The fleet is full: refused, nothing taken, and the next one asks again.
+    assert_eq!(
+        l.fetched((CFG, &limits), (ask, Answer::Full), 1, now),
+        Step::Concurrency { limit: 4 }
+    );
+    assert!(matches!(l.admit(CFG, &limits, 1, now), Step::Fetch(_)));
+}
+
+#[test]
+fn released_slots_keep_one_block_idle_or_none_near_the_limit() {
+    let (mut l, now, limits) = (TenantLease::default(), Instant::now(), conc(100));
+    let mut ask = fetch(l.admit(CFG, &limits, 1, now));
+    ask.slots_more = 5;
+    ask.slot_base = 1;
+    l.fetched((CFG, &limits), (ask, grant(ask, (0, 0))), 1, now);
+    assert_eq!(l.slot_ids().len(), 6);
+    for _ in 0..5 {
+        assert!(matches!(l.admit(CFG, &limits, 1, now), Step::Admitted(_)));
+    }
+    // All six in use; as they end, idle slots past one block (2) go back.
+    assert!(l.release_slot(CFG, Some(100)).is_empty());
+    assert!(l.release_slot(CFG, Some(100)).is_empty());
+    assert_eq!(l.release_slot(CFG, Some(100)), vec![6]);
+    assert_eq!(l.slot_ids(), &[1, 2, 3, 4, 5]);
+    assert_eq!(l.renewal(CFG, &limits, now), None, "two idle: a full block");
+    // Unused past the hold: the idle slots go back, the ones in use stay.
+    let (units, slots) = l.expire(now + CFG.hold).expect("expired");
+    assert_eq!((units, slots), ((0, 0), vec![4, 5]));
+    assert_eq!(l.slot_ids(), &[1, 2, 3]);
+    // The fleet is full: from now on only the need is asked for and idle slots go back at once.
+    let ask = fetch(l.admit(CFG, &limits, 1, now));
+    assert_eq!((ask.slots_need, ask.slots_more), (1, 2));
+    l.fetched((CFG, &limits), (ask, Answer::Full), 1, now);
+    let ask = fetch(l.admit(CFG, &limits, 1, now));
+    assert_eq!((ask.slots_need, ask.slots_more), (1, 0));
+    l.abandon(ask);
+    assert_eq!(l.release_slot(CFG, Some(100)), vec![3]);
+    assert_eq!(l.renewal(CFG, &limits, now), None);
 }

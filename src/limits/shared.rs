@@ -12,8 +12,8 @@
 //! `infergate_state_fallback` and recovers on its own once Redis answers again.
 //!
 //! With `lease:` set, rates are admitted from quota leased in blocks instead (see [`leased`]):
-//! no round trip per request, at most one block per replica over the limit. Tiers with
-//! `max_concurrent` keep the exact script, whose slot must be counted fleet-wide.
+//! no round trip per request, at most one block per replica over the limit; concurrency slots
+//! are leased a few at a time and never exceed the limit.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -126,7 +126,7 @@ pub enum Held {
     Shared(String),
     /// In this replica's local share (Redis was down at admission).
     Local,
-    /// In this replica's lease of the shared cells (no slot: its tier has no concurrency cap).
+    /// In this replica's lease of the shared cells and slots.
     Leased,
 }
 
@@ -199,6 +199,7 @@ impl SharedLimiter {
                 me.heartbeat().await;
                 me.share_budgets(&budgets).await;
                 me.expire_leases().await;
+                me.refresh_slots().await;
             }
         });
     }
@@ -382,7 +383,6 @@ impl SharedLimiter {
         tokens: u64,
     ) -> Result<(Reservation, Held), Rejection> {
         if let Some(leases) = self.leases.as_ref()
-            && limits.max_concurrent.is_none()
             && self.is_healthy()
             && let Some(r) = self.acquire_leased(leases, tenant, limits, tokens).await
         {

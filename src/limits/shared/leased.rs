@@ -1,7 +1,10 @@
 //! Fleet mode with quota leases (`state.redis.lease`): the Redis side of [`crate::limits::lease`].
 //!
-//! A lease is taken out of the tenant's shared GCRA cells (the same `…:rpm` and `…:tpm` keys the
-//! exact mode uses), so leased and exact replicas can share a fleet. Each replica also writes
+//! A lease is taken out of the tenant's shared GCRA cells and slot set (the same `…:rpm`, `…:tpm`
+//! and `…:slots` keys the exact mode uses), so leased and exact replicas can share a fleet.
+//! A leased slot is the entry `{replica}:L{n}` of the slot set; its expiry is a few seconds
+//! ahead and every heartbeat pushes it on, so a replica that dies frees its slots within
+//! [`LEASED_SLOT_LIFE`]. Each replica also writes
 //! what it holds to `{prefix}:tenant:{T}:lease:{replica}` (a hash of `requests` and `tokens`,
 //! expiring with the lease's hold) so an operator can read who holds what; nothing depends on
 //! it. Only a request that finds its lease empty waits on Redis; renewals, the return of
@@ -16,16 +19,27 @@ use super::SharedLimiter;
 use crate::limits::lease::{Answer, Ask, LeaseSettings, Step, TenantLease};
 use crate::limits::{LimitKind, Rejection, Reservation, TierLimits};
 
-/// Takes a lease out of both cells: each need whole or nothing, then up to `more` beyond it.
-/// Times in microseconds of Redis's clock; a cell refills `per_minute` evenly, burst = a minute.
-/// KEYS: rpm, tpm, lease record. ARGV: rpm (0 = none), tpm (0 = none), requests need, requests
-/// more, tokens need, tokens more, hold ms, requests held, tokens held.
-/// Returns {0, granted_r, left_r, reset_r_us, next_r_us, granted_t, left_t, reset_t_us,
-/// next_t_us} or {1, which (1 requests, 2 tokens), retry_us}.
+/// How long a leased slot entry lives without a heartbeat pushing it on.
+const LEASED_SLOT_LIFE: Duration = Duration::from_secs(5);
+
+/// Takes a lease out of both cells and the slot set: each need whole or nothing, then up to
+/// `more` beyond it. Times in microseconds of Redis's clock; a cell refills `per_minute` evenly,
+/// burst = a minute. KEYS: rpm, tpm, lease record, slots. ARGV: rpm (0 = none), tpm (0 = none),
+/// requests need, requests more, tokens need, tokens more, hold ms, requests held, tokens held,
+/// max_concurrent (0 = none), slots need, slots more, slot id prefix, first slot id, slot life
+/// µs. Returns {0, granted_r, left_r, reset_r_us, next_r_us, granted_t, left_t, reset_t_us,
+/// next_t_us, granted_slots, free_slots_left}, {1, which (1 requests, 2 tokens), retry_us} or {2} (no slot).
 const LEASE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local conc, need_s, more_s = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local free_s = 0
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  free_s = math.max(conc - redis.call('ZCARD', KEYS[4]), 0)
+  if need_s > free_s then return {2} end
+end
 local function look(key, per_min)
   if per_min <= 0 then return 1, now, 0 end
   local T = 60000000 / per_min
@@ -57,13 +71,38 @@ local function take(key, per_min, T, tat, free, n)
 end
 local gr, lr, rr, nr = take(KEYS[1], rpm, Tr, tat_r, free_r, need_r + tonumber(ARGV[4]))
 local gt, lt, rt, nt = take(KEYS[2], tpm, Tt, tat_t, free_t, need_t + tonumber(ARGV[6]))
+local gs = 0
+if conc > 0 then
+  gs = math.min(need_s + more_s, free_s)
+  local base, life = tonumber(ARGV[14]), tonumber(ARGV[15])
+  for i = 0, gs - 1 do
+    redis.call('ZADD', KEYS[4], now + life, ARGV[13] .. ':L' .. (base + i))
+  end
+  if redis.call('PTTL', KEYS[4]) < life / 1000 + 1000 then
+    redis.call('PEXPIRE', KEYS[4], math.ceil(life / 1000) + 1000)
+  end
+end
 redis.call('HSET', KEYS[3], 'requests', tonumber(ARGV[8]) + gr, 'tokens', tonumber(ARGV[9]) + gt)
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
-return {0, gr, lr, rr, nr, gt, lt, rt, nt}
+return {0, gr, lr, rr, nr, gt, lt, rt, nt, gs, free_s - gs}
 ";
 
-/// Gives unused units back to the cells (never past a full cell) and records what is held.
-/// KEYS: rpm, tpm, lease record. ARGV: rpm, tpm, requests, tokens, requests held, tokens held.
+/// Pushes the expiry of this replica's leased slots on (they are alive while it is).
+/// KEYS: slots. ARGV: slot life µs, slot ids (members).
+const REFRESH: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local life = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + life, ARGV[i]) end
+if redis.call('PTTL', KEYS[1]) < life / 1000 + 1000 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(life / 1000) + 1000)
+end
+return 1
+";
+
+/// Gives unused units back to the cells (never past a full cell) and idle slots back to the
+/// set, and records what is held. KEYS: rpm, tpm, lease record, slots. ARGV: rpm, tpm,
+/// requests, tokens, requests held, tokens held, slot ids (members) to free.
 const GIVE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -76,6 +115,7 @@ local function give(key, per_min, n)
 end
 give(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[3]))
 give(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[4]))
+for i = 7, #ARGV do redis.call('ZREM', KEYS[4], ARGV[i]) end
 if tonumber(ARGV[5]) <= 0 and tonumber(ARGV[6]) <= 0 then
   redis.call('DEL', KEYS[3])
 else
@@ -93,6 +133,8 @@ pub struct LeaseCalls {
     pub renew: AtomicU64,
     /// Background returns of unused units.
     pub give: AtomicU64,
+    /// Heartbeat refreshes of leased slots.
+    pub refresh: AtomicU64,
 }
 
 /// A tenant's lease and the limits it was last taken under.
@@ -107,6 +149,7 @@ pub(super) struct Leases {
     tenants: Mutex<HashMap<String, Entry>>,
     lease: redis::Script,
     give: redis::Script,
+    refresh: redis::Script,
     pub(super) calls: LeaseCalls,
 }
 
@@ -117,6 +160,7 @@ impl Leases {
             tenants: Mutex::new(HashMap::new()),
             lease: redis::Script::new(LEASE),
             give: redis::Script::new(GIVE),
+            refresh: redis::Script::new(REFRESH),
             calls: LeaseCalls::default(),
         }
     }
@@ -144,14 +188,17 @@ impl Leases {
 fn decode(v: &[i64]) -> Answer {
     let at = |i: usize| u64::try_from(v.get(i).copied().unwrap_or(0)).unwrap_or(0);
     let us = |i: usize| Duration::from_micros(at(i));
-    if v.first() == Some(&0) {
-        Answer::Granted {
+    match v.first() {
+        Some(0) => Answer::Granted {
             granted: (at(1), at(5)),
             left: (at(2), at(6)),
             reset: (us(3), us(7)),
             next: (us(4), us(8)),
-        }
-    } else {
+            slots: u32::try_from(at(9)).unwrap_or(0),
+            slots_left: u32::try_from(at(10)).unwrap_or(0),
+        },
+        Some(2) => Answer::Full,
+        _ => 
         Answer::Refused {
             which: if at(1) == 2 {
                 LimitKind::Tokens
@@ -159,7 +206,7 @@ fn decode(v: &[i64]) -> Answer {
                 LimitKind::Requests
             },
             retry_after: us(2),
-        }
+        },
     }
 }
 
@@ -176,8 +223,9 @@ impl SharedLimiter {
         let cfg = leases.settings;
         let step = leases.with(tenant, limits, |l| l.admit(cfg, limits, tokens, Instant::now()));
         let step = match step {
-            Step::Fetch(ask) => {
+            Step::Fetch(mut ask) => {
                 leases.calls.fetch.fetch_add(1, Ordering::Relaxed);
+                ask.slot_base = self.slot_ids(ask.slots_need + ask.slots_more);
                 let held = leases.with(tenant, limits, |l| l.held());
                 let answer = self.lease_call(leases, tenant, limits, ask, held).await;
                 let now = Instant::now();
@@ -208,6 +256,7 @@ impl SharedLimiter {
                 headers,
             }),
             Step::TooLarge { burst } => Err(Rejection::TooLarge { tokens, burst }),
+            Step::Concurrency { limit } => Err(Rejection::Concurrency { limit }),
             Step::Fetch(_) => return None,
         })
     }
@@ -215,7 +264,7 @@ impl SharedLimiter {
     /// Starts a background top-up of `tenant`'s lease when it runs low.
     fn renew(self: &Arc<Self>, leases: &Leases, tenant: &str, limits: &TierLimits) {
         let cfg = leases.settings;
-        let Some((ask, held)) = leases.with(tenant, limits, |l| {
+        let Some((mut ask, held)) = leases.with(tenant, limits, |l| {
             l.renewal(cfg, limits, Instant::now()).map(|a| (a, l.held()))
         }) else {
             return;
@@ -225,6 +274,7 @@ impl SharedLimiter {
             return;
         };
         leases.calls.renew.fetch_add(1, Ordering::Relaxed);
+        ask.slot_base = self.slot_ids(ask.slots_more);
         let (me, tenant, limits) = (self.clone(), tenant.to_owned(), *limits);
         rt.spawn(async move {
             let Some(leases) = me.leases.as_ref() else {
@@ -251,6 +301,7 @@ impl SharedLimiter {
         call.key(self.key(tenant, "rpm"))
             .key(self.key(tenant, "tpm"))
             .key(self.lease_key(tenant))
+            .key(self.key(tenant, "slots"))
             .arg(limits.requests_per_minute.unwrap_or(0))
             .arg(limits.tokens_per_minute.unwrap_or(0))
             .arg(ask.requests_need)
@@ -259,7 +310,13 @@ impl SharedLimiter {
             .arg(ask.tokens_more)
             .arg(u64::try_from(leases.settings.hold.as_millis()).unwrap_or(u64::MAX))
             .arg(held.0)
-            .arg(held.1);
+            .arg(held.1)
+            .arg(limits.max_concurrent.unwrap_or(0))
+            .arg(ask.slots_need)
+            .arg(ask.slots_more)
+            .arg(&self.replica_id)
+            .arg(ask.slot_base)
+            .arg(micros(LEASED_SLOT_LIFE));
         match tokio::time::timeout(
             self.settings.timeout,
             call.invoke_async::<Vec<i64>>(&mut conn),
@@ -290,17 +347,21 @@ impl SharedLimiter {
             return;
         };
         let cfg = leases.settings;
-        let (excess, held) = leases.with(tenant, limits, |l| {
-            (l.settle(cfg, limits.tokens_per_minute, settled), l.held())
+        let (excess, slots, held) = leases.with(tenant, limits, |l| {
+            let excess = l.settle(cfg, limits.tokens_per_minute, settled);
+            (excess, l.release_slot(cfg, limits.max_concurrent), l.held())
         });
-        if excess == 0 {
+        if excess == 0 && slots.is_empty() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let (me, tenant, limits) = (self.clone(), tenant.to_owned(), *limits);
-        rt.spawn(async move { me.give_back(&tenant, &limits, (0, excess), held).await });
+        rt.spawn(async move {
+            me.give_back(&tenant, &limits, ((0, excess), slots), held)
+                .await;
+        });
     }
 
     /// Hands the units of every lease unused past its hold back to Redis (from the heartbeat).
@@ -324,7 +385,13 @@ impl SharedLimiter {
 
     /// One give-back script call (errors mark Redis down; the units are then lost, which only
     /// costs admissions until the cells refill).
-    async fn give_back(&self, tenant: &str, limits: &TierLimits, units: (u64, u64), held: (i64, i64)) {
+    async fn give_back(
+        &self,
+        tenant: &str,
+        limits: &TierLimits,
+        (units, slots): ((u64, u64), Vec<u64>),
+        held: (i64, i64),
+    ) {
         let (Some(leases), Some(mut conn)) = (self.leases.as_ref(), self.connection()) else {
             return;
         };
@@ -333,18 +400,65 @@ impl SharedLimiter {
         call.key(self.key(tenant, "rpm"))
             .key(self.key(tenant, "tpm"))
             .key(self.lease_key(tenant))
+            .key(self.key(tenant, "slots"))
             .arg(limits.requests_per_minute.unwrap_or(0))
             .arg(limits.tokens_per_minute.unwrap_or(0))
             .arg(units.0)
             .arg(units.1)
             .arg(held.0)
             .arg(held.1);
+        for id in slots {
+            call.arg(self.slot_member(id));
+        }
         match tokio::time::timeout(self.settings.timeout, call.invoke_async::<i64>(&mut conn)).await
         {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => self.failed("lease return", &e.to_string()),
             Err(_) => self.failed("lease return", "timed out"),
         }
+    }
+
+    /// Pushes on the expiry of every leased slot this replica owns (from the heartbeat): one
+    /// call per tenant holding slots.
+    pub(super) async fn refresh_slots(&self) {
+        let Some(leases) = self.leases.as_ref() else {
+            return;
+        };
+        let owned: Vec<(String, Vec<u64>)> = leases
+            .lock()
+            .iter()
+            .filter(|(_, e)| !e.lease.slot_ids().is_empty())
+            .map(|(tenant, e)| (tenant.clone(), e.lease.slot_ids().to_vec()))
+            .collect();
+        for (tenant, ids) in owned {
+            let Some(mut conn) = self.connection() else {
+                return;
+            };
+            leases.calls.refresh.fetch_add(1, Ordering::Relaxed);
+            let mut call = leases.refresh.prepare_invoke();
+            call.key(self.key(&tenant, "slots"))
+                .arg(micros(LEASED_SLOT_LIFE));
+            for id in ids {
+                call.arg(self.slot_member(id));
+            }
+            match tokio::time::timeout(self.settings.timeout, call.invoke_async::<i64>(&mut conn))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => self.failed("slot refresh", &e.to_string()),
+                Err(_) => self.failed("slot refresh", "timed out"),
+            }
+        }
+    }
+
+    /// `n` fresh slot ids of this replica (the first one).
+    fn slot_ids(&self, n: u32) -> u64 {
+        self.slot_seq.fetch_add(u64::from(n), Ordering::Relaxed)
+    }
+
+    /// A leased slot's member in the slot set.
+    fn slot_member(&self, id: u64) -> String {
+        format!("{}:L{id}", self.replica_id)
     }
 
     /// `{prefix}:tenant:{T}:lease:{replica}`: what this replica holds of the tenant's limits.
@@ -356,6 +470,10 @@ impl SharedLimiter {
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,14 +481,17 @@ mod tests {
     #[test]
     fn lease_answers_decode_to_grants_and_refusals() {
         assert_eq!(
-            decode(&[0, 6, 54, 6_000_000, 0, 1_000, 0, 60_000_000, 60_000]),
+            decode(&[0, 6, 54, 6_000_000, 0, 1_000, 0, 60_000_000, 60_000, 2, 7]),
             Answer::Granted {
                 granted: (6, 1_000),
                 left: (54, 0),
                 reset: (Duration::from_secs(6), Duration::from_secs(60)),
                 next: (Duration::ZERO, Duration::from_millis(60)),
+                slots: 2,
+                slots_left: 7,
             }
         );
+        assert_eq!(decode(&[2]), Answer::Full);
         assert_eq!(
             decode(&[1, 2, 1_500_000]),
             Answer::Refused {

@@ -125,3 +125,59 @@ async fn four_leasing_replicas_stay_within_the_bound_when_one_dies_holding_a_lea
         "{calls} lease calls for {sent} requests"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_concurrency_slots_never_exceed_the_fleet_limit() {
+    let engine = Engine::start(&[]).await;
+    let dir = TempDir::new("fleet-lease-conc");
+    let redis = Redis::start(None, &dir.path);
+    let extra = format!(
+        "state: {{redis: {{url: \"{}\", key_prefix: lconc, timeout: 1s, lease: {{slots: 2}}}}}}\n",
+        redis.url()
+    );
+    let setup = Setup {
+        workers: &[&engine.url],
+        extra: &extra,
+        tenants: &[("acme", "fleet")],
+        tiers: "tiers:\n  fleet: {priority: 1, max_concurrent: 4, max_tokens: 900}\n",
+        ..Setup::default()
+    };
+    let config = setup.write(&dir).to_string_lossy().into_owned();
+    let args = ["gateway", "--config", config.as_str()];
+    let (a, b) = tokio::join!(Gw::launch(&args), Gw::launch(&args));
+    for gw in [&a, &b] {
+        gw.expect_metric("infergate_state_replicas", 2.0, Duration::from_secs(15))
+            .await;
+    }
+    // 12 long answers at once over both replicas: at most 4 run; the slots a replica leased and
+    // keeps idle may refuse a few more on the other.
+    let long = completion("a long answer please", 300);
+    let mut set = JoinSet::new();
+    for i in 0..12 {
+        let url = [&a, &b][i % 2].at("/v1/completions");
+        let (key, body) = (key_of("acme"), long.clone());
+        set.spawn(async move { post(&url, Some(&key), &body).await });
+    }
+    let statuses: Vec<StatusCode> = set.join_all().await.iter().map(|r| r.status).collect();
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert!((2..=4).contains(&ok), "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| matches!(*s, StatusCode::OK | StatusCode::TOO_MANY_REQUESTS)),
+        "{statuses:?}"
+    );
+    // Once they end (each slot goes back as its answer's account closes), slots are free again
+    // on either replica.
+    for gw in [&a, &b] {
+        let (url, key, short) = (gw.at("/v1/completions"), key_of("acme"), completion("x", 1));
+        let r = crate::common::settle(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || post(&url, Some(&key), &short),
+            |r| r.status == StatusCode::OK,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+}
