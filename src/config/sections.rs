@@ -577,7 +577,10 @@ fn lease(sink: &mut Sink<'_>, raw: &super::raw::RawLease) -> crate::limits::Leas
     let mut block = |v: &Option<Spanned<u64>>, what: &str, default: u64| match v {
         None => default,
         Some(n) if n.value == 0 => {
-            sink.at(&n.referenced, format!("state.redis.lease.{what} must be ≥ 1"));
+            sink.at(
+                &n.referenced,
+                format!("state.redis.lease.{what} must be ≥ 1"),
+            );
             1
         }
         Some(n) => n.value,

@@ -334,7 +334,12 @@ impl TenantLease {
 
     /// A background top-up when a budget fell below half a block and its cell is not known to
     /// be dry; `None` while one is under way or none is needed.
-    pub fn renewal(&mut self, cfg: LeaseSettings, limits: &TierLimits, now: Instant) -> Option<Ask> {
+    pub fn renewal(
+        &mut self,
+        cfg: LeaseSettings,
+        limits: &TierLimits,
+        now: Instant,
+    ) -> Option<Ask> {
         if self.renewing {
             return None;
         }
@@ -358,7 +363,11 @@ impl TenantLease {
             if have * 2 >= block { 0 } else { block - have }
         });
         let ask = Ask {
-            requests_more: top_up(&self.requests, limits.requests_per_minute, LimitKind::Requests),
+            requests_more: top_up(
+                &self.requests,
+                limits.requests_per_minute,
+                LimitKind::Requests,
+            ),
             tokens_more: top_up(&self.tokens, limits.tokens_per_minute, LimitKind::Tokens),
             slots_more,
             ..Ask::default()
@@ -507,7 +516,9 @@ impl TenantLease {
         };
         RateHeaders {
             limit_requests: limits.requests_per_minute,
-            remaining_requests: limits.requests_per_minute.map(|_| self.requests.remaining()),
+            remaining_requests: limits
+                .requests_per_minute
+                .map(|_| self.requests.remaining()),
             reset_requests: limits.requests_per_minute.map(|_| reset(&self.requests)),
             limit_tokens: limits.tokens_per_minute,
             remaining_tokens: limits.tokens_per_minute.map(|_| self.tokens.remaining()),

@@ -116,7 +116,11 @@ fn a_dry_cell_refuses_locally_until_redis_said_it_refills() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(l.renewal(CFG, &limits, later), None, "no renewal of a dry cell");
+    assert_eq!(
+        l.renewal(CFG, &limits, later),
+        None,
+        "no renewal of a dry cell"
+    );
     // Once Redis's wait is over the next request asks again.
     assert!(matches!(
         l.admit(CFG, &limits, 1, now + Duration::from_secs(1)),
@@ -136,7 +140,10 @@ fn a_refused_fetch_takes_nothing_and_keeps_the_exact_wait() {
     match l.fetched((CFG, &limits), (ask, refused), 900, now) {
         Step::Refused {
             which, retry_after, ..
-        } => assert_eq!((which, retry_after), (LimitKind::Tokens, Duration::from_millis(2_500))),
+        } => assert_eq!(
+            (which, retry_after),
+            (LimitKind::Tokens, Duration::from_millis(2_500))
+        ),
         other => panic!("{other:?}"),
     }
     assert_eq!(l.held(), (0, 0));
@@ -181,7 +188,11 @@ fn settling_returns_unused_tokens_to_the_lease_and_trims_past_two_blocks() {
     assert_eq!(l.held().1, -400);
     let ask = fetch(l.admit(CFG, &limits, 10, now));
     assert_eq!((ask.tokens_need, ask.tokens_more), (410, 1_000));
-    assert_eq!(l.settle(CFG, None, (5, 1)), 0, "no token limit, nothing held");
+    assert_eq!(
+        l.settle(CFG, None, (5, 1)),
+        0,
+        "no token limit, nothing held"
+    );
 }
 
 #[test]
@@ -235,7 +246,10 @@ fn the_fleet_admits_at_most_the_limit_plus_one_block_per_replica_in_a_window() {
                         slots_left: 0,
                     }
                 };
-                if matches!(l.fetched((CFG, &limits), (ask, answer), 1, now), Step::Admitted(_)) {
+                if matches!(
+                    l.fetched((CFG, &limits), (ask, answer), 1, now),
+                    Step::Admitted(_)
+                ) {
                     admitted += 1;
                 }
             }

@@ -166,7 +166,12 @@ impl Leases {
     }
 
     /// Runs `f` on `tenant`'s lease (created on first use) under the table's lock.
-    fn with<R>(&self, tenant: &str, limits: &TierLimits, f: impl FnOnce(&mut TenantLease) -> R) -> R {
+    fn with<R>(
+        &self,
+        tenant: &str,
+        limits: &TierLimits,
+        f: impl FnOnce(&mut TenantLease) -> R,
+    ) -> R {
         let mut tenants = self.lock();
         let entry = match tenants.get_mut(tenant) {
             Some(e) => e,
@@ -198,8 +203,7 @@ fn decode(v: &[i64]) -> Answer {
             slots_left: u32::try_from(at(10)).unwrap_or(0),
         },
         Some(2) => Answer::Full,
-        _ => 
-        Answer::Refused {
+        _ => Answer::Refused {
             which: if at(1) == 2 {
                 LimitKind::Tokens
             } else {
@@ -221,7 +225,9 @@ impl SharedLimiter {
         tokens: u64,
     ) -> Option<Result<Reservation, Rejection>> {
         let cfg = leases.settings;
-        let step = leases.with(tenant, limits, |l| l.admit(cfg, limits, tokens, Instant::now()));
+        let step = leases.with(tenant, limits, |l| {
+            l.admit(cfg, limits, tokens, Instant::now())
+        });
         let step = match step {
             Step::Fetch(mut ask) => {
                 leases.calls.fetch.fetch_add(1, Ordering::Relaxed);
@@ -265,12 +271,15 @@ impl SharedLimiter {
     fn renew(self: &Arc<Self>, leases: &Leases, tenant: &str, limits: &TierLimits) {
         let cfg = leases.settings;
         let Some((mut ask, held)) = leases.with(tenant, limits, |l| {
-            l.renewal(cfg, limits, Instant::now()).map(|a| (a, l.held()))
+            l.renewal(cfg, limits, Instant::now())
+                .map(|a| (a, l.held()))
         }) else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            leases.with(tenant, limits, |l| l.renewed(cfg, ask, None, Instant::now()));
+            leases.with(tenant, limits, |l| {
+                l.renewed(cfg, ask, None, Instant::now())
+            });
             return;
         };
         leases.calls.renew.fetch_add(1, Ordering::Relaxed);

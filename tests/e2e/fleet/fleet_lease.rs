@@ -36,7 +36,8 @@ async fn four_leasing_replicas_stay_within_the_bound_when_one_dies_holding_a_lea
          lease: {{requests: {BLOCK}, hold: 30s}}}}}}\n",
         redis.url()
     );
-    let tiers = format!("tiers:\n  fleet: {{priority: 1, requests_per_minute: {RPM}, max_tokens: 16}}\n");
+    let tiers =
+        format!("tiers:\n  fleet: {{priority: 1, requests_per_minute: {RPM}, max_tokens: 16}}\n");
     let setup = Setup {
         workers: &[&engine.url],
         extra: &extra,
@@ -53,8 +54,12 @@ async fn four_leasing_replicas_stay_within_the_bound_when_one_dies_holding_a_lea
         Gw::launch(&args)
     );
     for gw in [&a, &b, &c, &victim] {
-        gw.expect_metric("infergate_state_replicas", REPLICAS as f64, Duration::from_secs(15))
-            .await;
+        gw.expect_metric(
+            "infergate_state_replicas",
+            REPLICAS as f64,
+            Duration::from_secs(15),
+        )
+        .await;
         gw.expect_metric("infergate_state_fallback", 0.0, Duration::from_secs(15))
             .await;
     }
