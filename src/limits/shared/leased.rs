@@ -87,13 +87,14 @@ redis.call('PEXPIRE', KEYS[3], ARGV[7])
 return {0, gr, lr, rr, nr, gt, lt, rt, nt, gs, free_s - gs}
 ";
 
-/// Pushes the expiry of this replica's leased slots on (they are alive while it is).
-/// KEYS: slots. ARGV: slot life µs, slot ids (members).
+/// Pushes the expiry of this replica's leased slots on (they are alive while it is); a slot
+/// that expired while Redis was unreachable, or that an empty restart lost, is added back, as
+/// its request still runs. KEYS: slots. ARGV: slot life µs, slot ids (members).
 const REFRESH: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local life = tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + life, ARGV[i]) end
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + life, ARGV[i]) end
 if redis.call('PTTL', KEYS[1]) < life / 1000 + 1000 then
   redis.call('PEXPIRE', KEYS[1], math.ceil(life / 1000) + 1000)
 end
@@ -225,9 +226,18 @@ impl SharedLimiter {
         tokens: u64,
     ) -> Option<Result<Reservation, Rejection>> {
         let cfg = leases.settings;
-        let step = leases.with(tenant, limits, |l| {
-            l.admit(cfg, limits, tokens, Instant::now())
+        // One lock for the common case: admitted locally, and maybe a renewal to start.
+        let (step, renewal) = leases.with(tenant, limits, |l| {
+            let now = Instant::now();
+            let step = l.admit(cfg, limits, tokens, now);
+            let renewal = matches!(step, Step::Admitted(_))
+                .then(|| l.renewal(cfg, limits, now).map(|a| (a, l.held())))
+                .flatten();
+            (step, renewal)
         });
+        if let Some(renewal) = renewal {
+            self.renew(leases, tenant, limits, renewal);
+        }
         let step = match step {
             Step::Fetch(mut ask) => {
                 leases.calls.fetch.fetch_add(1, Ordering::Relaxed);
@@ -236,9 +246,16 @@ impl SharedLimiter {
                 let answer = self.lease_call(leases, tenant, limits, ask, held).await;
                 let now = Instant::now();
                 match answer {
-                    Some(a) => leases.with(tenant, limits, |l| {
-                        l.fetched((cfg, limits), (ask, a), tokens, now)
-                    }),
+                    Some(a) => {
+                        let (step, renewal) = leases.with(tenant, limits, |l| {
+                            let step = l.fetched((cfg, limits), (ask, a), tokens, now);
+                            (step, l.renewal(cfg, limits, now).map(|a| (a, l.held())))
+                        });
+                        if let Some(renewal) = renewal {
+                            self.renew(leases, tenant, limits, renewal);
+                        }
+                        step
+                    }
                     None => {
                         leases.with(tenant, limits, |l| l.abandon(ask));
                         return None;
@@ -248,10 +265,7 @@ impl SharedLimiter {
             other => other,
         };
         Some(match step {
-            Step::Admitted(headers) => {
-                self.renew(leases, tenant, limits);
-                Ok(Reservation { tokens, headers })
-            }
+            Step::Admitted(headers) => Ok(Reservation { tokens, headers }),
             Step::Refused {
                 which,
                 retry_after,
@@ -267,15 +281,16 @@ impl SharedLimiter {
         })
     }
 
-    /// Starts a background top-up of `tenant`'s lease when it runs low.
-    fn renew(self: &Arc<Self>, leases: &Leases, tenant: &str, limits: &TierLimits) {
+    /// Runs a top-up of `tenant`'s lease (from [`TenantLease::renewal`], with what it held) in
+    /// a background task.
+    fn renew(
+        self: &Arc<Self>,
+        leases: &Leases,
+        tenant: &str,
+        limits: &TierLimits,
+        (mut ask, held): (Ask, (i64, i64)),
+    ) {
         let cfg = leases.settings;
-        let Some((mut ask, held)) = leases.with(tenant, limits, |l| {
-            l.renewal(cfg, limits, Instant::now())
-                .map(|a| (a, l.held()))
-        }) else {
-            return;
-        };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             leases.with(tenant, limits, |l| {
                 l.renewed(cfg, ask, None, Instant::now())
