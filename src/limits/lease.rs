@@ -58,6 +58,8 @@ struct Slots {
     owned: Vec<u64>,
     /// How many of them requests are using.
     in_use: u32,
+    /// The most in use at once since the last trim.
+    peak: u32,
     /// Slots asked for and not answered yet.
     pending: u32,
     /// The fleet had fewer free slots than a block at the last answer: idle slots go back at
@@ -303,6 +305,7 @@ impl TenantLease {
         self.tokens.held -= as_i64(need_t);
         if limits.max_concurrent.is_some() {
             self.slots.in_use += 1;
+            self.slots.peak = self.slots.peak.max(self.slots.in_use);
         }
     }
 
@@ -465,15 +468,25 @@ impl TenantLease {
     }
 
     /// Frees a leased request's concurrency slot; returns the ids of idle slots to give back to
-    /// Redis: those past one block, or all of them while the fleet is near its limit.
-    pub fn release_slot(&mut self, cfg: LeaseSettings, max_concurrent: Option<u32>) -> Vec<u64> {
+    /// Redis at once: all of them while the fleet is near its limit (or the tier lost its cap).
+    /// Otherwise idle slots wait for [`TenantLease::trim_slots`], so a replica whose in-flight
+    /// count wobbles does not give back and fetch again.
+    pub fn release_slot(&mut self, max_concurrent: Option<u32>) -> Vec<u64> {
         self.slots.in_use = self.slots.in_use.saturating_sub(1);
-        let keep = match max_concurrent {
-            Some(_) if self.slots.near_limit => 0,
-            Some(limit) => cfg.slot_block(limit),
-            None => 0,
-        };
-        self.slots.give(self.slots.idle().saturating_sub(keep))
+        if self.slots.near_limit || max_concurrent.is_none() {
+            return self.slots.give(self.slots.idle());
+        }
+        Vec::new()
+    }
+
+    /// Trims the leased slots to the most in use since the last trim plus one block (run every
+    /// heartbeat); returns the ids to give back.
+    pub fn trim_slots(&mut self, cfg: LeaseSettings, max_concurrent: Option<u32>) -> Vec<u64> {
+        let block = max_concurrent.map_or(0, |limit| cfg.slot_block(limit));
+        let keep = self.slots.peak.max(self.slots.in_use) + block;
+        self.slots.peak = self.slots.in_use;
+        let owned = u32::try_from(self.slots.owned.len()).unwrap_or(u32::MAX);
+        self.slots.give(owned.saturating_sub(keep))
     }
 
     /// Ids of the slot entries this replica owns (their expiry is refreshed every heartbeat).

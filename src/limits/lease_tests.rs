@@ -291,26 +291,29 @@ fn slots_are_leased_a_few_at_a_time_and_counted_by_redis_when_none_is_idle() {
 }
 
 #[test]
-fn released_slots_keep_one_block_idle_or_none_near_the_limit() {
+fn idle_slots_are_trimmed_to_the_recent_peak_plus_a_block_or_all_near_the_limit() {
     let (mut l, now, limits) = (TenantLease::default(), Instant::now(), conc(100));
     let mut ask = fetch(l.admit(CFG, &limits, 1, now));
-    ask.slots_more = 5;
+    ask.slots_more = 7;
     ask.slot_base = 1;
     l.fetched((CFG, &limits), (ask, grant(ask, (0, 0))), 1, now);
-    assert_eq!(l.slot_ids().len(), 6);
+    assert_eq!(l.slot_ids().len(), 8);
     for _ in 0..5 {
         assert!(matches!(l.admit(CFG, &limits, 1, now), Step::Admitted(_)));
     }
-    // All six in use; as they end, idle slots past one block (2) go back.
-    assert!(l.release_slot(CFG, Some(100)).is_empty());
-    assert!(l.release_slot(CFG, Some(100)).is_empty());
-    assert_eq!(l.release_slot(CFG, Some(100)), vec![6]);
-    assert_eq!(l.slot_ids(), &[1, 2, 3, 4, 5]);
-    assert_eq!(l.renewal(CFG, &limits, now), None, "two idle: a full block");
-    // Unused past the hold: the idle slots go back, the ones in use stay.
-    let (units, slots) = l.expire(now + CFG.hold).expect("expired");
-    assert_eq!((units, slots), ((0, 0), vec![4, 5]));
+    // Six in use at the peak; as they end, the slots stay leased until the trim.
+    for _ in 0..5 {
+        assert!(l.release_slot(Some(100)).is_empty());
+    }
+    // Peak 6 + a block of 2: the 8 are kept once; the next trim keeps 1 in use + 2.
+    assert!(l.trim_slots(CFG, Some(100)).is_empty());
+    assert_eq!(l.trim_slots(CFG, Some(100)), vec![4, 5, 6, 7, 8]);
     assert_eq!(l.slot_ids(), &[1, 2, 3]);
+    assert_eq!(l.renewal(CFG, &limits, now), None, "two idle: a full block");
+    // Unused past the hold: the idle slots go back, the one in use stays.
+    let (units, slots) = l.expire(now + CFG.hold).expect("expired");
+    assert_eq!((units, slots), ((0, 0), vec![2, 3]));
+    assert_eq!(l.slot_ids(), &[1]);
     // The fleet is full: from now on only the need is asked for and idle slots go back at once.
     let ask = fetch(l.admit(CFG, &limits, 1, now));
     assert_eq!((ask.slots_need, ask.slots_more), (1, 2));
@@ -318,6 +321,6 @@ fn released_slots_keep_one_block_idle_or_none_near_the_limit() {
     let ask = fetch(l.admit(CFG, &limits, 1, now));
     assert_eq!((ask.slots_need, ask.slots_more), (1, 0));
     l.abandon(ask);
-    assert_eq!(l.release_slot(CFG, Some(100)), vec![3]);
+    assert_eq!(l.release_slot(Some(100)), vec![1]);
     assert_eq!(l.renewal(CFG, &limits, now), None);
 }

@@ -373,7 +373,7 @@ impl SharedLimiter {
         let cfg = leases.settings;
         let (excess, slots, held) = leases.with(tenant, limits, |l| {
             let excess = l.settle(cfg, limits.tokens_per_minute, settled);
-            (excess, l.release_slot(cfg, limits.max_concurrent), l.held())
+            (excess, l.release_slot(limits.max_concurrent), l.held())
         });
         if excess == 0 && slots.is_empty() {
             return;
@@ -388,7 +388,8 @@ impl SharedLimiter {
         });
     }
 
-    /// Hands the units of every lease unused past its hold back to Redis (from the heartbeat).
+    /// Hands back to Redis the units of every lease unused past its hold, and leased slots past
+    /// the last second's peak plus a block (from the heartbeat).
     pub(super) async fn expire_leases(&self) {
         let Some(leases) = self.leases.as_ref() else {
             return;
@@ -398,8 +399,11 @@ impl SharedLimiter {
             .lock()
             .iter_mut()
             .filter_map(|(tenant, e)| {
-                let units = e.lease.expire(now)?;
-                Some((tenant.clone(), e.limits, units, e.lease.held()))
+                let trimmed = e.lease.trim_slots(leases.settings, e.limits.max_concurrent);
+                let (units, mut slots) = e.lease.expire(now).unwrap_or_default();
+                slots.extend(trimmed);
+                let nothing = units == (0, 0) && slots.is_empty();
+                (!nothing).then(|| (tenant.clone(), e.limits, (units, slots), e.lease.held()))
             })
             .collect();
         for (tenant, limits, units, held) in expired {
