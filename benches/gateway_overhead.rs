@@ -1,7 +1,7 @@
 //! Gateway overhead: the same closed-loop client against a fast in-process upstream, directly,
 //! through `infergate gateway` (no tenants, no limits), through the gateway with tenant limits in
 //! process, through the gateway with its usage ledger on as well (prices, one SQLite row per
-//! request), through the gateway with its tenant limits in Redis (fleet mode, when
+//! request), through the gateway with its tenant limits in Redis (fleet mode, exact and leased, when
 //! `redis-server` is installed), through the gateway with its features on (a tenant key and a
 //! token budget, `prefix` routing, a 6 KB chat body whose system prompt repeats), and through
 //! nginx as a plain reverse proxy, with the tiny body and with the 6 KB one, side by side in one
@@ -282,14 +282,22 @@ async fn run() -> Result<(), BoxError> {
         Some(redis_bin) => {
             let redis = start_redis(&redis_bin, &dir).await?;
             let url = format!("redis://127.0.0.1:{}/", redis.1);
-            let gw = start_gateway(&bin, &dir, &upstream_url, Variant::Redis(url)).await?;
+            let gw = start_gateway(&bin, &dir, &upstream_url, Variant::Redis(url.clone())).await?;
             targets.push(Target {
                 name: "infergate + Redis limits",
                 url: gw.url.clone(),
                 pid: gw.pid(),
                 load: Load::Tiny,
             });
-            Some((redis.0, gw))
+            let leased =
+                start_gateway(&bin, &dir, &upstream_url, Variant::RedisLeased(url)).await?;
+            targets.push(Target {
+                name: "infergate + Redis limits, leased",
+                url: leased.url.clone(),
+                pid: leased.pid(),
+                load: Load::Tiny,
+            });
+            Some((redis.0, gw, leased))
         }
         None => {
             notes.push("redis-server not found: the Redis column is skipped".to_string());
@@ -368,8 +376,9 @@ async fn run() -> Result<(), BoxError> {
     if let Some(gw) = baseline {
         gw.stop().await;
     }
-    if let Some((mut redis, gw)) = redis {
+    if let Some((mut redis, gw, leased)) = redis {
         gw.stop().await;
+        leased.stop().await;
         let _ = redis.kill();
         let _ = redis.wait();
     }
@@ -768,6 +777,8 @@ enum Variant {
     Ledger,
     /// Tenant limits in the Redis at this URL (fleet mode), no ledger.
     Redis(String),
+    /// [`Variant::Redis`] with quota leasing (`state.redis.lease`).
+    RedisLeased(String),
     /// A tenant with a key and a token budget, `prefix` routing.
     Features,
 }
@@ -792,6 +803,14 @@ async fn start_gateway(
         Variant::Redis(url) => (
             "gateway-redis",
             format!("state: {{redis: {{url: \"{url}\", key_prefix: bench, timeout: 50ms}}}}\n"),
+        ),
+        // Blocks sized for a few thousand requests a second: a renewal every 100 requests.
+        Variant::RedisLeased(url) => (
+            "gateway-redis-leased",
+            format!(
+                "state: {{redis: {{url: \"{url}\", key_prefix: bench-leased, timeout: 50ms, \
+                 lease: {{requests: 100, tokens: 100000, slots: 4}}}}}}\n"
+            ),
         ),
         Variant::Features => (
             "gateway-features",

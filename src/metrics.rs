@@ -131,6 +131,8 @@ pub struct GatewayMetrics {
     pub state_replicas: IntGauge,
     /// `infergate_state_errors_total`: Redis calls that failed or timed out.
     pub state_errors: IntCounter,
+    /// `infergate_state_lease_calls_total{call}` (fetch, renew, give, refresh): Redis calls for quota leases.
+    pub state_lease_calls: IntCounterVec,
     /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, deadline, validation, draining).
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
@@ -581,6 +583,11 @@ impl GatewayMetrics {
                 registry.register(Box::new(c.clone()))?;
                 c
             },
+            state_lease_calls: counter(
+                "infergate_state_lease_calls_total",
+                "Redis calls for quota leases: fetch (a request waited); renew, give and refresh (background).",
+                &["call"],
+            )?,
             rejections: counter(
                 "infergate_rejections_total",
                 "Requests refused by the gateway, per tenant and reason.",

@@ -54,6 +54,17 @@ pub(super) struct RawRedis {
     pub timeout: Option<Text>,
     pub replicas: Option<Spanned<u32>>,
     pub fail_closed: Option<bool>,
+    pub lease: Option<RawLease>,
+}
+
+/// `state.redis.lease:` (quota leasing).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLease {
+    pub requests: Option<Spanned<u64>>,
+    pub tokens: Option<Spanned<u64>>,
+    pub slots: Option<Spanned<u32>>,
+    pub hold: Option<Text>,
 }
 
 /// `trace:`

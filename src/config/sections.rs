@@ -566,7 +566,55 @@ pub(super) fn redis(
         timeout,
         replicas: raw.replicas.as_ref().map(|r| r.value.max(1)),
         fail_closed: raw.fail_closed.unwrap_or(false),
+        lease: raw.lease.as_ref().map(|l| lease(sink, l)),
     })
+}
+
+/// `state.redis.lease`: block sizes in requests (default 10), tokens (default 4000) and
+/// concurrency slots (default 2), each ≥ 1, and how long an unused lease is kept (default 10s,
+/// above 0).
+fn lease(sink: &mut Sink<'_>, raw: &super::raw::RawLease) -> crate::limits::LeaseSettings {
+    let mut block = |v: &Option<Spanned<u64>>, what: &str, default: u64| match v {
+        None => default,
+        Some(n) if n.value == 0 => {
+            sink.at(
+                &n.referenced,
+                format!("state.redis.lease.{what} must be ≥ 1"),
+            );
+            1
+        }
+        Some(n) => n.value,
+    };
+    let requests = block(&raw.requests, "requests", 10);
+    let tokens = block(&raw.tokens, "tokens", 4_000);
+    let slots = match &raw.slots {
+        None => 2,
+        Some(n) if n.value == 0 => {
+            sink.at(&n.referenced, "state.redis.lease.slots must be ≥ 1");
+            1
+        }
+        Some(n) => n.value,
+    };
+    let hold = match &raw.hold {
+        None => Duration::from_secs(10),
+        Some(t) => match parse_duration(&t.value) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                sink.at(&t.referenced, "state.redis.lease.hold must be above 0");
+                Duration::from_secs(10)
+            }
+            Err(msg) => {
+                sink.at(&t.referenced, format!("state.redis.lease.hold: {msg}"));
+                Duration::from_secs(10)
+            }
+        },
+    };
+    crate::limits::LeaseSettings {
+        requests,
+        tokens,
+        slots,
+        hold,
+    }
 }
 
 /// A URL given inline (`url`) or, when it holds a password, in an environment variable

@@ -219,6 +219,34 @@ fn fleet_urls_come_inline_or_from_an_environment_variable() {
 }
 
 #[test]
+fn quota_leasing_is_off_unless_asked_for_and_its_blocks_are_checked() {
+    let with = |extra: &str| format!("{extra}{MINIMAL}");
+    let load = |extra: &str| load_str(&with(extra), Path::new(CONFIG), None).expect("valid");
+    let off = load("state: {redis: {url: \"redis://r:6379/\"}}\n");
+    assert_eq!(off.redis.and_then(|r| r.lease), None);
+    let on = load("state: {redis: {url: \"redis://r:6379/\", lease: {requests: 4}}}\n");
+    assert_eq!(
+        on.redis.and_then(|r| r.lease),
+        Some(crate::limits::LeaseSettings {
+            requests: 4,
+            tokens: 4_000,
+            slots: 2,
+            hold: std::time::Duration::from_secs(10),
+        })
+    );
+    one_error(
+        &with("state: {redis: {url: \"redis://r/\", lease: {tokens: 0}}}\n"),
+        1,
+        "state.redis.lease.tokens must be ≥ 1",
+    );
+    one_error(
+        &with("state: {redis: {url: \"redis://r/\", lease: {hold: 0s}}}\n"),
+        1,
+        "state.redis.lease.hold must be above 0",
+    );
+}
+
+#[test]
 fn spawn_paths_resolve_against_the_config_directory() {
     let dir = std::env::temp_dir().join(format!("infergate-spawn-paths-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("models/m")).unwrap();

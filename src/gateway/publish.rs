@@ -34,6 +34,17 @@ impl Gateway {
                 &m.state_errors,
                 s.errors.load(std::sync::atomic::Ordering::Relaxed),
             );
+            if let Some(calls) = s.lease_calls() {
+                use std::sync::atomic::Ordering::Relaxed;
+                for (call, n) in [
+                    ("fetch", calls.fetch.load(Relaxed)),
+                    ("renew", calls.renew.load(Relaxed)),
+                    ("give", calls.give.load(Relaxed)),
+                    ("refresh", calls.refresh.load(Relaxed)),
+                ] {
+                    catch_up(&m.state_lease_calls.with_label_values(&[call]), n);
+                }
+            }
         }
         if let Some(l) = &self.ledger {
             use std::sync::atomic::Ordering::Relaxed;

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 pub mod gcra;
 pub mod headers;
 pub mod in_process;
+pub mod lease;
 pub mod shared;
 
 pub use gcra::{Decision, Gcra};
 pub use headers::{RateHeaders, format_reset, retry_after_secs};
 pub use in_process::InProcessLimiter;
-pub use shared::{Held, RedisSettings, SharedLimiter};
+pub use lease::LeaseSettings;
+pub use shared::{Held, LeaseCalls, RedisSettings, SharedLimiter};
 
 /// A tier's limits; `None` means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

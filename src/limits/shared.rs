@@ -10,6 +10,10 @@
 //! limit (the limit divided by the live replicas it last counted through Redis heartbeats, or
 //! the configured `replicas`), never to unlimited; it logs the switch, shows it in
 //! `infergate_state_fallback` and recovers on its own once Redis answers again.
+//!
+//! With `lease:` set, rates are admitted from quota leased in blocks instead (see [`leased`]):
+//! no round trip per request, at most one block per replica over the limit; concurrency slots
+//! are leased a few at a time and never exceed the limit.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +21,12 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
+mod leased;
+
+pub use leased::LeaseCalls;
+use leased::Leases;
+
+use super::lease::LeaseSettings;
 use super::{
     InProcessLimiter, LimitKind, Limiter, RateHeaders, Rejection, Reservation, TierLimits,
 };
@@ -34,6 +44,8 @@ pub struct RedisSettings {
     pub replicas: Option<u32>,
     /// Fail readiness while Redis is unreachable.
     pub fail_closed: bool,
+    /// Quota leasing (`lease:`); `None` keeps one script per admission (exact).
+    pub lease: Option<LeaseSettings>,
 }
 
 /// Admission: concurrency slot, then both GCRA cells, all or nothing. Times in microseconds of
@@ -114,6 +126,8 @@ pub enum Held {
     Shared(String),
     /// In this replica's local share (Redis was down at admission).
     Local,
+    /// In this replica's lease of the shared cells and slots.
+    Leased,
 }
 
 /// The tenant limits of a fleet.
@@ -135,6 +149,8 @@ pub struct SharedLimiter {
     slot_seq: AtomicU64,
     /// Longest a slot may be held (the request's total timeout).
     slot_life: Duration,
+    /// Quota leases, when `lease:` is set.
+    leases: Option<Leases>,
 }
 
 impl SharedLimiter {
@@ -149,6 +165,7 @@ impl SharedLimiter {
             xxhash_rust::xxh3::xxh3_64(settings.url.as_bytes())
         );
         let replicas = settings.replicas.unwrap_or(1).max(1);
+        let leases = settings.lease.map(Leases::new);
         Ok(Arc::new(Self {
             settings,
             client,
@@ -162,6 +179,7 @@ impl SharedLimiter {
             errors: AtomicU64::new(0),
             slot_seq: AtomicU64::new(0),
             slot_life,
+            leases,
         }))
     }
 
@@ -180,6 +198,8 @@ impl SharedLimiter {
                 let Some(me) = me.upgrade() else { return };
                 me.heartbeat().await;
                 me.share_budgets(&budgets).await;
+                me.expire_leases().await;
+                me.refresh_slots().await;
             }
         });
     }
@@ -240,6 +260,11 @@ impl SharedLimiter {
                 self.failed("budgets", &why);
             }
         }
+    }
+
+    /// Redis calls made for leases, when leasing is on.
+    pub fn lease_calls(&self) -> Option<&LeaseCalls> {
+        self.leases.as_ref().map(|l| &l.calls)
     }
 
     /// True while Redis answers.
@@ -348,14 +373,21 @@ impl SharedLimiter {
         }
     }
 
-    /// Admits one request of `tenant` costing `tokens`: in Redis (one round trip), or from the
-    /// local share when Redis does not answer in time.
+    /// Admits one request of `tenant` costing `tokens`: from its lease (leasing on, no
+    /// concurrency cap), else in Redis (one round trip), or from the local share when Redis does
+    /// not answer in time.
     pub async fn acquire(
-        &self,
+        self: &Arc<Self>,
         tenant: &str,
         limits: &TierLimits,
         tokens: u64,
     ) -> Result<(Reservation, Held), Rejection> {
+        if let Some(leases) = self.leases.as_ref()
+            && self.is_healthy()
+            && let Some(r) = self.acquire_leased(leases, tenant, limits, tokens).await
+        {
+            return r.map(|r| (r, Held::Leased));
+        }
         if self.is_healthy()
             && let Some(mut conn) = self.connection()
         {
@@ -410,6 +442,10 @@ impl SharedLimiter {
                 self.local
                     .reconcile(tenant, reserved, actual, Instant::now());
                 self.local.release_concurrency(tenant);
+                return;
+            }
+            Held::Leased => {
+                self.settle_leased(tenant, limits, (reserved, actual));
                 return;
             }
             Held::Shared(slot) => slot,
@@ -492,6 +528,7 @@ mod tests {
             timeout: Duration::from_millis(50),
             replicas: Some(3),
             fail_closed: false,
+            lease: None,
         };
         let l = SharedLimiter::new(settings, Duration::from_secs(60)).expect("limiter");
         let share = l.local_share(&TierLimits {

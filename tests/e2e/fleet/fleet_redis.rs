@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use common::Engine;
 
 /// A `redis-server` on a free loopback port, killed on drop.
-struct Redis {
+pub(super) struct Redis {
     port: u16,
     child: Child,
     dir: std::path::PathBuf,
@@ -26,7 +26,7 @@ struct Redis {
 
 impl Redis {
     /// Starts redis-server (no persistence) on `port` (a free one when `None`) and waits for PING.
-    fn start(port: Option<u16>, dir: &std::path::Path) -> Redis {
+    pub(super) fn start(port: Option<u16>, dir: &std::path::Path) -> Redis {
         let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
             .into_iter()
             .find(|p| std::path::Path::new(p).is_file())
@@ -75,7 +75,7 @@ impl Redis {
                 .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 

@@ -1,4 +1,5 @@
 //! Fleet mode: shared limits in Redis and the ledger in PostgreSQL, several replicas.
 
+mod fleet_lease;
 mod fleet_postgres;
 mod fleet_redis;
