@@ -204,6 +204,12 @@ pub struct GatewayMetrics {
     /// `delivered` (what the worker reported), `available` (the best routing knew of on any
     /// healthy worker at pick time).
     pub route_cached_tokens: IntCounterVec,
+    /// `infergate_quality_regression_total{model,version,signal}`: replayed regression prompts
+    /// whose answer raised a signal (`quality.regression`; models and versions from config).
+    pub quality_regression: IntCounterVec,
+    /// `infergate_quality_regression_runs_total{model,version,result}`: replayed regression
+    /// prompts by result (`ok`: answered 2xx and scored, `error`: anything else).
+    pub quality_regression_runs: IntCounterVec,
 }
 
 /// The counters a settled request of one tenant and model adds to (six label lookups a request
@@ -772,6 +778,16 @@ impl GatewayMetrics {
                 "Cached prompt tokens per answer reporting them: predicted by routing for the \
                  chosen worker, delivered by the worker, available on the best healthy worker.",
                 &["pool", "kind"],
+            )?,
+            quality_regression: counter(
+                "infergate_quality_regression_total",
+                "Replayed regression prompts whose answer raised a quality signal, by signal.",
+                &["model", "version", "signal"],
+            )?,
+            quality_regression_runs: counter(
+                "infergate_quality_regression_runs_total",
+                "Replayed regression prompts by result (ok, error).",
+                &["model", "version", "result"],
             )?,
             registry,
         })

@@ -188,11 +188,18 @@ pub(super) fn compile(
     let default_listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 8080));
     let max_body_bytes = sections::max_body_bytes(&mut sink, raw.limits.as_ref());
     let (trace, otlp) = sections::trace(&mut sink, raw.trace.as_ref(), base);
-    let quality = std::sync::Arc::new(super::quality_section::quality(
+    let mut quality = super::quality_section::quality(&mut sink, raw.quality.as_ref(), &pool_specs);
+    let regression = super::regression_section::regression(
         &mut sink,
-        raw.quality.as_ref(),
-        &pool_specs,
-    ));
+        raw.quality.as_ref().and_then(|q| q.regression.as_ref()),
+        base,
+        &super::regression_section::Known {
+            models: &models,
+            canaries: &canaries,
+        },
+    );
+    quality.regression = regression.config;
+    let quality = std::sync::Arc::new(quality);
     let snapshot = Snapshot {
         listen: sections::address(&mut sink, raw.listen.as_ref(), "listen", default_listen),
         admin: sections::admin(&mut sink, raw.admin.as_ref()),
@@ -241,6 +248,7 @@ pub(super) fn compile(
             .chain(degradation.map(|(_, p)| p))
             .chain(prices_src.map(|(_, p)| p))
             .chain(tenant_list.key_files)
+            .chain(regression.file)
             .map(|p| std::path::absolute(&p).unwrap_or(p))
             .collect(),
     };
@@ -254,6 +262,7 @@ pub(super) fn compile(
     errors.extend(canary_errors);
     errors.extend(shadow_errors);
     errors.extend(class_errors);
+    errors.extend(regression.errors);
     if errors.is_empty() {
         Ok(snapshot)
     } else {

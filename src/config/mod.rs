@@ -9,6 +9,7 @@ mod pool_policy;
 mod pools;
 mod prices_file;
 mod quality_section;
+mod regression_section;
 mod raw;
 mod routing_doc;
 mod routing_file;

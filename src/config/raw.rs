@@ -100,6 +100,16 @@ pub(super) struct RawQuality {
     pub refusal_phrases: Option<Vec<Text>>,
     pub queue: Option<Spanned<usize>>,
     pub drift: Option<RawDrift>,
+    pub regression: Option<RawRegression>,
+}
+
+/// `quality.regression:` (replayed regression prompts).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRegression {
+    pub prompts: Text,
+    pub interval: Option<Text>,
+    pub models: Option<Vec<Text>>,
 }
 
 /// `quality.drift:`

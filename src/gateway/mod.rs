@@ -5,13 +5,15 @@
 //! - [`publish`]: the metrics written outside the request path (scrape-time gauges, canary and
 //!   degradation decisions, index sizes);
 //! - [`background`]: the worker poll loop and the KV event subscriptions it opens;
-//! - [`discovery`]: DNS discovery of a pool's workers.
+//! - [`discovery`]: DNS discovery of a pool's workers;
+//! - [`replay`]: the replayed regression prompts of `quality.regression`.
 
 mod background;
 mod discovery;
 mod live;
 mod publish;
 mod reload;
+mod replay;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -39,6 +39,8 @@ pub struct QualityConfig {
     pub queue: usize,
     /// Drift windows; `None` keeps none.
     pub drift: Option<DriftConfig>,
+    /// Replayed regression prompts (`quality.regression`); `None` (the default) replays none.
+    pub regression: Option<super::regression::RegressionConfig>,
 }
 
 /// `quality.drift:`.
@@ -58,6 +60,7 @@ impl Default for QualityConfig {
             refusal_phrases: signals::default_refusals(),
             queue: DEFAULT_QUEUE,
             drift: Some(DriftConfig::default()),
+            regression: None,
         }
     }
 }

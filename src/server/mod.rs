@@ -91,6 +91,7 @@ pub fn tls_acceptor(t: &TlsConfig) -> Result<tokio_rustls::TlsAcceptor, String> 
 /// requests get the configured grace period.
 pub async fn serve(gw: Arc<Gateway>, listeners: Listeners) -> Result<(), String> {
     tokio::spawn(gw.clone().poll_loop());
+    tokio::spawn(gw.clone().replay_loop());
     spawn_reload_triggers(&gw);
     let graceful = Arc::new(edge::Drain::new());
     let public = tokio::spawn(accept_loop(

@@ -21,7 +21,7 @@ use relay::body::OnEnd;
 use relay::send::{ForwardSettings, Outbound, forward as send};
 
 /// The forward settings of `snapshot`.
-fn settings(snapshot: &Snapshot) -> ForwardSettings {
+pub fn settings(snapshot: &Snapshot) -> ForwardSettings {
     let f = &snapshot.forward;
     ForwardSettings {
         first_byte_timeout: f.first_byte_timeout,
