@@ -1,7 +1,8 @@
 //! Traffic policies: the canary split and its analysis, degradation, shadow traffic, quality
-//! signals and drift.
+//! signals and drift, replayed regression prompts.
 
 mod canary;
 mod degradation;
 mod quality;
+mod regression;
 mod shadow;
