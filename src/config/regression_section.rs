@@ -50,12 +50,18 @@ pub(super) fn regression(
         Some(text) => match parse_duration(&text.value) {
             Ok(d) if !d.is_zero() => d,
             Ok(_) => {
-                sink.at(&text.referenced, "quality.regression.interval must be above zero");
+                sink.at(
+                    &text.referenced,
+                    "quality.regression.interval must be above zero",
+                );
                 ok = false;
                 regression::DEFAULT_INTERVAL
             }
             Err(msg) => {
-                sink.at(&text.referenced, format!("quality.regression.interval: {msg}"));
+                sink.at(
+                    &text.referenced,
+                    format!("quality.regression.interval: {msg}"),
+                );
                 ok = false;
                 regression::DEFAULT_INTERVAL
             }
@@ -67,7 +73,10 @@ pub(super) fn regression(
             let mut models: Vec<String> = Vec::with_capacity(list.len());
             for m in list {
                 let problem = if models.contains(&m.value) {
-                    Some(format!("quality.regression.models: `{}` is listed twice", m.value))
+                    Some(format!(
+                        "quality.regression.models: `{}` is listed twice",
+                        m.value
+                    ))
                 } else {
                     callable(&m.value, known)
                 };
@@ -191,10 +200,18 @@ mod tests {
         assert_eq!(r.interval, Duration::from_millis(200));
         assert_eq!(r.models, ["m"]);
         assert_eq!(r.prompts.len(), 1);
-        assert!(s.files.iter().any(|f| f.ends_with("prompts.jsonl")), "watched");
+        assert!(
+            s.files.iter().any(|f| f.ends_with("prompts.jsonl")),
+            "watched"
+        );
         // Without `models`: every model with a canary split, here none; the default interval.
         let yaml = format!("quality:\n  regression: {{prompts: {file}}}\n{MINIMAL}");
-        let r = load_both(&yaml, None).unwrap().quality.regression.clone().unwrap();
+        let r = load_both(&yaml, None)
+            .unwrap()
+            .quality
+            .regression
+            .clone()
+            .unwrap();
         assert_eq!(r.interval, Duration::from_secs(600));
         assert!(r.models.is_empty());
     }
@@ -220,9 +237,15 @@ mod tests {
         let errs = errors(&listed, Some(routing));
         let messages: Vec<&str> = errs.iter().map(|e| e.2.as_str()).collect();
         assert_eq!(errs.len(), 3, "{errs:#?}");
-        assert!(messages[0].contains("`m2` is a version of `m`"), "{messages:?}");
+        assert!(
+            messages[0].contains("`m2` is a version of `m`"),
+            "{messages:?}"
+        );
         assert!(messages[1].contains("`m` is listed twice"), "{messages:?}");
-        assert!(messages[2].contains("`nope` is not a model"), "{messages:?}");
+        assert!(
+            messages[2].contains("`nope` is not a model"),
+            "{messages:?}"
+        );
         assert!(errs.iter().all(|e| e.1 == Some(4)), "{errs:#?}");
     }
 
@@ -234,7 +257,10 @@ mod tests {
         let errs = errors(&yaml, None);
         assert_eq!(errs.len(), 2, "{errs:#?}");
         assert_eq!((errs[0].1, errs[1].1), (Some(3), Some(4)), "{errs:#?}");
-        assert!(errs[0].2.contains("interval must be above zero"), "{errs:#?}");
+        assert!(
+            errs[0].2.contains("interval must be above zero"),
+            "{errs:#?}"
+        );
         assert!(errs[1].2.contains("cannot read /nonexistent"), "{errs:#?}");
 
         let file = prompts_file("bad", &format!("{GOOD}\n\n{{\"id\": \"b\"}}\n"));

@@ -131,7 +131,11 @@ fn prompt(line: &str) -> Result<RegressionPrompt, String> {
         _ => return Err("`id` must be a non-empty string".into()),
     };
     let kind = match (fields.get("messages"), fields.get("prompt")) {
-        (Some(_), Some(_)) => return Err(format!("prompt `{id}`: give `messages` or `prompt`, not both")),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "prompt `{id}`: give `messages` or `prompt`, not both"
+            ));
+        }
         (None, None) => {
             return Err(format!(
                 "prompt `{id}` needs `messages` (chat) or `prompt` (completion)"
@@ -146,7 +150,11 @@ fn prompt(line: &str) -> Result<RegressionPrompt, String> {
             ));
         }
         (None, Some(Value::String(p))) if !p.is_empty() => PromptKind::Completion,
-        (None, Some(_)) => return Err(format!("prompt `{id}`: `prompt` must be a non-empty string")),
+        (None, Some(_)) => {
+            return Err(format!(
+                "prompt `{id}`: `prompt` must be a non-empty string"
+            ));
+        }
     };
     match fields.get("max_tokens").and_then(Value::as_u64) {
         Some(n) if n >= 1 && n <= u64::from(u32::MAX) => {}
@@ -289,7 +297,10 @@ mod tests {
         assert_eq!(at, (2..=14).map(Some).collect::<Vec<_>>(), "{errors:#?}");
         let says = |line: u64, needle: &str| {
             let (_, msg) = &errors[line as usize - 2];
-            assert!(msg.contains(needle), "line {line}: {msg:?} lacks {needle:?}");
+            assert!(
+                msg.contains(needle),
+                "line {line}: {msg:?} lacks {needle:?}"
+            );
         };
         says(2, "not JSON");
         says(3, "a prompt is a JSON object");
@@ -350,13 +361,22 @@ mod tests {
         let mut s = Schedule::default();
         // The first round is one interval after replay is on.
         assert_eq!(s.step(every, at(0)), Step::Wait(Duration::from_millis(200)));
-        assert_eq!(s.step(every, at(150)), Step::Wait(Duration::from_millis(50)));
+        assert_eq!(
+            s.step(every, at(150)),
+            Step::Wait(Duration::from_millis(50))
+        );
         assert_eq!(s.step(every, at(200)), Step::Run);
         // Start to start: a round that took 50 ms leaves 150.
-        assert_eq!(s.step(every, at(250)), Step::Wait(Duration::from_millis(150)));
+        assert_eq!(
+            s.step(every, at(250)),
+            Step::Wait(Duration::from_millis(150))
+        );
         // A round that overran by three intervals: one round at once, then a full interval.
         assert_eq!(s.step(every, at(1000)), Step::Run);
-        assert_eq!(s.step(every, at(1001)), Step::Wait(Duration::from_millis(199)));
+        assert_eq!(
+            s.step(every, at(1001)),
+            Step::Wait(Duration::from_millis(199))
+        );
         // Long intervals are looked at again every RECHECK; a reload's shorter one applies.
         let hour = Some(Duration::from_secs(3600));
         assert_eq!(s.step(hour, at(1001)), Step::Wait(RECHECK));
@@ -369,7 +389,10 @@ mod tests {
         let every = Some(Duration::from_millis(200));
         let mut s = Schedule::default();
         assert_eq!(s.step(every, t0), Step::Wait(Duration::from_millis(200)));
-        assert_eq!(s.step(None, t0 + Duration::from_secs(5)), Step::Wait(RECHECK));
+        assert_eq!(
+            s.step(None, t0 + Duration::from_secs(5)),
+            Step::Wait(RECHECK)
+        );
         let back = t0 + Duration::from_secs(6);
         assert_eq!(s.step(every, back), Step::Wait(Duration::from_millis(200)));
         assert_eq!(s.step(every, back + Duration::from_millis(200)), Step::Run);

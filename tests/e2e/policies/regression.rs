@@ -102,7 +102,8 @@ async fn replayed_prompts_count_the_refusing_version_and_bill_no_tenant() {
         assert_eq!(common::find_metric(&metrics, &failed), None, "{failed}");
     }
     assert!(
-        !metrics.contains("infergate_quality_regression_total{model=\"llama-3-8b\",version=\"stable\""),
+        !metrics
+            .contains("infergate_quality_regression_total{model=\"llama-3-8b\",version=\"stable\""),
         "the healthy version raised a signal"
     );
     assert!(
