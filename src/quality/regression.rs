@@ -172,7 +172,7 @@ fn prompt(line: &str) -> Result<RegressionPrompt, String> {
         ));
     }
     if let Some(t) = fields.get("tools")
-        && !t.as_array().is_some_and(|t| !t.is_empty())
+        && t.as_array().is_none_or(|t| t.is_empty())
     {
         return Err(format!("prompt `{id}`: `tools` must be a non-empty array"));
     }
