@@ -56,6 +56,11 @@ impl Gateway {
                     drop(live);
                     tokio::time::sleep(d).await;
                 }
+                // Not ready (workers not yet polled, or none healthy at all): the round would
+                // measure the gateway's start, not a version; the next is an interval later.
+                Step::Run if !self.is_ready() => {
+                    tracing::debug!("regression round skipped: the gateway is not ready");
+                }
                 // A round finishes on the snapshot it started with, as a request does.
                 Step::Run => self.replay_round(&live).await,
             }
