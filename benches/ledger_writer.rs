@@ -1,6 +1,7 @@
 //! The usage ledger's writer on SQLite: sustained rows per second through the real path (rows
-//! pushed onto the bounded queue as fast as one thread can, the writer thread flushing batches
-//! of up to 500 in one transaction with the daily-rollup upsert), and the time one `record`
+//! pushed onto the bounded queue as fast as one thread can, the writer thread waking at the
+//! interval or a half-full queue and writing everything queued in one transaction of multi-row
+//! INSERTs with the daily-rollup upsert), and the time one `record`
 //! call costs the request path; then the same into PostgreSQL when `INFERGATE_BENCH_POSTGRES`
 //! names a database. Run with `cargo bench --bench ledger_writer`.
 #![forbid(unsafe_code)]
