@@ -331,7 +331,10 @@ fn the_writer_wakes_once_per_batch_and_close_writes_what_was_handed_over() {
     ledger.record(row(499, "acme", "a", T0));
     let deadline = Instant::now() + Duration::from_secs(10);
     while ledger.counters.written.load(Ordering::Relaxed) < 500 {
-        assert!(Instant::now() < deadline, "the mark did not wake the writer");
+        assert!(
+            Instant::now() < deadline,
+            "the mark did not wake the writer"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     for i in 500..510 {
@@ -427,7 +430,10 @@ fn a_written_buffer_is_kept_for_the_next_batch_unless_a_burst_grew_it() {
     batch.extend((0..2_000).map(|i| row(i, "acme", "a", T0)));
     recycle(&mut batch, 2_000);
     assert!(batch.is_empty());
-    assert!(batch.capacity() >= 3_000, "steady traffic reuses the buffer");
+    assert!(
+        batch.capacity() >= 3_000,
+        "steady traffic reuses the buffer"
+    );
     let mut burst: VecDeque<UsageRow> = VecDeque::with_capacity(60_000);
     burst.push_back(row(0, "acme", "a", T0));
     recycle(&mut burst, 1);
