@@ -4,7 +4,7 @@
 //! bounded in-memory queue (a move into a buffer the writer recycles: no allocation beyond the
 //! row itself, and a wake-up only for the row that reaches the early-flush mark). One writer
 //! thread wakes once per flush interval (1 s), or early when the queue is half full, and writes
-//! everything queued in one transaction (multi-row INSERTs, one rollup upsert per group). A full
+//! everything queued in one transaction (one prepared INSERT, one rollup upsert per group). A full
 //! queue drops its oldest rows (counted). A crash loses the rows queued since the last flush: one
 //! flush interval (1 s) of traffic, more only when the writer fell behind.
 //!
