@@ -1,14 +1,16 @@
 //! The usage ledger's writer on SQLite: sustained rows per second through the real path (rows
-//! pushed onto the bounded queue as fast as one thread can, the writer thread flushing batches
-//! of up to 500 in one transaction with the daily-rollup upsert), and the time one `record`
-//! call costs the request path; then the same into PostgreSQL when `INFERGATE_BENCH_POSTGRES`
-//! names a database. Run with `cargo bench --bench ledger_writer`.
+//! pushed onto the bounded queue as fast as one thread can, the writer thread waking at the
+//! interval or a half-full queue and writing everything queued in one transaction with the
+//! daily-rollup upsert), and the time one `record` call costs the request path; then steady
+//! traffic (20,000 rows/s for 3 s): batches written and the writer thread's CPU per row; then the
+//! flood into PostgreSQL when `INFERGATE_BENCH_POSTGRES` names a database. Run with
+//! `cargo bench --bench ledger_writer`.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use infergate::ledger::{LedgerBackend, LedgerSettings, UsageLedger, UsageRow};
+use infergate::ledger::{DEFAULT_QUEUE_ROWS, LedgerBackend, LedgerSettings, UsageLedger, UsageRow};
 
 /// Rows per run.
 const ROWS: u64 = 300_000;
@@ -54,6 +56,7 @@ fn main() {
         size as f64 / 1_048_576.0,
         size / ROWS
     );
+    paced(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     // PostgreSQL when a database is given (the rows are left in it).
     match std::env::var("INFERGATE_BENCH_POSTGRES") {
@@ -116,4 +119,81 @@ fn run(label: &str, backend: LedgerBackend) {
         c.dropped.load(Ordering::Relaxed)
     );
     ledger.close();
+}
+
+/// Rows a second of the paced run, handed over in 10 ms steps for [`PACED_SECONDS`].
+const PACED_RATE: u64 = 20_000;
+const PACED_SECONDS: u64 = 3;
+
+/// A busy gateway's steady traffic (not a flood): the default queue, rows handed over at
+/// [`PACED_RATE`]; reports the writer's batches and its thread's CPU time per row (Linux).
+fn paced(dir: &std::path::Path) {
+    let settings = LedgerSettings {
+        backend: LedgerBackend::Sqlite(dir.join("paced.sqlite")),
+        retention_days: None,
+        queue_rows: DEFAULT_QUEUE_ROWS,
+    };
+    let ledger = match UsageLedger::open(&settings) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let writer = writer_tid();
+    let cpu0 = writer.as_deref().and_then(thread_cpu_ns);
+    let now = infergate::utc::now_ms();
+    let per_step = PACED_RATE / 100;
+    let steps = PACED_SECONDS * 100;
+    let t0 = Instant::now();
+    for step in 0..steps {
+        for j in 0..per_step {
+            ledger.record(row(step * per_step + j, now));
+        }
+        let next = t0 + Duration::from_millis(10 * (step + 1));
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let total = steps * per_step;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ledger.counters.written.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cpu = match (cpu0, writer.as_deref().and_then(thread_cpu_ns)) {
+        (Some(a), Some(b)) => format!(
+            "writer thread CPU {:.0} ms = {} ns per row",
+            (b - a) as f64 / 1e6,
+            (b - a) / total
+        ),
+        _ => "writer thread CPU: n/a (no /proc)".into(),
+    };
+    println!(
+        "paced (SQLite, {PACED_RATE} rows/s for {PACED_SECONDS} s, queue {DEFAULT_QUEUE_ROWS}): {} of {total} rows written in {} batches; {cpu}",
+        ledger.counters.written.load(Ordering::Relaxed),
+        ledger.counters.flushes.load(Ordering::Relaxed),
+    );
+    ledger.close();
+}
+
+/// `/proc/self/task/TID` of the newest ledger writer thread (an earlier run's, joined, may
+/// still be listed for a moment).
+fn writer_tid() -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u64>().ok()?, e.path())))
+        .filter(|(_, p)| {
+            std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim() == "ledger-writer")
+        })
+        .max_by_key(|(tid, _)| *tid)
+        .map(|(_, p)| p)
+}
+
+/// Nanoseconds the thread ran on a CPU (the first field of its `schedstat`).
+fn thread_cpu_ns(task: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(task.join("schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

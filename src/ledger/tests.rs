@@ -289,3 +289,154 @@ fn absurd_rows_are_capped_so_sums_stay_in_range() {
     let daily = reader.daily(&query(&dims)).expect("rollup answers");
     assert_eq!(daily.totals.cost_nanousd, sums.totals.cost_nanousd);
 }
+
+/// A store that keeps what it was given, batch by batch.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Vec<String>>>>);
+
+impl LedgerStore for Recorder {
+    fn write_batch(&mut self, rows: &[UsageRow]) -> Result<(), LedgerError> {
+        if let Ok(mut batches) = self.0.lock() {
+            batches.push(rows.iter().map(|r| r.request_id.clone()).collect());
+        }
+        Ok(())
+    }
+    fn prune(&mut self, _: i64) -> Result<u64, LedgerError> {
+        Ok(0)
+    }
+}
+
+fn ids(range: std::ops::Range<u64>) -> Vec<String> {
+    range.map(|i| format!("req-{i}")).collect()
+}
+
+#[test]
+fn the_writer_wakes_once_per_batch_and_close_writes_what_was_handed_over() {
+    let file = TempFile::new("wake");
+    let reader = Arc::new(SqliteStore::open(&file.0).expect("open"));
+    let store = Recorder::default();
+    // An hour-long interval: only the early-flush mark (half of 1,000) or `close` writes.
+    let ledger = UsageLedger::start_with(
+        Box::new(store.clone()),
+        reader,
+        &settings(&file.0, 1_000),
+        Duration::from_secs(3_600),
+    )
+    .expect("start");
+    assert_eq!(early_flush_rows(1_000), 500);
+    for i in 0..499 {
+        ledger.record(row(i, "acme", "a", T0));
+    }
+    assert_eq!(ledger.queued(), 499, "below the mark the rows wait");
+    ledger.record(row(499, "acme", "a", T0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ledger.counters.written.load(Ordering::Relaxed) < 500 {
+        assert!(
+            Instant::now() < deadline,
+            "the mark did not wake the writer"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for i in 500..510 {
+        ledger.record(row(i, "acme", "a", T0));
+    }
+    ledger.close();
+    ledger.record(row(999, "acme", "a", T0));
+    let batches = store.0.lock().expect("batches").clone();
+    assert_eq!(
+        batches,
+        vec![ids(0..500), ids(500..510)],
+        "one batch per wake-up, in the order handed over, the rest written at close"
+    );
+    let c = &ledger.counters;
+    assert_eq!(c.written.load(Ordering::Relaxed), 510);
+    assert_eq!(c.flushes.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        c.dropped.load(Ordering::Relaxed),
+        1,
+        "a row after close is counted, not queued"
+    );
+    assert_eq!(ledger.queued(), 0);
+}
+
+#[test]
+fn a_batch_is_written_in_order_with_each_rows_day() {
+    let file = TempFile::new("chunks");
+    let mut store = SqliteStore::open(&file.0).expect("open");
+    // One batch across two days.
+    let n = 69;
+    let rows: Vec<UsageRow> = (0..n)
+        .map(|i| {
+            let day = if i < 40 { 0 } else { 1 };
+            row(i, "acme", "a", T0 + day * crate::utc::DAY_MS + i as i64)
+        })
+        .collect();
+    store.write_batch(&rows).expect("write");
+    let conn = rusqlite::Connection::open(&file.0).expect("conn");
+    let mut stmt = conn
+        .prepare("SELECT request_id, day FROM usage ORDER BY id")
+        .expect("prepare");
+    let back: Vec<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    let want: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r.request_id.clone(), crate::utc::iso_date(r.end_ms)))
+        .collect();
+    assert_eq!(back, want);
+    assert_eq!(back[0].1, "2026-12-01");
+    assert_eq!(back[n as usize - 1].1, "2026-12-02");
+    let mut q = query(&[]);
+    q.limit = 1_000;
+    let mut fields = store.rows(&q).expect("rows");
+    fields.sort_by_key(|r| r.end_ms);
+    assert_eq!(fields, rows, "every field of every row comes back");
+    let dims = [Dimension::Day, Dimension::Tenant, Dimension::Key];
+    assert_eq!(
+        store.usage(&query(&dims)).expect("usage").groups,
+        store.daily(&query(&dims)).expect("daily").groups,
+        "the rollup equals the rows"
+    );
+}
+
+#[test]
+fn a_batch_is_one_transaction() {
+    let file = TempFile::new("atomic");
+    let mut store = SqliteStore::open(&file.0).expect("open");
+    let conn = rusqlite::Connection::open(&file.0).expect("conn");
+    conn.execute_batch(
+        "CREATE TRIGGER boom BEFORE INSERT ON usage WHEN NEW.request_id = 'req-50'
+         BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+    )
+    .expect("trigger");
+    let rows: Vec<UsageRow> = (0..70).map(|i| row(i, "acme", "a", T0)).collect();
+    // Row 50 fails: the 50 rows before it and the rollup are rolled back too.
+    assert!(store.write_batch(&rows).is_err());
+    let count = |table: &str| -> i64 {
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .expect("count")
+    };
+    assert_eq!((count("usage"), count("usage_daily")), (0, 0));
+    conn.execute_batch("DROP TRIGGER boom").expect("drop");
+    store.write_batch(&rows).expect("write");
+    assert_eq!((count("usage"), count("usage_daily")), (70, 2));
+}
+
+#[test]
+fn a_written_buffer_is_kept_for_the_next_batch_unless_a_burst_grew_it() {
+    let mut batch: VecDeque<UsageRow> = VecDeque::with_capacity(3_000);
+    batch.extend((0..2_000).map(|i| row(i, "acme", "a", T0)));
+    recycle(&mut batch, 2_000);
+    assert!(batch.is_empty());
+    assert!(
+        batch.capacity() >= 3_000,
+        "steady traffic reuses the buffer"
+    );
+    let mut burst: VecDeque<UsageRow> = VecDeque::with_capacity(60_000);
+    burst.push_back(row(0, "acme", "a", T0));
+    recycle(&mut burst, 1);
+    assert!(burst.capacity() < 60_000, "a burst's memory is given back");
+    assert!(burst.capacity() >= 1_024);
+}
