@@ -30,3 +30,19 @@ pub use admin::{CanaryStatus, VersionSamples};
 pub use analysis::{Canary, Decision};
 pub use assign::{choose, key_of};
 pub use spec::{AnalysisSpec, CanarySpec, StickyKey, VersionSpec, check_models};
+
+/// One canary version's analysis window, fed the quality signals of its sampled answers.
+pub struct VersionWindow {
+    /// The canary.
+    pub canary: std::sync::Arc<std::sync::Mutex<Canary>>,
+    /// The version's index in it.
+    pub index: usize,
+}
+
+impl crate::quality::sampler::SignalWindow for VersionWindow {
+    fn record(&self, raised: &crate::quality::signals::Signals, at: std::time::Instant) {
+        if let Ok(mut c) = self.canary.lock() {
+            c.record_quality(self.index, raised, at);
+        }
+    }
+}

@@ -13,7 +13,6 @@ mod discovery;
 mod live;
 mod publish;
 mod reload;
-mod replay;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

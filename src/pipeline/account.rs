@@ -426,7 +426,12 @@ impl Exit {
                 completion: t.completion,
                 cached: Some(t.cached),
             }),
-            canary: self.version.as_ref().map(|v| (v.canary.clone(), v.index)),
+            canary: self.version.as_ref().map(|v| {
+                Box::new(crate::canary::VersionWindow {
+                    canary: v.canary.clone(),
+                    index: v.index,
+                }) as Box<dyn crate::quality::sampler::SignalWindow>
+            }),
             config: q.config,
         });
     }

@@ -38,6 +38,7 @@ pub mod forward;
 mod meter;
 mod mirror;
 mod models;
+mod replay;
 mod reservation;
 pub mod route;
 mod split;

@@ -1,17 +1,15 @@
 //! Replayed regression prompts (`quality.regression`): a fixed prompt set, read from a JSONL
 //! file, replayed every `interval` against each version of the listed models and scored by the
 //! same rules as sampled answers ([`super::signals`]), for the slow decay a canary window cannot
-//! see. The pure parts live here: the prompt file's parsing ([`parse_prompts`]), which
-//! (model, version) pairs a round visits ([`targets`]) and when a round is due ([`Schedule`]).
-//! The gateway's task that sends them is `gateway::replay`.
+//! see. The pure parts live here: the prompt file's parsing ([`parse_prompts`]) and when a round
+//! is due ([`Schedule`]). The task that sends them, and the (model, version) pairs a round
+//! visits (read from the canary splits), are `crate::pipeline::replay`'s.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
-
-use crate::canary::CanarySpec;
 
 /// Time between rounds when the config gives none.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(600);
@@ -183,38 +181,6 @@ fn is_message(m: &Value) -> bool {
     m.get("role").is_some_and(Value::is_string)
 }
 
-/// One (model, version) a round replays the prompts against.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// The model as clients name it (the body's `model`).
-    pub model: String,
-    /// The version's name ([`DEFAULT_VERSION`] without a canary split).
-    pub version: String,
-    /// The config model that serves the version (its pool and upstream name).
-    pub served: String,
-}
-
-/// Every version of each of `models`: both of a canary split's, in its file order; the model
-/// itself as [`DEFAULT_VERSION`] without one.
-pub fn targets(models: &[String], canaries: &BTreeMap<String, CanarySpec>) -> Vec<Target> {
-    let mut out = Vec::new();
-    for model in models {
-        match canaries.get(model) {
-            Some(spec) => out.extend(spec.versions.iter().map(|v| Target {
-                model: model.clone(),
-                version: v.name.clone(),
-                served: v.model.clone(),
-            })),
-            None => out.push(Target {
-                model: model.clone(),
-                version: DEFAULT_VERSION.into(),
-                served: model.clone(),
-            }),
-        }
-    }
-    out
-}
-
 /// What the replay task does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -330,27 +296,6 @@ mod tests {
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].0, Some(MAX_PROMPTS as u64 + 1));
         assert!(parse_prompts(&many[..MAX_PROMPTS].join("\n")).is_ok());
-    }
-
-    #[test]
-    fn a_canary_model_is_replayed_on_both_versions_and_a_plain_one_as_default() {
-        let spec = crate::canary::spec::parse_models(
-            "models:\n  chat:\n    versions:\n      - {name: v1, model: chat-a, weight: 90}\n      - {name: v2, model: chat-b, weight: 10}\n",
-        )
-        .unwrap();
-        let models = ["chat".to_string(), "embed".to_string()];
-        let got: Vec<(String, String, String)> = targets(&models, &spec)
-            .into_iter()
-            .map(|t| (t.model, t.version, t.served))
-            .collect();
-        let want = [
-            ("chat", "v1", "chat-a"),
-            ("chat", "v2", "chat-b"),
-            ("embed", "default", "embed"),
-        ]
-        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()));
-        assert_eq!(got, want);
-        assert!(targets(&[], &spec).is_empty());
     }
 
     #[test]

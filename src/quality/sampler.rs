@@ -4,16 +4,15 @@
 //! feeds the canary's window, and keeps the drift windows ([`super::windows`]) whose PSI it
 //! exports. Never the text itself in a metric or a log line.
 
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus::IntCounter;
 
 use super::capture::Capture;
-use super::signals::{self, Asked, SIGNAL_NAMES};
+use super::signals::{self, Asked, SIGNAL_NAMES, Signals};
 use super::windows::{DriftBook, FEATURES, Observation, Reference, Scores, WindowSettings};
-use crate::canary::Canary;
 use crate::metrics::GatewayMetrics;
 use crate::usage_check::TokenUsage;
 
@@ -93,6 +92,14 @@ impl QualityConfig {
     }
 }
 
+/// Where a scored answer's raised signals go besides the counters: the serving canary
+/// version's analysis window (implemented in `crate::canary`, which depends on this module and
+/// not the other way round).
+pub trait SignalWindow: Send {
+    /// Records the signals `raised` by one scored answer at `at`.
+    fn record(&self, raised: &Signals, at: Instant);
+}
+
 /// One answer handed to the worker.
 pub struct QualityJob {
     /// The caller's tenant (from config: bounded).
@@ -107,8 +114,8 @@ pub struct QualityJob {
     pub asked: Asked,
     /// The worker's usage.
     pub usage: Option<TokenUsage>,
-    /// The canary and version index to feed, when a canary served it.
-    pub canary: Option<(Arc<Mutex<Canary>>, usize)>,
+    /// The canary version's analysis window to feed, when a canary served it.
+    pub canary: Option<Box<dyn SignalWindow>>,
     /// The config in force when the request started.
     pub config: Arc<QualityConfig>,
 }
@@ -169,10 +176,8 @@ fn handle(job: QualityJob, m: &GatewayMetrics, books: &mut Books) {
                 .with_label_values(&[labels[0], labels[1], labels[2], name])
                 .inc();
         }
-        if let Some((canary, index)) = &job.canary
-            && let Ok(mut c) = canary.lock()
-        {
-            c.record_quality(*index, &raised, Instant::now());
+        if let Some(window) = &job.canary {
+            window.record(&raised, Instant::now());
         }
     }
     let Some(d) = &job.config.drift else { return };

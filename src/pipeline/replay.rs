@@ -25,8 +25,9 @@ use http_body_util::BodyExt;
 use hyper::HeaderMap;
 use hyper::body::Bytes;
 
-use super::{Gateway, Live};
+use crate::canary::CanarySpec;
 use crate::config::TierSpec;
+use crate::gateway::{Gateway, Live};
 use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::OnEnd;
 use crate::pipeline::forward::relay::send::{Outbound, forward};
@@ -34,8 +35,9 @@ use crate::pipeline::forward::settings;
 use crate::pipeline::route;
 use crate::pipeline::validate::request::{Endpoint, validate};
 use crate::quality::capture::{Capture, asked_of};
-use crate::quality::regression::{PromptKind, RegressionPrompt, Schedule, Step, Target, targets};
+use crate::quality::regression::{DEFAULT_VERSION, PromptKind, RegressionPrompt, Schedule, Step};
 use crate::quality::signals::{self, Signals};
+use std::collections::BTreeMap;
 
 impl Gateway {
     /// Replays the regression prompts on the schedule of the snapshot in force (none while
@@ -193,5 +195,63 @@ fn internal_tier() -> TierSpec {
         models: vec!["*".into()],
         budgets: Vec::new(),
         min_deadline: None,
+    }
+}
+
+/// One (model, version) a round replays the prompts against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The model as clients name it (the body's `model`).
+    pub model: String,
+    /// The version's name ([`DEFAULT_VERSION`] without a canary split).
+    pub version: String,
+    /// The config model that serves the version (its pool and upstream name).
+    pub served: String,
+}
+
+/// Every version of each of `models`: both of a canary split's, in its file order; the model
+/// itself as [`DEFAULT_VERSION`] without one.
+pub fn targets(models: &[String], canaries: &BTreeMap<String, CanarySpec>) -> Vec<Target> {
+    let mut out = Vec::new();
+    for model in models {
+        match canaries.get(model) {
+            Some(spec) => out.extend(spec.versions.iter().map(|v| Target {
+                model: model.clone(),
+                version: v.name.clone(),
+                served: v.model.clone(),
+            })),
+            None => out.push(Target {
+                model: model.clone(),
+                version: DEFAULT_VERSION.into(),
+                served: model.clone(),
+            }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_canary_model_is_replayed_on_both_versions_and_a_plain_one_as_default() {
+        let spec = crate::canary::spec::parse_models(
+            "models:\n  chat:\n    versions:\n      - {name: v1, model: chat-a, weight: 90}\n      - {name: v2, model: chat-b, weight: 10}\n",
+        )
+        .unwrap();
+        let models = ["chat".to_string(), "embed".to_string()];
+        let got: Vec<(String, String, String)> = targets(&models, &spec)
+            .into_iter()
+            .map(|t| (t.model, t.version, t.served))
+            .collect();
+        let want = [
+            ("chat", "v1", "chat-a"),
+            ("chat", "v2", "chat-b"),
+            ("embed", "default", "embed"),
+        ]
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()));
+        assert_eq!(got, want);
+        assert!(targets(&[], &spec).is_empty());
     }
 }
