@@ -303,8 +303,10 @@ fn status(gw: &Gateway) -> Response<ResBody> {
     )
 }
 
-/// A pool's queue for `/admin/status`: depth, slots held and, with fair share, the weights and
-/// each backlogged tenant's weighted service (`counter`) and waiters, least served first.
+/// A pool's queue for `/admin/status`: depth, slots held, Jain's index over the tenants it kept
+/// waiting whole windows (`admission::jain`: the last window, mean and least) and, with fair
+/// share, the weights and each backlogged tenant's weighted service (`counter`) and waiters,
+/// least served first.
 fn admission_status(queue: &crate::admission::AdmissionQueue) -> serde_json::Value {
     let fair = queue.fair_share().map(|w| {
         let backlogged: Vec<_> = queue
@@ -318,7 +320,15 @@ fn admission_status(queue: &crate::admission::AdmissionQueue) -> serde_json::Val
         json!({"input_weight": w.input, "output_weight": w.output,
                "locality_window": w.locality_window, "backlogged": backlogged})
     });
-    json!({"depth": queue.depth(), "in_flight": queue.in_flight(), "fair_share": fair})
+    let jain = queue.jain();
+    let jain = json!({
+        "last": jain.last.map(|w| json!({"index": w.index, "tenants": w.tenants})),
+        "windows": jain.windows,
+        "mean": (jain.windows > 0).then_some(jain.mean),
+        "min": (jain.windows > 0).then_some(jain.min),
+    });
+    json!({"depth": queue.depth(), "in_flight": queue.in_flight(), "fair_share": fair,
+           "jain": jain})
 }
 
 /// Compares secrets without an early exit that would leak the matching prefix length.

@@ -137,6 +137,9 @@ pub struct GatewayMetrics {
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
     pub queue_depth: GaugeVec,
+    /// `infergate_fair_share_jain_index{pool}`: Jain's index of the service the admission queue
+    /// gave the tenants it kept waiting a whole window (`admission::jain`; its last such window).
+    pub fair_share_jain: GaugeVec,
     /// `infergate_queue_wait_seconds{pool}`: time admitted requests waited.
     pub queue_wait: HistogramVec,
     /// `infergate_tenant_queue_wait_seconds{tenant}`: time each tenant's admitted requests
@@ -602,6 +605,18 @@ impl GatewayMetrics {
             queue_depth: {
                 let g = GaugeVec::new(
                     Opts::new("infergate_queue_depth", "Requests waiting for admission."),
+                    &["pool"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            fair_share_jain: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "infergate_fair_share_jain_index",
+                        "Jain's index of the weighted tokens served to the tenants backlogged for \
+                         a whole window of 64 started requests (the last window with two).",
+                    ),
                     &["pool"],
                 )?;
                 registry.register(Box::new(g.clone()))?;

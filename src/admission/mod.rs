@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod fair;
+pub mod jain;
 pub mod rate;
 mod state;
 pub mod waitlist;
@@ -218,9 +219,7 @@ impl AdmissionQueue {
             let free = st.waiters.is_empty() && st.in_flight < st.capacity;
             if free || st.may_borrow(ticket.tenant) {
                 st.in_flight += 1;
-                // Served at once, but served: its tenant's turn counts it all the same.
-                st.waiters.settle(ticket.tenant, ticket.cost);
-                st.waiters.took_slot(ticket.tenant);
+                st.waiters.start_at_once(ticket.tenant, ticket.cost);
                 return Ok(self.permit(Duration::ZERO, now, ticket));
             }
             if let Some(deadline) = deadline {
@@ -292,6 +291,11 @@ impl AdmissionQueue {
         lock(&self.shared.state).waiters.fair_backlog()
     }
 
+    /// Jain's index of the service given to the tenants backlogged whole windows.
+    pub fn jain(&self) -> jain::JainSummary {
+        lock(&self.shared.state).waiters.jain()
+    }
+
     /// The fair-share weights, when tenants take turns.
     pub fn fair_share(&self) -> Option<FairWeights> {
         self.shared.fair
@@ -304,12 +308,13 @@ impl AdmissionQueue {
 
     fn permit(&self, waited: Duration, granted: Instant, ticket: Ticket<'_>) -> Permit {
         let shared = Arc::clone(&self.shared);
-        let holder: Option<Arc<str>> = shared.fair.is_some().then(|| Arc::from(ticket.tenant));
+        let tenant: Arc<str> = Arc::from(ticket.tenant);
+        let holder = shared.fair.is_some().then(|| Arc::clone(&tenant));
         Permit {
             shared,
             waited,
             granted,
-            charge: holder.clone().map(|t| (t, ticket.cost)),
+            charge: Some((tenant, ticket.cost)),
             holder,
         }
     }
@@ -321,7 +326,8 @@ pub struct Permit {
     shared: Arc<Shared>,
     waited: Duration,
     granted: Instant,
-    /// With fair share: the tenant and the estimate it was charged, corrected on drop.
+    /// The tenant and the estimate it was charged (fair share's turn, the fairness measure),
+    /// corrected by [`Permit::settle`] or refunded on drop.
     charge: Option<(Arc<str>, f64)>,
     /// With fair share: the tenant holding the slot (counted for borrowing).
     holder: Option<Arc<str>>,
@@ -332,10 +338,10 @@ impl Permit {
     /// permit dropped without it refunds the estimate: a request that got no answer was given
     /// no service.
     pub fn settle(&mut self, input_tokens: u64, output_tokens: u64) {
-        let (Some((tenant, charged)), Some(weights)) = (self.charge.take(), self.shared.fair)
-        else {
+        let Some((tenant, charged)) = self.charge.take() else {
             return;
         };
+        let weights = self.shared.fair.unwrap_or_default();
         let service = weights.cost(input_tokens, output_tokens);
         lock(&self.shared.state)
             .waiters

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::fair::FairShare;
+use super::jain::{JainMeter, JainSummary};
 
 /// Where a waiter stands: (priority, higher first; arrival sequence).
 pub type Key = (Reverse<u32>, u64);
@@ -81,6 +82,8 @@ pub struct Waitlist<T> {
     max_queue: Option<usize>,
     /// Turns among tenants; `None`: first come within a priority.
     fair: Option<FairShare>,
+    /// How evenly the backlogged tenants are served (first come or fair share alike).
+    jain: JainMeter,
 }
 
 impl<T> Waitlist<T> {
@@ -92,6 +95,7 @@ impl<T> Waitlist<T> {
             next_seq: 0,
             max_queue,
             fair: None,
+            jain: JainMeter::default(),
         }
     }
 
@@ -152,6 +156,7 @@ impl<T> Waitlist<T> {
         if let Some(fair) = &mut self.fair {
             fair.joined(key, &tenant, due);
         }
+        self.jain.joined(&tenant);
         let cost = ticket.cost;
         let entry = Entry {
             item,
@@ -169,11 +174,7 @@ impl<T> Waitlist<T> {
             Some(fair) => fair.next()?,
             None => *self.waiters.first_key_value()?.0,
         };
-        let entry = self.take(&key)?;
-        if let Some(fair) = &mut self.fair {
-            fair.charge(&entry.tenant, entry.cost);
-        }
-        Some(entry.item)
+        self.start(&key)
     }
 
     /// As [`pop_best`](Self::pop_best), preferring locality: with fair share, among the tenants
@@ -194,11 +195,7 @@ impl<T> Waitlist<T> {
         } else {
             first
         };
-        let entry = self.take(&key)?;
-        if let Some(fair) = &mut self.fair {
-            fair.charge(&entry.tenant, entry.cost);
-        }
-        Some(entry.item)
+        self.start(&key)
     }
 
     /// With fair share, the waiter that may borrow a slot past `capacity` (its tenant holds
@@ -206,11 +203,32 @@ impl<T> Waitlist<T> {
     /// for first come, or when every waiting tenant holds its share.
     pub fn pop_borrower(&mut self, capacity: usize) -> Option<T> {
         let key = self.fair.as_ref()?.next_under_share(capacity)?;
-        let entry = self.take(&key)?;
+        self.start(&key)
+    }
+
+    /// The waiter under `key` starts: taken out, its tenant charged its cost (and measured).
+    fn start(&mut self, key: &Key) -> Option<T> {
+        let (tenant, cost) = self
+            .waiters
+            .get(key)
+            .map(|e| (Arc::clone(&e.tenant), e.cost))?;
+        // Measured before it leaves: a tenant whose last waiter this is was still backlogged.
+        self.jain.started(&tenant, cost);
+        let entry = self.take(key)?;
         if let Some(fair) = &mut self.fair {
             fair.charge(&entry.tenant, entry.cost);
         }
         Some(entry.item)
+    }
+
+    /// A request of `tenant` costing `cost` starts without waiting (a free slot, or one lent):
+    /// served all the same, so its tenant's turn counts it, and it holds a slot.
+    pub fn start_at_once(&mut self, tenant: &str, cost: f64) {
+        self.jain.started(tenant, cost);
+        if let Some(fair) = &mut self.fair {
+            fair.charge(tenant, cost);
+        }
+        self.took_slot(tenant);
     }
 
     /// With fair share, whether `tenant` holds less than its equal share of `capacity` slots.
@@ -235,8 +253,9 @@ impl<T> Waitlist<T> {
     }
 
     /// Corrects `tenant`'s charge by `delta` once its request's real usage is known (the real
-    /// weighted tokens less the estimate charged when it went). No-op without fair share.
+    /// weighted tokens less the estimate charged when it went); first come only measures it.
     pub fn settle(&mut self, tenant: &str, delta: f64) {
+        self.jain.correct(tenant, delta);
         if let Some(fair) = &mut self.fair {
             fair.charge(tenant, delta);
         }
@@ -246,6 +265,11 @@ impl<T> Waitlist<T> {
     /// served first; `None` for first come.
     pub fn fair_backlog(&self) -> Option<Vec<(Arc<str>, f64, usize)>> {
         self.fair.as_ref().map(FairShare::backlog)
+    }
+
+    /// Jain's index of the service given to tenants backlogged whole windows ([`super::jain`]).
+    pub fn jain(&self) -> JainSummary {
+        self.jain.summary()
     }
 
     /// `tenant`'s weighted service so far (0 without fair share).
@@ -287,6 +311,7 @@ impl<T> Waitlist<T> {
         if let Some(fair) = &mut self.fair {
             fair.left(*key, &entry.tenant, entry.due);
         }
+        self.jain.left(&entry.tenant);
         Some(entry)
     }
 
@@ -306,6 +331,9 @@ impl<T> Waitlist<T> {
             for (key, entry) in &self.waiters {
                 fair.left(*key, &entry.tenant, entry.due);
             }
+        }
+        for entry in self.waiters.values() {
+            self.jain.left(&entry.tenant);
         }
         std::mem::take(&mut self.waiters)
             .into_values()
@@ -364,6 +392,27 @@ mod tests {
             due: None,
             prefix: &[],
         }
+    }
+
+    /// Three tenants kept waiting, `a` having sent ten times as many: first come serves them as
+    /// they arrived (Jain's index near 0.47 over the backlogged), fair share evenly (near 1).
+    #[test]
+    fn the_jain_meter_tells_first_come_from_fair_share_under_a_flood() {
+        let jain = |mut w: Waitlist<String>| {
+            for seq in 0..1200 {
+                let tenant = ["b", "c", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a"][seq % 12];
+                w.push_ticket(ticket(tenant, 100.0), format!("{tenant}{seq}"));
+            }
+            for _ in 0..crate::admission::jain::WINDOW_STARTS * 4 {
+                assert!(w.pop_best().is_some());
+            }
+            w.jain()
+        };
+        let fcfs = jain(Waitlist::new(None));
+        let fair = jain(Waitlist::fair(None));
+        assert_eq!((fcfs.windows, fair.windows), (4, 4));
+        assert!(fcfs.mean < 0.6, "{fcfs:?}");
+        assert!(fair.min > 0.95, "{fair:?}");
     }
 
     #[test]

@@ -157,6 +157,15 @@ pub struct TierSpec {
 }
 
 impl TierSpec {
+    /// The per-tenant limits the tier sets (the limiter's input; the simulator's too).
+    pub fn limits(&self) -> crate::limits::TierLimits {
+        crate::limits::TierLimits {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_concurrent: self.max_concurrent,
+        }
+    }
+
     /// True when the tier may call the model clients call `model`.
     pub fn allows_model(&self, model: &str) -> bool {
         self.models.iter().any(|m| m == "*" || m == model)

@@ -46,6 +46,16 @@ impl Gateway {
                 }
             }
         }
+        for pool in &self.live().pools {
+            // Only once a window had two tenants waiting throughout: before that there is
+            // nothing to compare, and a 1 would claim a fairness nobody tested.
+            if let Some(last) = pool.admission.1.jain().last {
+                self.metrics
+                    .fair_share_jain
+                    .with_label_values(&[&pool.name])
+                    .set(last.index);
+            }
+        }
         if let Some(l) = &self.ledger {
             use std::sync::atomic::Ordering::Relaxed;
             let c = &l.counters;

@@ -61,9 +61,12 @@ pub(super) async fn admit(
     let (_, queue) = &pool.admission;
     let depth = &pool.series.queue_depth;
     depth.set(queue.depth() as f64 + 1.0);
+    // Weighted at fair share's weights (the defaults under first come, which still measures
+    // how evenly it serves: `admission::jain`).
     let cost = queue
         .fair_share()
-        .map_or(0.0, |weights| weights.cost(tokens.0, tokens.1));
+        .unwrap_or_default()
+        .cost(tokens.0, tokens.1);
     let ticket = Ticket {
         priority: tier.priority,
         tenant,

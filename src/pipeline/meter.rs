@@ -11,7 +11,7 @@ use super::reservation::{Account, Usage};
 use crate::config::{Snapshot, TenantSpec, TierSpec};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::limits::{ConcurrencySlot, Rejection, Reservation, TierLimits};
+use crate::limits::{ConcurrencySlot, Rejection, Reservation};
 use crate::pipeline::validate::request::{PromptSize, ValidRequest};
 use crate::request_body::BodyHold;
 use crate::usage_check::UsageBounds;
@@ -24,15 +24,6 @@ pub(super) struct Metered {
     pub account: Box<Account>,
     /// The limiter's reservation.
     pub reservation: Reservation,
-}
-
-/// The limits the caller's tier sets.
-pub(super) fn tier_limits(tier: &TierSpec) -> TierLimits {
-    TierLimits {
-        requests_per_minute: tier.requests_per_minute,
-        tokens_per_minute: tier.tokens_per_minute,
-        max_concurrent: tier.max_concurrent,
-    }
 }
 
 /// Reserves `valid`'s cost for `tenant`: budgets first, then the rate limits (a refusal there
@@ -117,7 +108,7 @@ pub(super) async fn meter(
         },
         check: snapshot.usage_check,
     };
-    let limits = tier_limits(tier);
+    let limits = tier.limits();
     let reserve = prompt_tokens.saturating_add(completion_max);
     // Fleet mode: one round trip to Redis for the tenant's shared rate and concurrency.
     let acquired = match &gw.shared {

@@ -204,7 +204,7 @@ async fn run<B: RequestBody>(
     let tier = snapshot
         .tier(&tenant.tier)
         .ok_or_else(|| GatewayError::Internal(format!("tier `{}` missing", tenant.tier)))?;
-    let slot = ConcurrencySlot::take(gw.limiter.clone(), &tenant.name, &meter::tier_limits(tier))
+    let slot = ConcurrencySlot::take(gw.limiter.clone(), &tenant.name, &tier.limits())
         .map_err(|r| meter::rejection_error(r, 0))?;
 
     let deadline = admit::deadline(&parts.headers, tier)?;

@@ -395,12 +395,8 @@ async fn meter_reserves_tokens_and_refuses_past_the_minute() {
     let ctx = ctx::accept(&chat(HELLO), &gw.metrics);
     let body = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":600}"#;
     let reserve = |v: validate::Validated| {
-        let slot = crate::limits::ConcurrencySlot::take(
-            gw.limiter.clone(),
-            "acme",
-            &meter::tier_limits(tier),
-        )
-        .unwrap();
+        let slot = crate::limits::ConcurrencySlot::take(gw.limiter.clone(), "acme", &tier.limits())
+            .unwrap();
         let (gw, live, tenant, ctx) = (&gw, &live, &tenant, &ctx);
         async move {
             meter::meter(

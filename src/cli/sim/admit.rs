@@ -90,20 +90,26 @@ impl Admission {
         Ticket {
             priority: self.priority(tenant),
             tenant: tenant.unwrap_or(""),
-            cost: self.fair.map_or(0.0, |f| {
-                f.cost(w.prompt_tokens, u64::from(w.req.output_tokens))
-            }),
+            // Fair share's default weights under first come, which still measures fairness.
+            cost: self
+                .fair
+                .unwrap_or_default()
+                .cost(w.prompt_tokens, u64::from(w.req.output_tokens)),
             // Planned requests carry no deadline: a tenant's own go in arrival order.
             due: None,
             prefix: &[],
         }
     }
 
+    /// Jain's index of the queue's service to tenants backlogged whole windows.
+    pub(super) fn jain(&self) -> infergate::admission::jain::JainSummary {
+        self.waiters.jain()
+    }
+
     /// `w` goes to a worker without waiting: with fair share its tenant's turn counts it too.
     pub(super) fn served_at_once(&mut self, w: &Waiting) {
         let ticket = self.ticket(w);
-        self.waiters.settle(ticket.tenant, ticket.cost);
-        self.waiters.took_slot(ticket.tenant);
+        self.waiters.start_at_once(ticket.tenant, ticket.cost);
     }
 
     /// A waiter popped from the queue took its slot (with fair share, counted for borrowing).

@@ -143,6 +143,11 @@ pub struct SimArgs {
     /// share (`admission.fair_share.borrow_slots`). Default: the --gateway-config pool's, else 0.
     #[arg(long)]
     pub borrow_slots: Option<usize>,
+    /// Apply the per-tenant rate limits of the gateway config's tiers (requests and tokens per
+    /// minute; a workload tenant's tier as for the other checks) with the gateway's limiter on
+    /// virtual time: over them, a 429 (`extra.rate_limited`). Default: off.
+    #[arg(long)]
+    pub rate_limits: bool,
     /// Admission priority of a workload tenant, TENANT=PRIORITY (higher first; repeatable;
     /// tenants not named get 0). Also the tier degradation applies to: the tenant's name.
     #[arg(long = "tier", value_parser = parse_tier)]
@@ -206,6 +211,7 @@ impl SimArgs {
         c.max_wait = self.max_wait.unwrap_or(Duration::from_secs(30));
         c.priorities = self.tiers.iter().cloned().collect();
         c.fair_share = self.fair_share_flag().flatten();
+        c.rate_limits = self.rate_limits;
         c.fair_share = self.with_window(c.fair_share);
         c
     }

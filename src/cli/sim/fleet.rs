@@ -13,6 +13,7 @@ use std::collections::{BinaryHeap, HashMap};
 use super::admit::{Admission, QueueKey, Waiting};
 use super::degradation::SimDegradation;
 use super::gate::Gate;
+use super::rate_limits::SimLimits;
 use super::record::{Live, refused};
 use super::sink::Note;
 use super::worker::{SimWorker, WorkerStats};
@@ -91,6 +92,8 @@ pub(super) struct Fleet {
     degradation: Option<SimDegradation>,
     /// The gateway's and the engines' refusals before any queue; `None` = none modelled.
     gate: Option<Gate>,
+    /// The tiers' rate limits (`--rate-limits`); `None` = not modelled.
+    rate: Option<SimLimits>,
     /// Admission refusals: queue full (or evicted), waited too long.
     queue_full: u64,
     queue_timeouts: u64,
@@ -138,6 +141,7 @@ impl Fleet {
             admission: Admission::off(),
             degradation: None,
             gate: None,
+            rate: None,
             queue_full: 0,
             queue_timeouts: 0,
             heap: BinaryHeap::new(),
@@ -178,6 +182,12 @@ impl Fleet {
     /// Degrades requests by tier under `degradation`, ticking on virtual time.
     pub(super) fn with_degradation(mut self, degradation: Option<SimDegradation>) -> Self {
         self.degradation = degradation;
+        self
+    }
+
+    /// Applies the gate's tiers' per-tenant rate limits when `on` (needs a gate).
+    pub(super) fn with_rate_limits(mut self, on: bool) -> Self {
+        self.rate = on.then(SimLimits::new);
         self
     }
 
@@ -238,12 +248,23 @@ impl Fleet {
                 0.0
             };
             extra.push(("admission_queue_mean", mean));
+            // Jain's index over the tenants the queue kept waiting whole windows (the gateway's
+            // `infergate_fair_share_jain_index`): mean and least over windows that had two.
+            let jain = self.admission.jain();
+            extra.push(("jain_backlogged_windows", jain.windows as f64));
+            if jain.windows > 0 {
+                extra.push(("jain_backlogged_mean", jain.mean));
+                extra.push(("jain_backlogged_min", jain.min));
+            }
         }
         if let Some(d) = &self.degradation {
             extra.extend(d.extra());
         }
         if let Some(g) = &self.gate {
             extra.extend(g.extra());
+        }
+        if let Some(r) = &self.rate {
+            extra.extend(r.extra());
         }
         Outcome {
             records: self.records,
@@ -305,6 +326,16 @@ impl Fleet {
             self.refuse(req, t, refused.status, prompt_tokens, t);
             return;
         }
+        // Metered next: the tier's rate limits reserve prompt plus `max_tokens`.
+        if let (Some(rate), Some(g)) = (&mut self.rate, &self.gate) {
+            let tenant = req.tenant.as_deref();
+            let tokens = prompt_tokens + u64::from(req.output_tokens);
+            let limits = g.limits_of(tenant);
+            if let Some(status) = rate.admit(req.id, tenant.unwrap_or(""), &limits, tokens, t) {
+                self.refuse(req, t, status, prompt_tokens, t);
+                return;
+            }
+        }
         if !self.admission.is_on() && self.max_queue > 0 {
             let queued: usize = self.workers.iter().map(SimWorker::queued).sum();
             if queued >= self.max_queue {
@@ -353,6 +384,9 @@ impl Fleet {
 
     /// Records `req`, sent at `arrival`, as refused with `status` at `now` before reaching a worker.
     fn refuse(&mut self, req: PlannedRequest, arrival: f64, status: u16, prompt: u64, now: f64) {
+        if let Some(rate) = &mut self.rate {
+            rate.settle(req.id, 0, now);
+        }
         let asked = u64::from(req.output_tokens);
         let who = (req.tenant, req.class);
         let mut record = refused(req.id, arrival, status, who, (prompt, asked));
@@ -556,6 +590,13 @@ impl Fleet {
                 continue;
             };
             self.admission.gave_slot(live.tenant());
+            if let Some(rate) = &mut self.rate {
+                let used = ended
+                    .1
+                    .as_ref()
+                    .map_or(0, |i| (i.prompt_tokens + i.completion_tokens) as u64);
+                rate.settle(id, used, now);
+            }
             if let Some(info) = ended.1.as_ref() {
                 self.cached_tokens += info.cached_tokens as u64;
                 self.policy.feedback(

@@ -199,6 +199,15 @@ impl Gate {
             .unwrap_or(0)
     }
 
+    /// The per-tenant limits of `tenant`'s tier (see [`Gate::tier`]).
+    pub(super) fn limits_of(&self, tenant: Option<&str>) -> infergate::limits::TierLimits {
+        self.snapshot
+            .tiers
+            .get(self.tier(tenant))
+            .map(|t| t.limits())
+            .unwrap_or_default()
+    }
+
     /// The gateway's answer to `req` before any upstream work: `None` when it forwards it.
     /// Runs [`Gate::check_whole`] unless cheap bounds show its answer (see the module notes).
     pub(super) fn check(&mut self, req: &PlannedRequest) -> Option<Refused> {

@@ -16,6 +16,7 @@ mod degradation;
 mod engines;
 mod fleet;
 mod gate;
+mod rate_limits;
 mod record;
 mod sink;
 mod spawn;
@@ -89,6 +90,9 @@ pub struct SimConfig {
     pub fair_share: Option<infergate::admission::FairWeights>,
     /// Graded degradation by tier (tier = tenant name) on virtual time; `None` = off (default).
     pub degradation: Option<DegradationPolicy>,
+    /// Apply the gateway config's per-tenant rate limits (each tenant's tier's requests and
+    /// tokens per minute) on virtual time with the gateway's limiter. Default false.
+    pub rate_limits: bool,
     /// Tokens per KV block (default 16).
     pub block_size: usize,
     /// Share of GPU memory the engine may use (default 0.9).
@@ -124,6 +128,7 @@ impl Default for SimConfig {
             priorities: BTreeMap::new(),
             fair_share: None,
             degradation: None,
+            rate_limits: false,
             block_size: 16,
             gpu_memory_utilization: 0.9,
             chat_template: true,
@@ -194,7 +199,8 @@ pub fn simulate(
     .with_chat_template(cfg.chat_template)?
     .with_admission(admission)
     .with_degradation(cfg.degradation.clone().map(SimDegradation::new))
-    .with_gate(Some(gate));
+    .with_gate(Some(gate))
+    .with_rate_limits(cfg.rate_limits);
     let outcome = fleet.run();
 
     let gpus = match cfg.tensor_parallel_size {

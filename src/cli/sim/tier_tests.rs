@@ -156,3 +156,89 @@ fn a_degradation_file_gives_pool_local_or_the_only_pool() {
     assert!(load_policy(&dir.join("missing.yaml")).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `noisy-neighbour` on one worker of 16 slots, 120 s: `a` sends 20 of its 24 requests/s.
+fn noisy(cfg: &SimConfig) -> Report {
+    let w = workload::load("noisy-neighbour").expect("shipped");
+    let o = Overrides {
+        duration: Some(Duration::from_secs(120)),
+        ..Overrides::default()
+    };
+    simulate(cfg, &w, &o, &policy_config("least_load").expect("known"))
+        .expect("runs")
+        .report
+}
+
+fn noisy_fleet(gateway: Option<Box<Snapshot>>) -> SimConfig {
+    SimConfig {
+        workers: 1,
+        admission_per_worker: 16,
+        max_queue: 256,
+        max_wait: Duration::from_secs(60),
+        gateway,
+        ..SimConfig::default()
+    }
+}
+
+/// Tenant `a` on a tier of 300k tokens per minute (about 9 of its 20 requests/s), `b` and `c`
+/// unlimited: the three comparisons of issue 45 in one place. First come serves the backlog in
+/// arrival order (Jain's index over the backlogged near 0.47); rate limits alone refuse `a` only,
+/// and only once its minute's burst is spent; fair share turns the same flood into equal turns.
+#[test]
+fn first_come_rate_limits_and_fair_share_on_a_noisy_neighbour() {
+    let key = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let config = format!(
+        "models: [{{name: llama-3-8b, pool: local}}]\n\
+         pools: [{{name: local, workers: [{{url: \"http://127.0.0.1:9\"}}]}}]\n\
+         tenants:\n  - {{name: a, tier: heavy, keys: [\"{}\"]}}\n  \
+         - {{name: b, tier: std, keys: [\"{}\"]}}\n  - {{name: c, tier: std, keys: [\"{}\"]}}\n",
+        key('a'),
+        key('b'),
+        key('c')
+    );
+    let tiers = "tiers:\n  heavy: {tokens_per_minute: 300000}\n  std: {}\n";
+    let snapshot = infergate::config::load_str_with(
+        &config,
+        Path::new("infergate.yaml"),
+        None,
+        Some((tiers, Path::new("policies/tenants.yaml"))),
+    )
+    .expect("valid config");
+
+    let fcfs = noisy(&noisy_fleet(Some(Box::new(snapshot.clone()))));
+    assert_eq!(fcfs.extra.get("rate_limited"), None);
+    assert!(
+        fcfs.extra["jain_backlogged_windows"] > 10.0,
+        "{:?}",
+        fcfs.extra
+    );
+    assert!(fcfs.extra["jain_backlogged_mean"] < 0.7, "{:?}", fcfs.extra);
+
+    let limited = noisy(&SimConfig {
+        rate_limits: true,
+        ..noisy_fleet(Some(Box::new(snapshot)))
+    });
+    let (a, b) = (&limited.by_tenant["a"], &limited.by_tenant["b"]);
+    let refused = limited.extra["rate_limited"];
+    assert!(refused > 100.0, "{:?}", limited.extra);
+    // Only `a`'s tier is limited: every rate refusal is one of its requests.
+    assert!((a.requests - a.ok) as f64 >= refused, "{a:?}");
+    // Refused past its limit, `a` leaves the worker to the others: they wait less.
+    assert!(b.ttft_p50 < fcfs.by_tenant["b"].ttft_p50, "{b:?}");
+
+    let fair = noisy(&SimConfig {
+        fair_share: Some(infergate::admission::FairWeights {
+            borrow_slots: 4,
+            ..Default::default()
+        }),
+        ..noisy_fleet(None)
+    });
+    assert!(
+        fair.by_tenant["b"].ttft_p99 < fcfs.by_tenant["b"].ttft_p99 / 10.0,
+        "fair {} vs first come {}",
+        fair.by_tenant["b"].ttft_p99,
+        fcfs.by_tenant["b"].ttft_p99
+    );
+    assert!(fair.tokens_out_per_s >= 0.95 * fcfs.tokens_out_per_s);
+    assert_eq!(fair.extra.get("rate_limited"), None);
+}
