@@ -5,8 +5,10 @@
 //! two such tenants has nothing to compare. 1 when the backlogged tenants got equal service,
 //! towards 1/n as one takes the others' turns. First come and fair share are measured alike.
 //!
-//! Pure bookkeeping fed by the [`super::waitlist::Waitlist`]; the clock is the count of
-//! requests started, so the simulator and the gateway measure the same thing the same way.
+//! A window opens at the first start after the queue was empty, so a flood is measured from
+//! its beginning. Pure bookkeeping fed by the [`super::waitlist::Waitlist`]; the clock is the
+//! count of requests started, so the simulator and the gateway measure the same thing the same
+//! way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -87,6 +89,13 @@ impl JainMeter {
     pub fn started(&mut self, tenant: &str, service: f64) {
         self.add(tenant, service);
         self.starts += 1;
+        if self.backlog.is_empty() {
+            // Nobody waits: nobody can be backlogged for this window. The next window opens
+            // with the next wait, so a flood is measured from its first start.
+            self.opened = self.starts;
+            self.served.clear();
+            return;
+        }
         if self.starts - self.opened >= WINDOW_STARTS {
             self.close();
         }
@@ -252,6 +261,27 @@ mod tests {
         let last = m.summary().last.unwrap();
         assert_eq!(last.tenants, 2);
         assert!(last.index < 0.6, "{last:?}");
+    }
+
+    /// A request started with nobody waiting (a free slot) restarts the window: the flood
+    /// queued behind it is measured from its first start.
+    #[test]
+    fn a_window_opens_with_the_flood_not_before_it() {
+        let mut m = JainMeter::default();
+        let (a, b) = (t("a"), t("b"));
+        m.started(&a, 1.0);
+        for _ in 0..WINDOW_STARTS {
+            m.joined(&a);
+            m.joined(&b);
+        }
+        for i in 0..WINDOW_STARTS {
+            let who = if i % 2 == 0 { &a } else { &b };
+            m.started(who, 1.0);
+            m.left(who);
+        }
+        let s = m.summary();
+        assert_eq!(s.windows, 1, "{s:?}");
+        assert!(s.min > 0.999, "{s:?}");
     }
 
     #[test]

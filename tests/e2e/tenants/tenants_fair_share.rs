@@ -170,3 +170,84 @@ async fn a_tenant_under_its_share_borrows_a_slot_instead_of_waiting_for_the_heav
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     }
 }
+
+/// Queues `flood` (tenant names in arrival order, each waiting before the next is sent) behind
+/// a request that holds the pool's only slot, lets it drain, and returns the pool's
+/// `admission.jain` from `/admin/status` and `infergate_fair_share_jain_index` from `/metrics`.
+async fn jain_after(fair_share: bool, flood: &[&str]) -> (serde_json::Value, f64) {
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    let fair = if fair_share { ", fair_share: {}" } else { "" };
+    let admission = format!("{{max_in_flight_per_worker: 1, max_queue: 200, max_wait: 60s{fair}}}");
+    let gw = Gw::start(&Setup {
+        workers: &[&engine.url],
+        admission: Some(&admission),
+        tenants: &[("a", "std"), ("b", "std"), ("c", "std")],
+        tiers: "tiers:\n  std: {priority: 1}\n",
+        ..Setup::default()
+    })
+    .await;
+    let url = gw.at("/v1/completions");
+    let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
+    let spawn = |tenant: &str, max_tokens: u64| {
+        let (url, key) = (url.clone(), key_of(tenant));
+        let body = completion("a request of the same length", max_tokens);
+        tokio::spawn(async move { post(&url, Some(&key), &body).await })
+    };
+    // ~4 s on an L4: long enough to queue the whole flood behind it in a known order.
+    let occupier = spawn("a", 60);
+    engine
+        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
+            v == 1.0
+        })
+        .await;
+    let mut waiting = Vec::new();
+    for (n, tenant) in flood.iter().enumerate() {
+        waiting.push(spawn(tenant, 1));
+        gw.expect_metric(&depth, (n + 1) as f64, Duration::from_secs(10))
+            .await;
+    }
+    assert!(
+        !occupier.is_finished(),
+        "the slot was free before the flood was queued: the order is unknown"
+    );
+    for task in waiting.into_iter().chain([occupier]) {
+        let reply = task.await.expect("request");
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    }
+    let status = gw.status().await;
+    let jain = status["pools"][0]["admission"]["jain"].clone();
+    let gauge = format!("infergate_fair_share_jain_index{{pool=\"{POOL}\"}}");
+    (jain, gw.metric(&gauge).await)
+}
+
+/// The queue measures how evenly it serves the tenants it keeps waiting (Jain's index over a
+/// window of 64 starts): first come, serving a flood in arrival order, scores low; fair share,
+/// giving the same three backlogged tenants equal turns, scores 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_measures_how_evenly_it_serves_its_backlogged_tenants() {
+    // First come: `a` sent four of every six; when the window closes `b` and `c` still wait.
+    let flood: Vec<&str> = ["a", "a", "a", "a", "b", "c"]
+        .iter()
+        .copied()
+        .cycle()
+        .take(72)
+        .collect();
+    let (jain, gauge) = jain_after(false, &flood).await;
+    let last = &jain["last"];
+    assert_eq!(last["tenants"], 3, "{jain}");
+    let index = last["index"].as_f64().expect("an index");
+    assert!(index < 0.8, "first come scored {index}: {jain}");
+    assert_eq!(gauge, index, "the gauge shows the last window");
+
+    // Fair share: the same kind of flood, `b` and `c` with enough to stay backlogged.
+    let flood: Vec<&str> = ["a", "a", "b", "c"]
+        .iter()
+        .copied()
+        .cycle()
+        .take(96)
+        .collect();
+    let (jain, gauge) = jain_after(true, &flood).await;
+    assert!(jain["windows"].as_u64() >= Some(1), "{jain}");
+    assert!(jain["min"].as_f64() > Some(0.95), "fair share: {jain}");
+    assert!(gauge > 0.95, "{gauge}");
+}
