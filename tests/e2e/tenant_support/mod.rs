@@ -44,6 +44,8 @@ pub struct Setup<'a> {
     pub tenants: &'a [(&'a str, &'a str)],
     /// The whole `policies/tenants.yaml`.
     pub tiers: &'a str,
+    /// The pool's routing policy (default `least_load`).
+    pub policy: Option<&'a str>,
 }
 
 impl Setup<'_> {
@@ -89,7 +91,10 @@ impl Setup<'_> {
         dir.write("policies/tenants.yaml", self.tiers);
         dir.write(
             "policies/routing.yaml",
-            &format!("pools:\n  {POOL}:\n    policy: least_load\n"),
+            &format!(
+                "pools:\n  {POOL}:\n    policy: {}\n",
+                self.policy.unwrap_or("least_load")
+            ),
         );
         dir.write("infergate.yaml", &self.config_yaml())
     }

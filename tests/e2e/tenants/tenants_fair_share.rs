@@ -13,6 +13,7 @@ use tenant_support::{Gw, POOL, Setup, completion, key_of, post};
 use tokio::task::JoinSet;
 
 use common::Engine;
+use common::gateway::eventually;
 
 /// Where `name` finished in `order`.
 fn rank(order: &[String], name: &str) -> usize {
@@ -250,4 +251,99 @@ async fn the_queue_measures_how_evenly_it_serves_its_backlogged_tenants() {
     assert!(jain["windows"].as_u64() >= Some(1), "{jain}");
     assert!(jain["min"].as_f64() > Some(0.95), "fair share: {jain}");
     assert!(gauge > 0.95, "{gauge}");
+}
+
+/// Which of two waiting requests a freed slot goes to: tenant `a`'s, cold, queued first and
+/// first in the turn order, or `b`'s, whose prompt prefix the freed worker holds. Two workers of
+/// one slot, both held by `a` (the one holding `b`'s prefix for the shorter time). Returns the
+/// tenants in the order their queued requests finished.
+async fn locality_order(window: u32) -> Vec<&'static str> {
+    let engines = [
+        Engine::start(&["--gpu", "l4"]).await,
+        Engine::start(&["--gpu", "l4"]).await,
+    ];
+    let admission = format!(
+        "{{max_in_flight_per_worker: 1, max_queue: 10, max_wait: 60s, \
+         fair_share: {{locality_window: {window}}}}}"
+    );
+    let gw = Gw::start(&Setup {
+        workers: &[&engines[0].url, &engines[1].url],
+        admission: Some(&admission),
+        tenants: &[("a", "std"), ("b", "std")],
+        tiers: "tiers:\n  std: {priority: 1}\n",
+        // The policy whose prefix index is the queue's view.
+        policy: Some("prefix"),
+        ..Setup::default()
+    })
+    .await;
+    let url = gw.at("/v1/completions");
+    let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
+    let running = || async {
+        let mut n = 0.0;
+        for e in &engines {
+            n += e.metric_or_zero("vllm:num_requests_running").await;
+        }
+        n
+    };
+    let spawn = |tenant: &'static str, prompt: String, max_tokens: u64| {
+        let (url, key) = (url.clone(), key_of(tenant));
+        let body = completion(&prompt, max_tokens);
+        tokio::spawn(async move { (tenant, post(&url, Some(&key), &body).await) })
+    };
+    let shared: String = (0..60)
+        .map(|i| format!("clause{i} of the shared contract "))
+        .collect();
+    // `b` warms one worker with its long prefix (the router indexes it there).
+    let (_, warm) = spawn("b", format!("{shared} summary one"), 1)
+        .await
+        .expect("warm-up");
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text);
+    // `a` holds that worker (its prompt has the prefix, so it goes there) for ~2 s, and the
+    // other for ~4 s. Its settled usage leaves it just ahead of `b` in the turn order.
+    let near = spawn("a", format!("{shared} hold this one"), 30);
+    eventually(
+        "a's first request running",
+        Duration::from_secs(10),
+        || async { (running().await == 1.0).then_some(()) },
+    )
+    .await;
+    let far = spawn("a", "hold the other slot".into(), 60);
+    eventually("both slots held", Duration::from_secs(10), || async {
+        (running().await == 2.0).then_some(())
+    })
+    .await;
+    let cold = spawn("a", "an unrelated question about rivers".into(), 2);
+    gw.expect_metric(&depth, 1.0, Duration::from_secs(10)).await;
+    let hot = spawn("b", format!("{shared} summary two"), 2);
+    gw.expect_metric(&depth, 2.0, Duration::from_secs(10)).await;
+    assert!(
+        !near.is_finished() && !far.is_finished(),
+        "a slot freed before both were queued"
+    );
+    let mut order = Vec::new();
+    let mut tasks = JoinSet::from_iter([cold, hot]);
+    while let Some(done) = tasks.join_next().await {
+        let (tenant, reply) = done.expect("join").expect("request");
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        order.push(tenant);
+    }
+    for task in [near, far] {
+        let (_, reply) = task.await.expect("request");
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    }
+    order
+}
+
+/// Locality within fairness, live: when `b`'s first request frees its worker, with strict turns
+/// (`locality_window: 0`) the slot goes to `a`, ahead in the turn order, and `b` waits for the
+/// other worker; within a window it goes to `b`, whose prefix the freed worker holds by the
+/// router's own index (a cache hit instead of a cold prefill elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn within_the_window_the_freed_slot_goes_to_the_request_whose_prefix_it_holds() {
+    assert_eq!(locality_order(0).await, ["a", "b"], "strict turns");
+    assert_eq!(
+        locality_order(100_000).await,
+        ["b", "a"],
+        "locality within the window"
+    );
 }

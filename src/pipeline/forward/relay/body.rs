@@ -203,6 +203,19 @@ impl ProxyBody {
                 Ending::ClientGone => (false, true),
             };
             self.judge(ending);
+            let r = &self.report;
+            let now = Instant::now();
+            r.series
+                .e2e
+                .observe(now.duration_since(r.started).as_secs_f64());
+            // Read to its end, the answer left the connection clean for the next request.
+            if let (Some(conn), Some(guard), true) = (self.conn.take(), &self.guard, completed) {
+                guard.worker().conns.put(conn, now);
+            }
+            // The worker is free before the end hook frees the admission slot: the queue then
+            // sees it free when it picks who goes next (fair share's locality view).
+            self.guard = None;
+            self.prefill = None;
             if let Some(on_end) = self.on_end.take() {
                 on_end(EndReport {
                     worker: std::mem::take(&mut self.report.worker),
@@ -220,17 +233,6 @@ impl ProxyBody {
                     capture: self.tap.capture.take(),
                 });
             }
-            let r = &self.report;
-            let now = Instant::now();
-            r.series
-                .e2e
-                .observe(now.duration_since(r.started).as_secs_f64());
-            // Read to its end, the answer left the connection clean for the next request.
-            if let (Some(conn), Some(guard), true) = (self.conn.take(), &self.guard, completed) {
-                guard.worker().conns.put(conn, now);
-            }
-            self.guard = None;
-            self.prefill = None;
         }
     }
 
