@@ -4,6 +4,7 @@
 
 mod canary;
 mod degradation;
+mod prompt_drift;
 mod quality;
 mod quality_canary;
 mod regression;
