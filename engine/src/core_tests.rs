@@ -953,9 +953,15 @@ fn a_scripted_answer_emits_its_tokens_and_counts_them() {
     let c = h.submit(1, prompt(1, 20), looping, usize::MAX);
     h.run(100);
     c.assert_well_formed();
-    assert_eq!(c.tokens(), [1_001, 1_002, 1_001, 1_002, 1_001, 1_002, 1_001]);
+    assert_eq!(
+        c.tokens(),
+        [1_001, 1_002, 1_001, 1_002, 1_001, 1_002, 1_001]
+    );
     let info = c.finished().unwrap();
-    assert_eq!((info.reason, info.completion_tokens), (FinishReason::Length, 7));
+    assert_eq!(
+        (info.reason, info.completion_tokens),
+        (FinishReason::Length, 7)
+    );
 
     // A one-off script ends with EOS after its tokens; an empty one at once.
     for (script, want) in [(vec![1_005, 1_006], 2), (vec![], 0)] {
@@ -974,6 +980,9 @@ fn a_scripted_answer_emits_its_tokens_and_counts_them() {
         c.assert_well_formed();
         assert_eq!(c.tokens(), script);
         let info = c.finished().unwrap();
-        assert_eq!((info.reason, info.completion_tokens), (FinishReason::Stop, want));
+        assert_eq!(
+            (info.reason, info.completion_tokens),
+            (FinishReason::Stop, want)
+        );
     }
 }

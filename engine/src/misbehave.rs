@@ -205,7 +205,11 @@ mod tests {
             longer_answers: false,
         };
         let m = misbehave(rates);
-        let count = |kind: Kind| (1..=20_000).filter(|&n| m.kind(n, true) == Some(kind)).count();
+        let count = |kind: Kind| {
+            (1..=20_000)
+                .filter(|&n| m.kind(n, true) == Some(kind))
+                .count()
+        };
         for (kind, rate) in [
             (Kind::Repeat, 0.05),
             (Kind::Empty, 0.1),
@@ -245,7 +249,10 @@ mod tests {
         });
         let text = decode(&repeat, 64);
         assert!(text.matches(LOOP_PHRASE).count() >= 8, "{text}");
-        assert!(repeat.token_at(10_000).is_some(), "a loop never ends by itself");
+        assert!(
+            repeat.token_at(10_000).is_some(),
+            "a loop never ends by itself"
+        );
 
         let empty = all(MisbehaveRates {
             empty: 1.0,

@@ -31,13 +31,16 @@ const WORDS: [&str; 16] = [
 
 /// A prompt of about `words` tokens (plus the chat template's few).
 fn prompt(words: usize) -> String {
-    (0..words).map(|i| WORDS[i % WORDS.len()]).collect::<Vec<_>>().join(" ")
+    (0..words)
+        .map(|i| WORDS[i % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The steady mix: request `i` has about 30 prompt tokens when even, about 80 when odd (the
 /// [32, 64) and [64, 128) bins with the template), so any window holds both halves alike.
 fn steady(i: usize) -> usize {
-    if i % 2 == 0 { 30 } else { 80 }
+    if i.is_multiple_of(2) { 30 } else { 80 }
 }
 
 /// Sends `count` requests as `key` from [`CLIENTS`] kept-alive clients, request `i` with a
@@ -84,7 +87,10 @@ async fn one_tenants_longer_prompts_raise_its_psi_and_not_the_other_tenants() {
     let config = read("infergate.yaml");
     let windows = "    window: 200 ";
     let counts = "    min_count: 100 ";
-    assert!(config.contains(windows) && config.contains(counts), "{config}");
+    assert!(
+        config.contains(windows) && config.contains(counts),
+        "{config}"
+    );
     let dir = TempDir::new("prompt-drift");
     dir.write_config(
         &config

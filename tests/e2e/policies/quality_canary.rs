@@ -44,7 +44,10 @@ async fn serve(healthy: bool) -> (Gateway, TempDir) {
     };
     let mut config = read("infergate.yaml");
     let fault = ", \"--fault-repeat-rate\", \"0.05\"";
-    assert!(config.contains(fault), "the scenario's canary has its fault");
+    assert!(
+        config.contains(fault),
+        "the scenario's canary has its fault"
+    );
     if healthy {
         config = config.replace(fault, "");
     }
@@ -93,7 +96,8 @@ impl Load {
                     let mut answered = 0;
                     while !stop.load(Ordering::Relaxed) {
                         let session = format!("s-{}", next.fetch_add(1, Ordering::Relaxed));
-                        let headers = [("authorization", auth.as_str()), ("x-session-id", &session)];
+                        let headers =
+                            [("authorization", auth.as_str()), ("x-session-id", &session)];
                         let reply = conn
                             .send_with(
                                 Method::POST,
@@ -167,9 +171,13 @@ async fn a_faster_canary_that_loops_in_5_percent_of_answers_is_rolled_back_for_r
     assert!(reason.contains("one-sided two-proportion z ="), "{reason}");
     assert_eq!(s["weights"], json!([["stable", 100], ["canary", 0]]), "{s}");
     // Nothing else: the canary is as error-free and at least as fast as stable.
-    assert!(!reason.contains("error rate") && !reason.contains("p99"), "{reason}");
+    assert!(
+        !reason.contains("error rate") && !reason.contains("p99"),
+        "{reason}"
+    );
     let metrics = gw.metrics().await;
-    let promotes = format!("infergate_canary_decisions_total{{model=\"{MODEL}\",decision=\"promote\"}}");
+    let promotes =
+        format!("infergate_canary_decisions_total{{model=\"{MODEL}\",decision=\"promote\"}}");
     assert_eq!(common::find_metric(&metrics, &promotes).unwrap_or(0.0), 0.0);
     let loops = |version: &str| {
         common::find_metric(
@@ -191,9 +199,16 @@ async fn the_same_canary_without_the_fault_is_promoted() {
     let (s, took) = first_verdict(&gw).await;
     let d = &s["last_decision"];
     assert_eq!(d["decision"], "promote", "{s}");
-    assert_eq!((d["from"].as_u64(), d["to"].as_u64()), (Some(50), Some(100)), "{s}");
+    assert_eq!(
+        (d["from"].as_u64(), d["to"].as_u64()),
+        (Some(50), Some(100)),
+        "{s}"
+    );
     assert_eq!(s["weights"], json!([["stable", 0], ["canary", 100]]), "{s}");
     let reason = d["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("quality over"), "quality was compared: {reason}");
+    assert!(
+        reason.contains("quality over"),
+        "quality was compared: {reason}"
+    );
     eprintln!("promoted {took:?} after the load started: {reason}");
 }
