@@ -133,9 +133,26 @@ pub struct EngineArgs {
     /// Fault: exit the process abruptly when the Nth request arrives.
     #[arg(long)]
     pub fault_crash_after: Option<u64>,
-    /// Fault: seed of the error-rate draw.
+    /// Fault: seed of the error-rate and misbehaviour draws.
     #[arg(long, default_value_t = 0)]
     pub fault_seed: u64,
+    /// Quality fault: share of answers that loop over one short phrase until `max_tokens`
+    /// (finish reason `length`).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_repeat_rate: f64,
+    /// Quality fault: share of answers with no content (finish reason `stop`, 0 tokens).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_empty_rate: f64,
+    /// Quality fault: share of answers that are a refusal ("I'm sorry, but I can't help ...").
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_refusal_rate: f64,
+    /// Quality fault: share of answers to requests giving `response_format` that are JSON cut
+    /// off mid-object.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_broken_json_rate: f64,
+    /// Quality fault: every answer ignores EOS and runs to `max_tokens`.
+    #[arg(long)]
+    pub fault_longer_answers: bool,
     /// Exit when standard input closes: set by a supervising gateway so that workers never
     /// outlive it, even when it is killed without a chance to stop them.
     #[arg(long, hide = true)]

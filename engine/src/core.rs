@@ -295,9 +295,18 @@ impl EngineCore {
                 seq.finish = Some(FinishReason::Length);
                 continue;
             }
-            let sampled = self.backend.sample(seq);
-            let token = sampled.token;
+            let mut sampled = self.backend.sample(seq);
             let stop_ok = !seq.params.ignore_eos && seq.num_output() >= seq.params.min_tokens;
+            if let Some(script) = &seq.params.script {
+                // A quality fault: the script's token instead (its logprob stays the sampled
+                // one's); where the script ends but may not stop yet, sampling goes on.
+                match script.token_at(seq.num_output()) {
+                    Some(t) => sampled.token = t,
+                    None if stop_ok => sampled.token = self.backend.eos_token(),
+                    None => {}
+                }
+            }
+            let token = sampled.token;
             if self.backend.is_eos(token) && stop_ok {
                 seq.finish = Some(FinishReason::Stop);
                 continue;

@@ -935,3 +935,54 @@ fn finish_info_carries_batch_sizes_and_phase_times_for_the_flight_record() {
         u64::from(info.eager_steps + info.graph_steps)
     );
 }
+
+#[test]
+fn a_scripted_answer_emits_its_tokens_and_counts_them() {
+    use crate::misbehave::Script;
+    // A loop runs to max_tokens whatever EOS the sampler draws (mean output of 1 token).
+    let looping = SamplingParams {
+        max_tokens: 7,
+        seed: Some(3),
+        script: Some(Arc::new(Script::Cycle(vec![1_001, 1_002]))),
+        ..SamplingParams::default()
+    };
+    let mut h = Harness::new(Setup {
+        mean_output_tokens: 1.0,
+        ..Setup::default()
+    });
+    let c = h.submit(1, prompt(1, 20), looping, usize::MAX);
+    h.run(100);
+    c.assert_well_formed();
+    assert_eq!(
+        c.tokens(),
+        [1_001, 1_002, 1_001, 1_002, 1_001, 1_002, 1_001]
+    );
+    let info = c.finished().unwrap();
+    assert_eq!(
+        (info.reason, info.completion_tokens),
+        (FinishReason::Length, 7)
+    );
+
+    // A one-off script ends with EOS after its tokens; an empty one at once.
+    for (script, want) in [(vec![1_005, 1_006], 2), (vec![], 0)] {
+        let once = SamplingParams {
+            max_tokens: 50,
+            seed: Some(3),
+            script: Some(Arc::new(Script::Once(script.clone()))),
+            ..SamplingParams::default()
+        };
+        let mut h = Harness::new(Setup {
+            mean_output_tokens: 1_000.0,
+            ..Setup::default()
+        });
+        let c = h.submit(2, prompt(2, 20), once, usize::MAX);
+        h.run(100);
+        c.assert_well_formed();
+        assert_eq!(c.tokens(), script);
+        let info = c.finished().unwrap();
+        assert_eq!(
+            (info.reason, info.completion_tokens),
+            (FinishReason::Stop, want)
+        );
+    }
+}

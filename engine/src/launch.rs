@@ -62,6 +62,8 @@ pub struct Engine {
     pub metrics: Arc<EngineMetrics>,
     /// Injected faults.
     pub faults: Faults,
+    /// Injected quality faults (answers that are worse on purpose).
+    pub misbehave: crate::misbehave::Misbehave,
     /// Prompt tokenizer.
     pub tokenizer: EngineTokenizer,
     /// Token ids below this are valid in prompts.
@@ -426,6 +428,17 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         return Err("--kv-protected-fraction must be between 0 and 1".into());
     }
 
+    let misbehave = crate::misbehave::Misbehave::new(
+        crate::misbehave::MisbehaveRates {
+            repeat: args.fault_repeat_rate,
+            empty: args.fault_empty_rate,
+            refusal: args.fault_refusal_rate,
+            broken_json: args.fault_broken_json_rate,
+            longer_answers: args.fault_longer_answers,
+        },
+        args.fault_seed,
+        &parts.tokenizer,
+    )?;
     let served_names = if args.served_model_name.is_empty() {
         vec![parts.default_name.clone()]
     } else {
@@ -512,6 +525,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
             crash_after: args.fault_crash_after,
             seed: args.fault_seed,
         },
+        misbehave,
         tokenizer: parts.tokenizer,
         vocab_size: parts.vocab_size,
         chat_template: parts.chat_template,

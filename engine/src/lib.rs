@@ -5,9 +5,9 @@
 //! - **Serving**: [`server`] (the worker's HTTP server, built by [`launch`] from [`args`]),
 //!   [`edge`] (the tower layers every request crosses: body limits, timeouts, the drain; shared
 //!   with the gateway), [`openai`] (wire types, parsing, validation, chat templates),
-//!   [`embeddings`], [`metrics`] (vLLM's metric names), [`kv_events`] (which prefix keys this
-//!   worker holds, for a router) and [`flight`] (each request's flight record, carried back with
-//!   its answer).
+//!   [`embeddings`], [`metrics`] (vLLM's metric names), [`misbehave`] (quality faults for
+//!   tests), [`kv_events`] (which prefix keys this worker holds, for a router) and [`flight`]
+//!   (each request's flight record, carried back with its answer).
 //! - **The step loop**: [`core`] (admit → schedule → execute → sample → stream out → free) over
 //!   [`scheduler`] (iteration-level batching, chunked prefill, preemption), [`block_manager`]
 //!   (paged KV with prefix caching), [`sequence`] and [`request`] (one request's state and what
@@ -43,6 +43,7 @@ pub mod kv_events;
 pub mod launch;
 pub mod logprobs;
 pub mod metrics;
+pub mod misbehave;
 pub mod model;
 pub mod openai;
 pub mod output_text;

@@ -25,6 +25,9 @@ pub struct SamplingParams {
     /// Report each prompt token's log-probability (the first has none) with this many
     /// alternatives. Such a prompt is computed in full: it never reads the prefix cache.
     pub prompt_logprobs: Option<usize>,
+    /// Tokens emitted in place of sampled ones (`--fault-*-rate` quality faults); `None` for
+    /// every honest answer.
+    pub script: Option<std::sync::Arc<crate::misbehave::Script>>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +43,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            script: None,
         }
     }
 }

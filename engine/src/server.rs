@@ -459,6 +459,8 @@ async fn generate(
         check_prompt(engine, tokens, max_tokens)?;
     }
     sampling.max_tokens = max_tokens;
+    sampling.script = engine.misbehave.script(arrival, features.response_format);
+    sampling.ignore_eos |= engine.misbehave.longer_answers();
     if sampling.min_tokens > max_tokens {
         sampling.min_tokens = max_tokens;
     }

@@ -251,6 +251,7 @@ pub(super) fn common(
             stop: stop(f.get("stop"))?,
             logprobs: None,
             prompt_logprobs: None,
+            script: None,
         },
         user: f.string("user")?.map(str::to_owned),
         n,

@@ -8,5 +8,6 @@ mod engine_endpoints;
 mod engine_faults;
 mod engine_kv;
 mod engine_metrics;
+mod engine_misbehave;
 mod engine_sampling;
 mod engine_warmup;
