@@ -304,6 +304,30 @@ async fn run() -> Result<(), BoxError> {
             None
         }
     };
+    // The plain gateway scoring no answer, and every answer (the plain column scores the
+    // default 5%): what sampling costs per request and per stream.
+    let mut quality = Vec::new();
+    for (name, sub, share) in [
+        (
+            "infergate, quality sampling off",
+            "gateway-quality-off",
+            0.0,
+        ),
+        (
+            "infergate, every answer sampled",
+            "gateway-quality-all",
+            1.0,
+        ),
+    ] {
+        let gw = start_gateway(&bin, &dir, &upstream_url, Variant::Quality(sub, share)).await?;
+        targets.push(Target {
+            name,
+            url: gw.url.clone(),
+            pid: gw.pid(),
+            load: Load::Tiny,
+        });
+        quality.push(gw);
+    }
     // Features on: a tenant with its key and a token budget, `prefix` routing, a 6 KB body.
     let features = start_gateway(&bin, &dir, &upstream_url, Variant::Features).await?;
     targets.push(Target {
@@ -373,6 +397,9 @@ async fn run() -> Result<(), BoxError> {
     with_ledger.stop().await;
     relay.stop().await;
     features.stop().await;
+    for gw in quality {
+        gw.stop().await;
+    }
     if let Some(gw) = baseline {
         gw.stop().await;
     }
@@ -781,6 +808,9 @@ enum Variant {
     RedisLeased(String),
     /// A tenant with a key and a token budget, `prefix` routing.
     Features,
+    /// [`Variant::Plain`] with `quality.sample_share` at this share (the plain column samples
+    /// the default 5% of answers).
+    Quality(&'static str, f64),
 }
 
 /// `infergate gateway` in front of `upstream`. Except in the plain columns, the anonymous tenant
@@ -819,6 +849,7 @@ async fn start_gateway(
                 infergate::tenants::format_hash(&infergate::tenants::hash_key(BENCH_KEY))
             ),
         ),
+        Variant::Quality(sub, share) => (*sub, format!("quality: {{sample_share: {share}}}\n")),
     };
     let ledger = matches!(variant, Variant::Ledger);
     let features = matches!(variant, Variant::Features);
@@ -843,7 +874,10 @@ async fn start_gateway(
             "pools:\n  bench:\n    policy: round_robin\n"
         },
     );
-    if !matches!(variant, Variant::Plain | Variant::Baseline) {
+    if !matches!(
+        variant,
+        Variant::Plain | Variant::Baseline | Variant::Quality(..)
+    ) {
         dir.write(
             &format!("{sub}/policies/tenants.yaml"),
             "tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n",

@@ -1,7 +1,10 @@
 //! The answer text of a sampled request, collected as the relay passes it: the content of the
 //! first choice (chat `message.content` or streamed `delta.content`, completions `text`), its
 //! `finish_reason` and its tool calls' `arguments`, each bounded, so that a long answer costs at
-//! most [`MAX_TEXT`] bytes of memory. Scored later, off the request's path ([`super::signals`]).
+//! most [`MAX_TEXT`] bytes of memory. Responses API answers are read alike: `output_text` parts
+//! (or `response.output_text.delta` events), `function_call` items' `arguments` (or their delta
+//! events), and the status as a finish reason (`incomplete` for `max_output_tokens` is `length`).
+//! Scored later, off the request's path ([`super::signals`]).
 
 use serde::Deserialize;
 
@@ -20,6 +23,8 @@ pub struct Capture {
     text: String,
     finish_reason: Option<String>,
     tool_args: Vec<String>,
+    /// Responses API streams: the output index of each tool call slot, in order.
+    call_items: Vec<usize>,
     /// Text or arguments were cut at their bound: JSON checks of them would be wrong.
     cut: bool,
 }
@@ -28,6 +33,68 @@ pub struct Capture {
 #[derive(Deserialize)]
 struct Chunk {
     choices: Option<Vec<Choice>>,
+    /// Responses API: a streamed event's type (`response.output_text.delta`, ...).
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// Responses API: a streamed event's text or arguments.
+    delta: Option<String>,
+    /// Responses API: the output item a streamed event belongs to.
+    output_index: Option<usize>,
+    /// Responses API: the response of a `response.completed` or `response.incomplete` event.
+    response: Option<ResponseStatus>,
+    /// Responses API, a whole answer: its output items, status and why it is incomplete.
+    output: Option<Vec<OutputItem>>,
+    status: Option<String>,
+    incomplete_details: Option<Incomplete>,
+}
+
+/// A Responses API answer's status, as a finish reason.
+#[derive(Deserialize, Default)]
+struct ResponseStatus {
+    status: Option<String>,
+    incomplete_details: Option<Incomplete>,
+}
+
+#[derive(Deserialize)]
+struct Incomplete {
+    reason: Option<String>,
+}
+
+impl ResponseStatus {
+    /// The chat `finish_reason` the status means.
+    fn finish_reason(&self) -> Option<String> {
+        finish_of(self.status.as_deref(), self.incomplete_details.as_ref())
+    }
+}
+
+/// The chat `finish_reason` a Responses API status means: `stop` when completed, `length` when
+/// the output budget (`max_output_tokens`) ran out, else the incomplete reason.
+fn finish_of(status: Option<&str>, incomplete: Option<&Incomplete>) -> Option<String> {
+    match status? {
+        "completed" => Some("stop".into()),
+        "incomplete" => Some(match incomplete.and_then(|d| d.reason.as_deref()) {
+            Some("max_output_tokens") => "length".into(),
+            Some(other) => other.into(),
+            None => "incomplete".into(),
+        }),
+        _ => None,
+    }
+}
+
+/// One item of a Responses API answer's `output`.
+#[derive(Deserialize)]
+struct OutputItem {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    content: Option<Vec<ContentPart>>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    text: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -74,6 +141,7 @@ impl Capture {
     }
 
     fn add(&mut self, chunk: Chunk, streamed: bool) {
+        self.add_response(&chunk, streamed);
         for choice in chunk.choices.into_iter().flatten() {
             if choice.index != 0 {
                 continue;
@@ -94,6 +162,57 @@ impl Capture {
             if let Some(r) = choice.finish_reason {
                 self.finish_reason = Some(r);
             }
+        }
+    }
+
+    /// The Responses API's shapes: streamed events, or a whole answer's output items.
+    fn add_response(&mut self, chunk: &Chunk, streamed: bool) {
+        match (chunk.kind.as_deref(), &chunk.delta) {
+            (Some("response.output_text.delta"), Some(d)) => self.push_text(d),
+            (Some("response.function_call_arguments.delta"), Some(d)) => {
+                let item = chunk.output_index.unwrap_or(0);
+                let slot = match self.call_items.iter().position(|&i| i == item) {
+                    Some(slot) => slot,
+                    None => {
+                        self.call_items.push(item);
+                        self.call_items.len() - 1
+                    }
+                };
+                self.push_args(slot, d);
+            }
+            _ => {}
+        }
+        if let Some(r) = chunk
+            .response
+            .as_ref()
+            .and_then(ResponseStatus::finish_reason)
+        {
+            self.finish_reason = Some(r);
+        }
+        if streamed {
+            return;
+        }
+        let mut calls = 0;
+        for item in chunk.output.iter().flatten() {
+            match item.kind.as_deref() {
+                Some("message") => {
+                    for part in item.content.iter().flatten() {
+                        if let (Some("output_text"), Some(t)) = (part.kind.as_deref(), &part.text) {
+                            self.push_text(t);
+                        }
+                    }
+                }
+                Some("function_call") => {
+                    self.push_args(calls, item.arguments.as_deref().unwrap_or_default());
+                    calls += 1;
+                }
+                _ => {}
+            }
+        }
+        if chunk.output.is_some()
+            && let Some(r) = finish_of(chunk.status.as_deref(), chunk.incomplete_details.as_ref())
+        {
+            self.finish_reason = Some(r);
         }
     }
 
@@ -157,20 +276,29 @@ pub fn asked_of(body: &[u8]) -> Asked {
         #[serde(borrow, rename = "type")]
         kind: Option<&'a str>,
     }
+    /// The Responses API's `text: {format: {type}}`.
+    #[derive(Deserialize)]
+    struct Text<'a> {
+        #[serde(borrow)]
+        format: Option<Format<'a>>,
+    }
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(borrow)]
         response_format: Option<Format<'a>>,
+        #[serde(borrow)]
+        text: Option<Text<'a>>,
         tools: Option<Vec<serde::de::IgnoredAny>>,
     }
     let Ok(b) = serde_json::from_slice::<Body>(body) else {
         return Asked::default();
     };
+    let format = b
+        .response_format
+        .or_else(|| b.text.and_then(|t| t.format))
+        .and_then(|f| f.kind);
     Asked {
-        json: matches!(
-            b.response_format.and_then(|f| f.kind),
-            Some("json_object" | "json_schema")
-        ),
+        json: matches!(format, Some("json_object" | "json_schema")),
         tools: b.tools.is_some_and(|t| !t.is_empty()),
     }
 }
@@ -244,5 +372,43 @@ mod tests {
         let plain = asked_of(br#"{"model":"m","response_format":{"type":"text"},"tools":[]}"#);
         assert_eq!(plain, Asked::default());
         assert_eq!(asked_of(b"[]"), Asked::default());
+    }
+
+    #[test]
+    fn a_responses_stream_is_read_from_its_events() {
+        let mut c = Capture::default();
+        for p in [
+            r#"{"type":"response.created","response":{"status":"in_progress"}}"#,
+            r#"{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"Hel"}"#,
+            r#"{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"lo"}"#,
+            r#"{"type":"response.function_call_arguments.delta","output_index":1,"delta":"{\"a\""}"#,
+            r#"{"type":"response.function_call_arguments.delta","output_index":1,"delta":":1}"}"#,
+            r#"{"type":"response.output_text.done","output_index":0,"text":"Hello"}"#,
+            r#"{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"message","content":[{"type":"output_text","text":"Hello"}]}]}}"#,
+        ] {
+            c.sse_payload(p.as_bytes());
+        }
+        let a = c.answer();
+        // The final event's copy of the text is not added twice.
+        assert_eq!(a.text, "Hello");
+        assert_eq!(a.finish_reason, Some("length"));
+        assert_eq!(a.tool_arguments, ["{\"a\":1}".to_string()]);
+    }
+
+    #[test]
+    fn a_whole_responses_answer_is_read_from_its_output_items() {
+        let mut c = Capture::default();
+        c.json_body(
+            br#"{"object":"response","status":"completed","output":[
+                {"type":"reasoning","summary":[]},
+                {"type":"message","role":"assistant","content":[{"type":"output_text","text":"I'm sorry"},{"type":"refusal","refusal":"no"}]},
+                {"type":"function_call","name":"f","arguments":"{\"x\": 2"}]}"#,
+        );
+        let a = c.answer();
+        assert_eq!(a.text, "I'm sorry");
+        assert_eq!(a.finish_reason, Some("stop"));
+        assert_eq!(a.tool_arguments, ["{\"x\": 2".to_string()]);
+        let json = asked_of(br#"{"model":"m","input":"hi","text":{"format":{"type":"json_schema","name":"s","schema":{}}}}"#);
+        assert!(json.json && !json.tools, "{json:?}");
     }
 }

@@ -46,12 +46,10 @@ pub(super) async fn forward(
     ctx: &mut RequestCtx,
 ) -> Result<Response<ResBody>, GatewayError> {
     let quality = &snapshot.quality;
-    // Only answers that generate text are windowed (embeddings have no text), and only chat and
-    // completions answers are scored (the capture reads their `choices`; a Responses answer
-    // would read as empty).
+    // Only answers that generate text are windowed and scored (embeddings have no text); the
+    // capture reads chat and completions `choices` and the Responses API's output items.
     let generates = endpoint.generates();
-    let scored = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
-    let sampled = scored && quality.sampled(&pool.name, &ctx.request_id);
+    let sampled = generates && quality.sampled(&pool.name, &ctx.request_id);
     let body = valid.body.bytes();
     if sampled || (generates && quality.drift.is_some()) {
         let asked = match sampled {

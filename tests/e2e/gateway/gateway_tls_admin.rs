@@ -195,16 +195,27 @@ async fn sigterm_drains_a_tls_stream_and_exits_zero() {
     let mut gw = Gateway::start(&dir.config(), &[]).await;
     let cfg = client_config(Some(&dir.path.join("cert.pem"))).expect("client config");
 
-    let body = chat("You narrate slowly.", "A story over TLS.", 20, true).to_string();
+    // ~4 s of tokens on an L4: long enough to be seen running by a poll on a busy machine.
+    let body = chat("You narrate slowly.", "A story over TLS.", 60, true).to_string();
     let addr = gw.addr;
     let streamed = tokio::spawn(async move {
         https(addr, cfg, Method::POST, "/v1/chat/completions", Some(body)).await
     });
-    eventually("stream running", Duration::from_secs(10), || async {
+    let running = eventually("stream running", Duration::from_secs(10), || async {
+        if streamed.is_finished() {
+            return Some(false);
+        }
         let w = gw.worker_status(&engine.url).await;
-        (w["in_flight"] == 1).then_some(())
+        (w["in_flight"] == 1).then_some(true)
     })
     .await;
+    if !running {
+        let ended = streamed.await.expect("stream task");
+        panic!(
+            "the stream ended before it was seen running: {ended:?}; stderr:\n{}",
+            gw.stderr()
+        );
+    }
     gw.signal("TERM");
     let exit = gw.wait_exit(Duration::from_secs(20)).await;
     let result = streamed.await.expect("stream task");

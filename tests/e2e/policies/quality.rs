@@ -263,3 +263,65 @@ async fn a_canary_that_refuses_is_rolled_back_with_a_reason_naming_the_refusals(
     assert!(common::find_metric(&metrics, &refusals("canary")).is_some_and(|v| v >= 20.0));
     assert_eq!(common::find_metric(&metrics, &refusals("stable")), None);
 }
+
+/// Responses API answers are scored like chat answers: a real engine refusing every request
+/// (`--fault-refusal-rate 1`) and one looping until its output budget (`--fault-repeat-rate 1`),
+/// asked through `/v1/responses` whole and streamed, raise `refusal`, and `repetition` with
+/// `length_limit` (the Responses `incomplete` status for `max_output_tokens`).
+#[tokio::test]
+async fn responses_api_answers_are_sampled_and_scored() {
+    let (refusing, looping) = tokio::join!(
+        common::Engine::start(&["--fault-refusal-rate", "1"]),
+        common::Engine::start(&["--fault-repeat-rate", "1"]),
+    );
+    let dir = TempDir::new("quality-responses");
+    dir.write_config(&format!(
+        "listen: \"127.0.0.1:0\"\n\
+         admin:\n  listen: \"127.0.0.1:0\"\n\
+         policies: policies\n\
+         quality: {{sample_share: 1.0}}\n\
+         models:\n  - name: refuser\n    pool: a\n    upstream_model: llama-3-8b\n  \
+         - name: looper\n    pool: b\n    upstream_model: llama-3-8b\n\
+         pools:\n  - name: a\n    workers:\n      - url: {}\n\
+         \x20 - name: b\n    workers:\n      - url: {}\n",
+        refusing.url, looping.url
+    ));
+    dir.write_routing("pools:\n  a:\n    policy: round_robin\n  b:\n    policy: round_robin\n");
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    for model in ["refuser", "looper"] {
+        for stream in [false, true] {
+            let body = json!({"model": model, "input": "Tell me about rivers.",
+                "max_output_tokens": 24, "stream": stream});
+            let (status, _, text) = send(
+                Method::POST,
+                &gw.at("/v1/responses"),
+                &[],
+                Some(body.to_string()),
+            )
+            .await
+            .expect("the gateway answers");
+            assert_eq!(status, StatusCode::OK, "{model} stream={stream}: {text}");
+        }
+    }
+    let within = Duration::from_secs(5);
+    let signal = |model: &str, s: &str| {
+        format!(
+            "infergate_quality_signal_total{{tenant=\"anonymous\",model=\"{model}\",version=\"default\",signal=\"{s}\"}}"
+        )
+    };
+    for model in ["refuser", "looper"] {
+        let sampled = format!(
+            "infergate_quality_sampled_total{{tenant=\"anonymous\",model=\"{model}\",version=\"default\"}}"
+        );
+        gw.expect_metric(&sampled, 2.0, within).await;
+    }
+    gw.expect_metric(&signal("refuser", "refusal"), 2.0, within)
+        .await;
+    for s in ["repetition", "length_limit"] {
+        gw.expect_metric(&signal("looper", s), 2.0, within).await;
+    }
+    let metrics = gw.metrics().await;
+    for absent in [signal("refuser", "empty"), signal("looper", "refusal")] {
+        assert!(!metrics.contains(&absent), "{absent} in\n{metrics}");
+    }
+}
