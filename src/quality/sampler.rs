@@ -5,8 +5,8 @@
 //! exports. Never the text itself in a metric or a log line.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::time::Instant;
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
 
@@ -153,11 +153,21 @@ struct Books {
     tenants: DriftBook,
 }
 
+/// How long the worker rests when the queue is empty. Blocking on the queue instead made every
+/// answer's sender wake this thread: a futex call on the request's path and a context switch
+/// per answer (10% of the gateway's CPU at 30k answers/s, by `perf`). Resting, it takes what
+/// piled up in one go, at most this late; the queue (default 4,096) holds 20 ms of 200k answers/s.
+const REST: Duration = Duration::from_millis(20);
+
 /// The worker: until every sender is gone.
 fn run(rx: &Receiver<QualityJob>, metrics: &GatewayMetrics) {
     let mut books = Books::default();
-    for job in rx {
-        handle(job, metrics, &mut books);
+    loop {
+        match rx.try_recv() {
+            Ok(job) => handle(job, metrics, &mut books),
+            Err(TryRecvError::Empty) => std::thread::sleep(REST),
+            Err(TryRecvError::Disconnected) => return,
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::StatusCode;
-use tenant_support::{Gw, POOL, Setup, completion, key_of, post};
+use tenant_support::{Gw, POOL, Reply, Setup, completion, key_of, post};
 use tokio::task::JoinSet;
 
 use common::Engine;
@@ -144,19 +144,9 @@ async fn a_tenant_under_its_share_borrows_a_slot_instead_of_waiting_for_the_heav
     .await;
     let url = gw.at("/v1/completions");
     let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
-    let spawn = |tenant: &str, max_tokens: u64| {
-        let (url, key) = (url.clone(), key_of(tenant));
-        let body = completion("a request of the same length", max_tokens);
-        tokio::spawn(async move { post(&url, Some(&key), &body).await })
-    };
-    let occupier = spawn("noisy", 40);
-    engine
-        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
-            v == 1.0
-        })
-        .await;
+    let occupier = occupy(&engine, &url, "noisy", 40).await;
     // The noisy tenant holds its share (all of one slot): its second request waits.
-    let second = spawn("noisy", 4);
+    let second = send_same(&url, "noisy", 4);
     gw.expect_metric(&depth, 1.0, Duration::from_secs(10)).await;
     let quiet = post(&url, Some(&key_of("quiet")), &completion("a quick one", 2)).await;
     assert_eq!(quiet.status, StatusCode::OK, "{}", quiet.text);
@@ -170,6 +160,29 @@ async fn a_tenant_under_its_share_borrows_a_slot_instead_of_waiting_for_the_heav
         let reply = task.await.expect("noisy request");
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     }
+}
+
+/// `tenant`'s request of the same prompt as the others, `max_tokens` long, sent in a task.
+fn send_same(url: &str, tenant: &str, max_tokens: u64) -> tokio::task::JoinHandle<Reply> {
+    let (url, key) = (url.to_owned(), key_of(tenant));
+    let body = completion("a request of the same length", max_tokens);
+    tokio::spawn(async move { post(&url, Some(&key), &body).await })
+}
+
+/// Sends `tenant`'s request that takes the pool's only slot; returns once the engine runs it.
+async fn occupy(
+    engine: &Engine,
+    url: &str,
+    tenant: &str,
+    max_tokens: u64,
+) -> tokio::task::JoinHandle<Reply> {
+    let occupier = send_same(url, tenant, max_tokens);
+    engine
+        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
+            v == 1.0
+        })
+        .await;
+    occupier
 }
 
 /// Queues `flood` (tenant names in arrival order, each waiting before the next is sent) behind
@@ -189,21 +202,11 @@ async fn jain_after(fair_share: bool, flood: &[&str]) -> (serde_json::Value, f64
     .await;
     let url = gw.at("/v1/completions");
     let depth = format!("infergate_queue_depth{{pool=\"{POOL}\"}}");
-    let spawn = |tenant: &str, max_tokens: u64| {
-        let (url, key) = (url.clone(), key_of(tenant));
-        let body = completion("a request of the same length", max_tokens);
-        tokio::spawn(async move { post(&url, Some(&key), &body).await })
-    };
     // ~4 s on an L4: long enough to queue the whole flood behind it in a known order.
-    let occupier = spawn("a", 60);
-    engine
-        .wait_metric("vllm:num_requests_running", Duration::from_secs(10), |v| {
-            v == 1.0
-        })
-        .await;
+    let occupier = occupy(&engine, &url, "a", 60).await;
     let mut waiting = Vec::new();
     for (n, tenant) in flood.iter().enumerate() {
-        waiting.push(spawn(tenant, 1));
+        waiting.push(send_same(&url, tenant, 1));
         gw.expect_metric(&depth, (n + 1) as f64, Duration::from_secs(10))
             .await;
     }
