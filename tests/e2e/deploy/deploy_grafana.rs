@@ -39,6 +39,16 @@ const NOT_LIVE: &[(&str, &str)] = &[
         "a score needs two full drift windows of one tenant; tests/e2e/policies/quality.rs reads \
          it from a live gateway",
     ),
+    (
+        "infergate_quality_regression_total",
+        "needs `quality.regression` with a prompt file and a replay round (an interval after \
+         start); tests/e2e/policies/regression.rs reads it from a live gateway",
+    ),
+    (
+        "infergate_quality_regression_runs_total",
+        "needs `quality.regression` and a replay round; tests/e2e/policies/regression.rs reads \
+         it from a live gateway",
+    ),
 ];
 
 /// Metric names in `text` with one of [`PREFIXES`], without the histogram suffixes.
