@@ -5,7 +5,8 @@ whose pool has one slot (`max_in_flight_per_worker: 1`, one slow engine) and a t
 `x-infergate-deadline-ms: 50` are timed client-side on one keep-alive connection, from send to
 the whole 429 read. Prints the statuses, the Retry-After values and the latency percentiles.
 
-Usage: GATEWAY=127.0.0.1:18180 KEY_A=... KEY_B=... python3 benches/deadline_refusal.py [N]
+Usage: GATEWAY=127.0.0.1:18180 ADMIN=127.0.0.1:18181 KEY_A=... KEY_B=... \
+    python3 benches/deadline_refusal.py [N]
 """
 import http.client
 import json
@@ -15,6 +16,7 @@ import threading
 import time
 
 HOST, PORT = os.environ.get("GATEWAY", "127.0.0.1:18180").rsplit(":", 1)
+ADMIN_HOST, ADMIN_PORT = os.environ.get("ADMIN", "127.0.0.1:18181").rsplit(":", 1)
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 300
 
 
@@ -29,11 +31,26 @@ def post(key, body, headers=None):
     return res.status
 
 
+def wait_slot_held(within=10.0):
+    """Polls `/admin/status` until a pool's admission slot is held (the holder runs)."""
+    deadline = time.monotonic() + within
+    while True:
+        conn = http.client.HTTPConnection(ADMIN_HOST, int(ADMIN_PORT), timeout=5)
+        conn.request("GET", "/admin/status")
+        status = json.loads(conn.getresponse().read())
+        conn.close()
+        if any((p.get("admission") or {}).get("in_flight", 0) >= 1 for p in status["pools"]):
+            return
+        if time.monotonic() > deadline:
+            sys.exit(f"the holder never took the slot within {within} s")
+        time.sleep(0.01)
+
+
 def main():
     hold = {"model": "llama-3-8b", "prompt": "hold the slot", "max_tokens": 300}
     holder = threading.Thread(target=post, args=(os.environ["KEY_A"], hold), daemon=True)
     holder.start()
-    time.sleep(1.0)  # the holder is admitted well within a second on loopback
+    wait_slot_held()
     conn = http.client.HTTPConnection(HOST, int(PORT), timeout=60)
     body = json.dumps({"model": "llama-3-8b", "prompt": "a short question", "max_tokens": 2})
     headers = {

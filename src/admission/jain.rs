@@ -87,15 +87,18 @@ impl JainMeter {
     /// A request of `tenant` started with `service` weighted tokens (call it before its waiter
     /// leaves, so a tenant whose last waiter starts the window's last request still counts).
     pub fn started(&mut self, tenant: &str, service: f64) {
-        self.add(tenant, service);
         self.starts += 1;
         if self.backlog.is_empty() {
             // Nobody waits: nobody can be backlogged for this window. The next window opens
-            // with the next wait, so a flood is measured from its first start.
+            // with the next wait, so a flood is measured from its first start. (Most requests
+            // start so: nothing is recorded for them.)
             self.opened = self.starts;
-            self.served.clear();
+            if !self.served.is_empty() {
+                self.served.clear();
+            }
             return;
         }
+        self.add(tenant, service);
         if self.starts - self.opened >= WINDOW_STARTS {
             self.close();
         }

@@ -171,14 +171,19 @@ impl Capture {
             (Some("response.output_text.delta"), Some(d)) => self.push_text(d),
             (Some("response.function_call_arguments.delta"), Some(d)) => {
                 let item = chunk.output_index.unwrap_or(0);
+                // The worker names the item: only the first MAX_TOOL_CALLS get a slot.
                 let slot = match self.call_items.iter().position(|&i| i == item) {
-                    Some(slot) => slot,
-                    None => {
+                    Some(slot) => Some(slot),
+                    None if self.call_items.len() < MAX_TOOL_CALLS => {
                         self.call_items.push(item);
-                        self.call_items.len() - 1
+                        Some(self.call_items.len() - 1)
                     }
+                    None => None,
                 };
-                self.push_args(slot, d);
+                match slot {
+                    Some(slot) => self.push_args(slot, d),
+                    None => self.cut = true,
+                }
             }
             _ => {}
         }
@@ -410,5 +415,27 @@ mod tests {
         assert_eq!(a.tool_arguments, ["{\"x\": 2".to_string()]);
         let json = asked_of(br#"{"model":"m","input":"hi","text":{"format":{"type":"json_schema","name":"s","schema":{}}}}"#);
         assert!(json.json && !json.tools, "{json:?}");
+    }
+
+    /// A worker naming a new output item in every event cannot grow the capture: past the
+    /// tool-call bound the answer is marked cut (not checked as JSON).
+    #[test]
+    fn a_worker_naming_endless_output_items_is_bounded() {
+        let mut c = Capture::default();
+        for i in 0..10_000 {
+            let p = format!(
+                r#"{{"type":"response.function_call_arguments.delta","output_index":{i},"delta":"{{}}"}}"#
+            );
+            c.sse_payload(p.as_bytes());
+        }
+        assert_eq!(c.call_items.len(), MAX_TOOL_CALLS);
+        assert_eq!(c.tool_args.len(), MAX_TOOL_CALLS);
+        assert_eq!(
+            c.checkable(Asked {
+                json: true,
+                tools: true
+            }),
+            Asked::default()
+        );
     }
 }
