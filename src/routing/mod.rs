@@ -196,7 +196,20 @@ pub struct Decision {
     pub available_cached: u64,
 }
 
+/// Response header naming a pick's cached-token account (with `debug_headers`):
+/// `predicted=P,available=A`, as [`Decision::route_cached_value`] writes it.
+pub const ROUTE_CACHED_HEADER: &str = "x-infergate-route-cached";
+
 impl Decision {
+    /// The [`ROUTE_CACHED_HEADER`] value: cached prompt tokens routing expected on the chosen
+    /// worker, and the most it knew of on any healthy worker.
+    pub fn route_cached_value(&self) -> String {
+        format!(
+            "predicted={},available={}",
+            self.predicted_cached, self.available_cached
+        )
+    }
+
     /// A choice that knows nothing of caches: the whole prompt is prefill.
     pub fn plain(index: usize, reason: RouteReason, req: &RequestFeatures) -> Self {
         Self {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::args::Endpoint;
 use super::sse::{SseReader, flight_facts, parse_exec_path, path_class};
-use crate::report::RequestRecord;
+use crate::report::{CachedTokens, RequestRecord};
 use crate::workload::{PlannedRequest, request_body};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -15,6 +15,7 @@ use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use infergate::routing::ROUTE_CACHED_HEADER;
 
 /// What a [`Target`] is built from.
 #[derive(Debug, Clone)]
@@ -139,6 +140,7 @@ impl Target {
             prompt_tokens: req.prompt.len() as u64,
             output_tokens: 0,
             asked_output_tokens: u64::from(req.output_tokens),
+            cached: None,
         };
         let sent = match self.request(req) {
             Ok(r) => tokio::time::timeout(self.idle_timeout, self.client.request(r)).await,
@@ -157,6 +159,7 @@ impl Target {
         let (parts, mut body) = res.into_parts();
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
         record.worker = header("x-infergate-worker").map(str::to_owned);
+        let routed = header(ROUTE_CACHED_HEADER).and_then(parse_route_cached);
         let mut reader = SseReader::default();
         reader.stats.paths = header("x-infergate-exec-path").and_then(parse_exec_path);
         if let Some((shared, path)) = parts
@@ -198,6 +201,13 @@ impl Target {
         record.shared = s.shared;
         record.ttft = s.first.map(|f| f.duration_since(t0).as_secs_f64());
         record.itl = s.gaps;
+        record.cached = routed
+            .zip(s.cached)
+            .map(|((predicted, available), delivered)| CachedTokens {
+                predicted,
+                delivered,
+                available,
+            });
         if let Some((prompt, output)) = s.usage {
             record.prompt_tokens = prompt;
             record.output_tokens = output;
@@ -205,4 +215,19 @@ impl Target {
             record.output_tokens = s.chunks;
         }
     }
+}
+
+/// `(predicted, available)` from an `x-infergate-route-cached` value; `None` unless both parse.
+pub fn parse_route_cached(value: &str) -> Option<(u64, u64)> {
+    let (mut predicted, mut available) = (None, None);
+    for part in value.split(',') {
+        let (key, n) = part.trim().split_once('=')?;
+        let n = n.trim().parse::<u64>().ok()?;
+        match key.trim() {
+            "predicted" => predicted = Some(n),
+            "available" => available = Some(n),
+            _ => {}
+        }
+    }
+    predicted.zip(available)
 }

@@ -213,6 +213,7 @@ mod tests {
             prompt_tokens: 1,
             output_tokens: 1,
             asked_output_tokens: 1,
+            cached: None,
         }
     }
 

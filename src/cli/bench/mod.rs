@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use args::{BenchArgs, BenchCli, BenchCommand, Endpoint, parse_duration};
-pub use client::{Target, TargetSpec};
+pub use client::{Target, TargetSpec, parse_route_cached};
 pub use driver::{Outcome, closed_loop, open_loop};
 pub use progress::{Progress, Ticker};
 pub use sse::{SseReader, StreamStats, path_class};

@@ -41,6 +41,14 @@ struct Usage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +70,8 @@ pub struct StreamStats {
     pub chunks: u64,
     /// `(prompt, completion)` tokens from the usage chunk.
     pub usage: Option<(u64, u64)>,
+    /// Cached prompt tokens from the usage chunk (`prompt_tokens_details.cached_tokens`).
+    pub cached: Option<u64>,
     /// `(graph, eager)` step counts from the exec-path comment (or header).
     pub paths: Option<(u64, u64)>,
     /// Whether the request shared a step with an off-path step, from the engine's flight record
@@ -134,6 +144,10 @@ impl SseReader {
         let s = &mut self.stats;
         if let Some(u) = &chunk.usage {
             s.usage = Some((u.prompt_tokens, u.completion_tokens));
+            s.cached = u
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.cached_tokens);
         }
         if let Some(e) = &chunk.error {
             let code = e.code.as_ref().and_then(serde_json::Value::as_u64);

@@ -318,3 +318,24 @@ async fn closed_loop_runs_for_the_whole_duration() {
     assert_eq!(report.ok, report.requests);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_gateways_route_account_is_read_only_whole() {
+    use super::client::parse_route_cached;
+    assert_eq!(
+        parse_route_cached("predicted=512,available=768"),
+        Some((512, 768))
+    );
+    assert_eq!(
+        parse_route_cached(" available=3 , predicted=0 "),
+        Some((0, 3))
+    );
+    for bad in [
+        "predicted=5",
+        "predicted=x,available=1",
+        "",
+        "predicted=-1,available=2",
+    ] {
+        assert_eq!(parse_route_cached(bad), None, "{bad}");
+    }
+}

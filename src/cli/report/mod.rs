@@ -55,6 +55,38 @@ pub struct RequestRecord {
     /// Output tokens the request asked for (its `max_tokens`): with the prompt, its demand.
     #[serde(default)]
     pub asked_output_tokens: u64,
+    /// Its cached prompt tokens three ways, when the gateway said what routing expected
+    /// (`x-infergate-route-cached`, with `debug_headers`) and the usage said what was cached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<CachedTokens>,
+}
+
+/// One answer's cached prompt tokens as the gateway's explained hit rate counts them
+/// (`infergate_route_cached_tokens_total{kind}`, README "Reading the explained hit rate").
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CachedTokens {
+    /// What routing expected on the worker it chose.
+    pub predicted: u64,
+    /// What that worker reported (`usage.prompt_tokens_details.cached_tokens`).
+    pub delivered: u64,
+    /// The most routing knew of on any healthy worker at the pick.
+    pub available: u64,
+}
+
+/// The run's explained hit rate: cached prompt tokens three ways, summed over the successful
+/// answers that carried all three (see [`CachedTokens`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct CachedSummary {
+    /// Answers counted.
+    pub answers: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Cached tokens routing expected on the chosen workers.
+    pub predicted: u64,
+    /// Cached tokens the workers reported.
+    pub delivered: u64,
+    /// Cached tokens routing knew of on the best worker.
+    pub available: u64,
 }
 
 impl RequestRecord {
@@ -183,6 +215,10 @@ pub struct Report {
     /// Further numbers (the simulator adds prefix hit rate, KV usage, preemptions).
     #[serde(default)]
     pub extra: BTreeMap<String, f64>,
+    /// The explained hit rate over the answers that carried it (bench against a gateway with
+    /// `debug_headers`, and sim); absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<CachedSummary>,
 }
 
 /// One engine's step loop over a run: the numbers that tell a GPU-bound engine from a host-bound

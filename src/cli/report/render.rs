@@ -203,6 +203,23 @@ impl Report {
             ms(self.slo_ttft_s),
             ms(self.slo_itl_s)
         );
+        if let Some(c) = &self.cached_tokens {
+            // The gateway's explained hit rate, over the answers that carried it.
+            let _ = writeln!(
+                out,
+                "cached prompt tokens over {} answers ({} prompt tokens): predicted {} · delivered {} · available {} (hit rate {})\n",
+                c.answers,
+                c.prompt_tokens,
+                c.predicted,
+                c.delivered,
+                c.available,
+                pct(if c.prompt_tokens > 0 {
+                    c.delivered as f64 / c.prompt_tokens as f64
+                } else {
+                    0.0
+                })
+            );
+        }
         let header = ["latency (ms)", "p50", "p90", "p95", "p99", "max", "mean"];
         let rows = vec![
             latency_row("TTFT", &self.ttft),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{Breakdown, Percentiles, Report, RequestRecord};
+use super::{Breakdown, CachedSummary, Percentiles, Report, RequestRecord};
 
 impl Percentiles {
     /// Nearest-rank percentiles of `values` (the p-th is the ⌈p·n/100⌉-th smallest); NaNs are
@@ -115,9 +115,25 @@ pub fn summarize(
         victims: super::victims::victims(records, slo_ttft_s, slo_itl_s),
         by_engine: BTreeMap::new(),
         extra: BTreeMap::new(),
+        cached_tokens: cached_summary(records),
     };
     report.jain_index = jain_index(&report.by_tenant);
     report
+}
+
+/// The explained hit rate over the successful answers that carried it; `None` when none did.
+fn cached_summary(records: &[RequestRecord]) -> Option<CachedSummary> {
+    let mut s = CachedSummary::default();
+    for r in records.iter().filter(|r| r.ok()) {
+        if let Some(c) = r.cached {
+            s.answers += 1;
+            s.prompt_tokens += r.prompt_tokens;
+            s.predicted += c.predicted;
+            s.delivered += c.delivered;
+            s.available += c.available;
+        }
+    }
+    (s.answers > 0).then_some(s)
 }
 
 /// Jain's index of each tenant's served tokens over its max-min fair share of all that was

@@ -20,6 +20,7 @@ fn rec(id: u64, status: u16, ttft: Option<f64>, itl: &[f64], e2e: f64) -> Reques
         prompt_tokens: 0,
         output_tokens: itl.len() as u64 + u64::from(ttft.is_some()),
         asked_output_tokens: itl.len() as u64 + 1,
+        cached: None,
     }
 }
 
@@ -307,4 +308,57 @@ fn jain_index_is_one_for_a_max_min_fair_split_and_lower_for_first_come() {
         Duration::from_secs(1),
     );
     assert_eq!(r.jain_index, 1.0);
+}
+
+#[test]
+fn the_explained_hit_rate_sums_the_successful_answers_that_carried_it() {
+    let with = |id, status, cached| {
+        let mut r = rec(id, status, Some(0.1), &[0.01], 0.2);
+        r.prompt_tokens = 1000;
+        r.cached = cached;
+        r
+    };
+    let c = |predicted, delivered, available| {
+        Some(super::CachedTokens {
+            predicted,
+            delivered,
+            available,
+        })
+    };
+    let records = [
+        with(0, 200, c(512, 512, 768)),
+        with(1, 200, c(0, 256, 512)),
+        with(2, 200, None),
+        with(3, 500, c(900, 900, 900)),
+    ];
+    let r = summarize(
+        "t",
+        &records,
+        1.0,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let s = r.cached_tokens.expect("two answers carried it");
+    assert_eq!(
+        (
+            s.answers,
+            s.prompt_tokens,
+            s.predicted,
+            s.delivered,
+            s.available
+        ),
+        (2, 2000, 512, 768, 1280)
+    );
+    assert!(
+        r.render_text()
+            .contains("predicted 512 · delivered 768 · available 1280")
+    );
+    let none = summarize(
+        "t",
+        &records[2..3],
+        1.0,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    assert!(none.cached_tokens.is_none() && !none.render_text().contains("cached prompt tokens"));
 }

@@ -148,6 +148,7 @@ mod tests {
             prompt_tokens: 10,
             output_tokens: itl.len() as u64 + 1,
             asked_output_tokens: itl.len() as u64 + 1,
+            cached: None,
         }
     }
 

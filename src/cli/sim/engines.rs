@@ -160,6 +160,7 @@ mod tests {
             prompt_tokens: 1900,
             output_tokens: 100,
             asked_output_tokens: 100,
+            cached: None,
         };
         let cost = |cached| -> BTreeMap<_, _> {
             cost_extra(&prices, "m", std::slice::from_ref(&record), cached)

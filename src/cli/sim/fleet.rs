@@ -17,7 +17,7 @@ use super::rate_limits::SimLimits;
 use super::record::{Live, refused, trace_line};
 use super::sink::Note;
 use super::worker::{SimWorker, WorkerStats};
-use crate::report::RequestRecord;
+use crate::report::{CachedTokens, RequestRecord};
 use crate::workload::{PlannedRequest, Requests};
 use infergate::routing::features::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS, prefix_hashes, session_hash,
@@ -448,6 +448,7 @@ impl Fleet {
         let routed = Routed {
             features,
             predicted_cached: decision.predicted_cached,
+            available_cached: decision.available_cached,
             prefill: decision.prefill,
         };
         self.live.insert(req.id, (live, routed));
@@ -630,7 +631,12 @@ impl Fleet {
             }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);
-            let record = live.into_record(id, now, ended.0, &worker.name, ended.1.as_ref());
+            let mut record = live.into_record(id, now, ended.0, &worker.name, ended.1.as_ref());
+            record.cached = ended.1.as_ref().map(|i| CachedTokens {
+                predicted: routed.predicted_cached,
+                delivered: i.cached_tokens as u64,
+                available: routed.available_cached,
+            });
             self.records.push(record);
             self.client_done(now);
         }
@@ -676,5 +682,7 @@ fn features(req: &PlannedRequest, prompt_tokens: u64) -> RequestFeatures {
 struct Routed {
     features: RequestFeatures,
     predicted_cached: u64,
+    /// The most routing knew cached on any worker at the pick (the explained hit rate's).
+    available_cached: u64,
     prefill: u64,
 }

@@ -94,6 +94,7 @@ impl Live {
             prompt_tokens: info.map_or(self.prompt_tokens, |i| i.prompt_tokens as u64),
             output_tokens: info.map_or(self.output_tokens, |i| i.completion_tokens as u64),
             asked_output_tokens: self.asked_output_tokens,
+            cached: None,
         }
     }
 }
@@ -122,6 +123,7 @@ pub(super) fn refused(
         prompt_tokens,
         output_tokens: 0,
         asked_output_tokens,
+        cached: None,
     }
 }
 

@@ -9,6 +9,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use crate::tools_support::infergate;
 use common::gateway::{
     Gateway, POOL, TempDir, chat, config_yaml, eventually, random_text, routing_yaml, send,
     worker_of,
@@ -42,8 +43,9 @@ async fn settled(gw: &Gateway, want: f64) -> (f64, f64, f64) {
     .await
 }
 
-/// A chat through the gateway: (worker, cached prompt tokens the answer reported).
-async fn ask(gw: &Gateway, system: &str, user: &str) -> (String, u64) {
+/// A chat through the gateway: (worker, cached prompt tokens the answer reported, and the
+/// gateway's `x-infergate-route-cached` account of the pick: predicted, available).
+async fn ask(gw: &Gateway, system: &str, user: &str) -> (String, u64, (u64, u64)) {
     let (status, headers, res) = post_json(
         &gw.at("/v1/chat/completions"),
         &chat(system, user, 2, false),
@@ -53,7 +55,12 @@ async fn ask(gw: &Gateway, system: &str, user: &str) -> (String, u64) {
     let cached = res["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or_else(|| panic!("no cached_tokens in {res}"));
-    (worker_of(&headers), cached)
+    let route = headers
+        .get("x-infergate-route-cached")
+        .and_then(|v| v.to_str().ok())
+        .and_then(infergate_cli::bench::parse_route_cached)
+        .unwrap_or_else(|| panic!("no route account in {headers:?}"));
+    (worker_of(&headers), cached, route)
 }
 
 /// Engines with `args` behind a `prefix` gateway.
@@ -72,7 +79,7 @@ async fn pool(tag: &str, n: usize, args: &[&str]) -> (Vec<Engine>, TempDir, Gate
 
 #[tokio::test]
 async fn precise_mode_counters_explain_cold_then_warm_prefixes() {
-    let (engines, _dir, gw) = pool("hit-rate-precise", 2, &["--gpu", "h100"]).await;
+    let (engines, dir, gw) = pool("hit-rate-precise", 2, &["--gpu", "h100"]).await;
     eventually("both workers' KV events live", SETTLE, || async {
         for e in &engines {
             let live = gw
@@ -94,18 +101,29 @@ async fn precise_mode_counters_explain_cold_then_warm_prefixes() {
     let systems: Vec<String> = (0..4).map(|g| random_text(2048, 4600 + g)).collect();
     let mut delivered = 0u64;
     for system in &systems {
-        delivered += ask(&gw, system, "First question.").await.1;
+        let (_, cached, route) = ask(&gw, system, "First question.").await;
+        assert_eq!(route, (0, 0), "a cold pick predicts nothing");
+        delivered += cached;
     }
     assert_eq!(delivered, 0, "a new random prefix was cached somewhere");
     assert_eq!(settled(&gw, 0.0).await, (0.0, 0.0, 0.0), "cold");
 
     // Warm: 3 more requests per group, each sharing its group's system prompt.
+    let (mut said_predicted, mut said_available) = (0, 0);
     for round in 0..3 {
         for system in &systems {
-            delivered += ask(&gw, system, &format!("Question {round}.")).await.1;
+            let (_, cached, (p, a)) = ask(&gw, system, &format!("Question {round}.")).await;
+            delivered += cached;
+            (said_predicted, said_available) = (said_predicted + p, said_available + a);
         }
     }
     let (predicted, got, available) = settled(&gw, delivered as f64).await;
+    // Each answer's header is its share of the counters.
+    assert_eq!(
+        (said_predicted as f64, said_available as f64),
+        (predicted, available),
+        "the answers' route accounts against the counters"
+    );
     // 12 warm requests over a ~500-token shared prefix each.
     assert!(got >= 12.0 * 256.0, "delivered only {got} cached tokens");
     assert!(
@@ -123,6 +141,47 @@ async fn precise_mode_counters_explain_cold_then_warm_prefixes() {
         available - predicted <= 0.1 * available,
         "a routing loss on an idle pool: available {available}, predicted {predicted}"
     );
+
+    // `bench` reads the same account from each answer: two groups sharing 600-token prefixes.
+    let workload = dir.path.join("groups.yaml");
+    std::fs::write(
+        &workload,
+        "name: groups\nseed: 3\nduration: 2s\narrival:\n  poisson: {rate: 10}\n\
+         prompt_tokens: {dist: fixed, value: 700}\noutput_tokens: {dist: fixed, value: 4}\n\
+         correlation: 0\nprefix_groups: {count: 2, tokens: 600, zipf: 0, share: 1.0}\n",
+    )
+    .unwrap();
+    let out = dir.path.join("bench.json");
+    let (w, o) = (workload.to_string_lossy(), out.to_string_lossy());
+    let mut args = vec![
+        "bench",
+        "--url",
+        &gw.url,
+        "--workload",
+        &w,
+        "--quiet",
+        "--out",
+        &o,
+    ];
+    if let Some(key) = &gw.api_key {
+        args.extend(["--api-key", key]);
+    }
+    infergate(&args, Duration::from_secs(30)).await.ok("bench");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let c = &report["cached_tokens"];
+    let n = |k: &str| {
+        c[k].as_u64()
+            .unwrap_or_else(|| panic!("no {k} in {report}"))
+    };
+    assert_eq!(
+        n("answers"),
+        report["ok"].as_u64().unwrap(),
+        "every answer carried it: {c}"
+    );
+    assert!(n("predicted") <= n("available"), "{c}");
+    // All but the first of each group hit (at least the shared blocks).
+    assert!(n("delivered") >= (n("answers") - 2) * 256, "{c}");
 }
 
 #[tokio::test]
@@ -137,8 +196,8 @@ async fn approximate_mode_shows_an_eviction_it_did_not_see_as_a_stale_view() {
     ];
     let (_engines, _dir, gw) = pool("hit-rate-stale", 1, args).await;
     let system = random_text(2048, 4700);
-    let (home, _) = ask(&gw, &system, "First question.").await;
-    let (_, hit) = ask(&gw, &system, "Second question.").await;
+    let (home, _, _) = ask(&gw, &system, "First question.").await;
+    let (_, hit, _) = ask(&gw, &system, "Second question.").await;
     assert!(hit >= 256, "only {hit} cached tokens on the second ask");
     let before = settled(&gw, hit as f64).await;
     assert!(
@@ -159,7 +218,7 @@ async fn approximate_mode_shows_an_eviction_it_did_not_see_as_a_stale_view() {
         .expect("engine answers");
         assert_eq!(status, StatusCode::OK, "{text}");
     }
-    let (_, stale) = ask(&gw, &system, "Third question.").await;
+    let (_, stale, _) = ask(&gw, &system, "Third question.").await;
     // (A few leading blocks of chat template every prompt shares may survive.)
     assert!(
         stale <= 128,

@@ -22,7 +22,7 @@ use super::usage::UsageTap;
 use crate::error::{GatewayError, ResBody};
 use crate::metrics::GatewayMetrics;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
-use crate::routing::{Decision, Feedback, RequestFeatures};
+use crate::routing::{Decision, Feedback, ROUTE_CACHED_HEADER, RequestFeatures};
 use crate::usage_check::TokenUsage;
 use crate::workers::conns::{Conn, SendError};
 use crate::workers::pool::PoolRuntime;
@@ -294,6 +294,9 @@ pub async fn forward(
             }
             if let Ok(v) = HeaderValue::from_str(&worker.url) {
                 h.insert("x-infergate-worker", v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&decision.route_cached_value()) {
+                h.insert(ROUTE_CACHED_HEADER, v);
             }
         }
         return Ok(response);
