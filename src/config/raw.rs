@@ -284,6 +284,16 @@ pub(super) struct RawPool {
     pub dialect: Option<Dialect>,
     pub workers: Option<Vec<RawWorker>>,
     pub admission: Option<RawAdmission>,
+    pub kv_events: Option<RawKvEvents>,
+}
+
+/// A pool's `kv_events: {zmq, topic, tokenizer}`: its vLLM workers' KV-event publishers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKvEvents {
+    pub zmq: Text,
+    pub topic: Option<Text>,
+    pub tokenizer: Text,
 }
 
 /// A pool's `admission:` section.

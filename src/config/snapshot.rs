@@ -310,6 +310,34 @@ pub struct PoolSpec {
     pub policy: PolicyConfig,
     /// Bounded priority queue in front of the workers.
     pub admission: AdmissionSpec,
+    /// vLLM KV events over ZMQ for precise prefix routing (`kv_events:`). Default `None`: the
+    /// workers' own `GET /kv/events`, if any.
+    pub kv_events: Option<VllmKvEventsSpec>,
+}
+
+/// Where a pool's vLLM workers publish their KV events, and how to read their token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmKvEventsSpec {
+    /// ZMQ endpoint, `tcp://HOST:PORT`; `{host}` stands for each worker URL's host.
+    pub endpoint: String,
+    /// Topic the publisher sends on (vLLM's `KVEventsConfig.topic`). Default empty.
+    pub topic: String,
+    /// The model's `tokenizer.json`, resolved against the config file's directory.
+    pub tokenizer: std::path::PathBuf,
+    /// Its vocabulary, loaded at compile time.
+    pub vocab: std::sync::Arc<crate::workers::vllm_events::vocab::Vocab>,
+}
+
+impl VllmKvEventsSpec {
+    /// The endpoint of the worker at `worker_url`; `None` when that URL has no host.
+    pub fn endpoint_for(&self, worker_url: &str) -> Option<String> {
+        if !self.endpoint.contains("{host}") {
+            return Some(self.endpoint.clone());
+        }
+        let uri: hyper::Uri = worker_url.parse().ok()?;
+        let host = uri.host()?;
+        Some(self.endpoint.replace("{host}", host))
+    }
 }
 
 pub use crate::admission::AdmissionSpec;
