@@ -258,23 +258,59 @@ fn kv_events(
     base: &Path,
     sink: &mut Sink<'_>,
 ) -> Option<VllmKvEventsSpec> {
-    let endpoint = raw.zmq.value.trim().to_string();
-    let port_ok = endpoint
-        .strip_prefix("tcp://")
-        .and_then(|rest| rest.rsplit_once(':'))
-        .is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
     let mut ok = true;
-    if !port_ok {
-        let msg = format!(
-            "pool `{pool}`: kv_events.zmq must be tcp://HOST:PORT (HOST may be {{host}}, each worker's), not `{endpoint}`"
+    let check = |at: &Text, what: &str, sink: &mut Sink<'_>, ok: &mut bool| -> String {
+        let endpoint = at.value.trim().to_string();
+        let valid = endpoint
+            .strip_prefix("tcp://")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+        if !valid {
+            let msg = format!(
+                "pool `{pool}`: kv_events.{what} must be tcp://HOST:PORT (the zmq template's HOST may be {{host}}, each worker's), not `{endpoint}`"
+            );
+            sink.at(&at.referenced, msg);
+            *ok = false;
+        }
+        endpoint
+    };
+    let endpoint = raw.zmq.as_ref().map(|z| check(z, "zmq", sink, &mut ok));
+    let mut endpoints = Vec::new();
+    for (url, at) in raw.endpoints.iter().flatten() {
+        let e = check(at, "endpoints", sink, &mut ok);
+        match parse_worker_url(&url.value) {
+            Ok(u) => endpoints.push((u, e)),
+            Err(message) => {
+                sink.at(
+                    &url.referenced,
+                    format!("pool `{pool}`: kv_events.endpoints: {message}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    // Deterministic order whatever the map's.
+    endpoints.sort();
+    if endpoint.is_none() && endpoints.is_empty() {
+        sink.at(
+            &raw.tokenizer.referenced,
+            format!(
+                "pool `{pool}`: kv_events needs `zmq` (a template for every worker) or `endpoints`"
+            ),
         );
-        sink.at(&raw.zmq.referenced, msg);
         ok = false;
     }
-    let topic = raw.topic.as_ref().map_or(String::new(), |t| t.value.clone());
-    if let Some(t) = raw.topic.as_ref().filter(|t| t.value.len() > MAX_TOPIC_BYTES) {
+    let topic = raw
+        .topic
+        .as_ref()
+        .map_or(String::new(), |t| t.value.clone());
+    if let Some(t) = raw
+        .topic
+        .as_ref()
+        .filter(|t| t.value.len() > MAX_TOPIC_BYTES)
+    {
         let msg = format!("pool `{pool}`: kv_events.topic is longer than {MAX_TOPIC_BYTES} bytes");
         sink.at(&t.referenced, msg);
         ok = false;
@@ -296,6 +332,7 @@ fn kv_events(
     };
     ok.then(|| VllmKvEventsSpec {
         endpoint,
+        endpoints,
         topic,
         tokenizer: path,
         vocab: std::sync::Arc::new(vocab),

@@ -318,8 +318,11 @@ pub struct PoolSpec {
 /// Where a pool's vLLM workers publish their KV events, and how to read their token ids.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VllmKvEventsSpec {
-    /// ZMQ endpoint, `tcp://HOST:PORT`; `{host}` stands for each worker URL's host.
-    pub endpoint: String,
+    /// ZMQ endpoint, `tcp://HOST:PORT`; `{host}` stands for each worker URL's host. Default
+    /// `None`: only the workers of `endpoints`.
+    pub endpoint: Option<String>,
+    /// Endpoints of single workers, by worker URL (first match wins over `endpoint`).
+    pub endpoints: Vec<(String, String)>,
     /// Topic the publisher sends on (vLLM's `KVEventsConfig.topic`). Default empty.
     pub topic: String,
     /// The model's `tokenizer.json`, resolved against the config file's directory.
@@ -329,14 +332,18 @@ pub struct VllmKvEventsSpec {
 }
 
 impl VllmKvEventsSpec {
-    /// The endpoint of the worker at `worker_url`; `None` when that URL has no host.
+    /// The endpoint of the worker at `worker_url`; `None` when none is configured for it.
     pub fn endpoint_for(&self, worker_url: &str) -> Option<String> {
-        if !self.endpoint.contains("{host}") {
-            return Some(self.endpoint.clone());
+        if let Some((_, e)) = self.endpoints.iter().find(|(u, _)| u == worker_url) {
+            return Some(e.clone());
+        }
+        let template = self.endpoint.as_ref()?;
+        if !template.contains("{host}") {
+            return Some(template.clone());
         }
         let uri: hyper::Uri = worker_url.parse().ok()?;
         let host = uri.host()?;
-        Some(self.endpoint.replace("{host}", host))
+        Some(template.replace("{host}", host))
     }
 }
 

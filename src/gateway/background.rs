@@ -13,10 +13,10 @@ use super::{Gateway, Live};
 use crate::config;
 use crate::routing::PolicyConfig;
 use crate::workers::kv_events::{self, StreamSettings};
-use crate::workers::state::KvEventsState;
-use crate::workers::vllm_events;
 use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::PoolRuntime;
+use crate::workers::state::KvEventsState;
+use crate::workers::vllm_events;
 
 /// A worker's poll task is keyed by its pool's name and its key (hash of its URL).
 type PollerKey = (String, u64);

@@ -253,7 +253,9 @@ mod tests {
         let text = vec![b'x'; 512];
         let tokens = ids(&text);
         let mut map = BlockMap::new(1000, 256, 256);
-        let none = map.stored(Some(99), &[1], &tokens[..16], 16, &vocab).unwrap();
+        let none = map
+            .stored(Some(99), &[1], &tokens[..16], 16, &vocab)
+            .unwrap();
         assert_eq!(none, Change::default(), "unknown parent");
         let hashes: Vec<u64> = (1..=32).collect();
         let first = map.stored(None, &hashes, &tokens, 16, &vocab).unwrap();

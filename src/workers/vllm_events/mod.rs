@@ -15,9 +15,13 @@
 //! ejected by its health checks all drop to the approximate index, and the subscription is
 //! reopened with the same backoff as the engine's stream).
 //!
-//! Blocks map to the gateway's prefix keys by their token contents ([`blocks`], [`vocab`]).
+//! Blocks map to the gateway's prefix keys by their token contents ([`blocks`], [`vocab`]). The
+//! socket reads the publisher through a loopback relay that bounds ZMTP frame lengths before
+//! the `zeromq` crate sees them ([`guard`]): a message past the bound cuts the connection
+//! (counted as `oversize`), which is then reopened.
 
 pub mod blocks;
+pub mod guard;
 pub mod msgpack;
 pub mod vocab;
 pub mod wire;
@@ -80,21 +84,43 @@ impl Reject {
     }
 }
 
+/// A refused message, with its sequence number when its frames were readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// Its sequence number, so a refused batch is not also counted as missed.
+    pub seq: Option<u64>,
+    /// Why.
+    pub reason: Reject,
+}
+
 /// Checks one multipart message: its sequence number and events.
-pub fn read_message(frames: &[&[u8]], topic: &str) -> Result<(u64, Vec<Event>), Reject> {
-    if frames.iter().map(|f| f.len()).sum::<usize>() > MAX_MESSAGE_BYTES {
-        return Err(Reject::Oversize);
-    }
+pub fn read_message(frames: &[&[u8]], topic: &str) -> Result<(u64, Vec<Event>), Refused> {
+    let refuse = |seq, reason| Refused { seq, reason };
     let [t, seq, payload] = frames else {
-        return Err(Reject::Frames);
+        let oversize = frames.iter().map(|f| f.len()).sum::<usize>() > MAX_MESSAGE_BYTES;
+        return Err(refuse(
+            None,
+            if oversize {
+                Reject::Oversize
+            } else {
+                Reject::Frames
+            },
+        ));
     };
-    if *t != topic.as_bytes() {
-        return Err(Reject::Topic);
+    let seq: [u8; 8] = (*seq)
+        .try_into()
+        .map_err(|_| refuse(None, Reject::Frames))?;
+    let seq = u64::from_be_bytes(seq);
+    if t.len() + 8 + payload.len() > MAX_MESSAGE_BYTES {
+        return Err(refuse(Some(seq), Reject::Oversize));
     }
-    let seq: [u8; 8] = (*seq).try_into().map_err(|_| Reject::Frames)?;
-    let value = msgpack::decode(payload, MAX_VALUES).map_err(|_| Reject::Malformed)?;
-    let events = wire::batch(&value).map_err(|_| Reject::Schema)?;
-    Ok((u64::from_be_bytes(seq), events))
+    if *t != topic.as_bytes() {
+        return Err(refuse(None, Reject::Topic));
+    }
+    let value =
+        msgpack::decode(payload, MAX_VALUES).map_err(|_| refuse(Some(seq), Reject::Malformed))?;
+    let events = wire::batch(&value).map_err(|_| refuse(Some(seq), Reject::Schema))?;
+    Ok((seq, events))
 }
 
 /// What one batch changed, ready for the index.
@@ -127,19 +153,24 @@ impl Default for Subscriber {
 }
 
 impl Subscriber {
+    /// Takes sequence number `seq`: the batches skipped over, and whether the publisher
+    /// restarted (its numbers start again at 0, with an empty cache; the map is cleared).
+    pub fn advance(&mut self, seq: u64) -> (u64, bool) {
+        let last = self.last_seq.replace(seq);
+        match last {
+            Some(last) if seq <= last => {
+                self.map.clear();
+                (0, true)
+            }
+            Some(last) => (seq - last - 1, false),
+            None => (0, false),
+        }
+    }
+
     /// Applies batch `seq`; keys stored and removed within it are netted out.
     pub fn apply(&mut self, seq: u64, events: &[Event], vocab: &Vocab) -> Result<Applied, Reject> {
         let mut out = Applied::default();
-        match self.last_seq {
-            Some(last) if seq <= last => {
-                // vLLM numbers batches from 0 per process: a restart, with an empty cache.
-                self.map.clear();
-                out.reset = true;
-            }
-            Some(last) => out.missed = seq - last - 1,
-            None => {}
-        }
-        self.last_seq = Some(seq);
+        (out.missed, out.reset) = self.advance(seq);
         // Final state per key, in the order first touched.
         let mut state: HashMap<u64, bool> = HashMap::new();
         let mut order = Vec::new();
@@ -217,7 +248,15 @@ pub async fn subscribe(
     let mut sub = Subscriber::default();
     loop {
         let opened = Instant::now();
-        let ended = run(&worker, &current_policy, &source, settings, &metrics, &mut sub).await;
+        let ended = run(
+            &worker,
+            &current_policy,
+            &source,
+            settings,
+            &metrics,
+            &mut sub,
+        )
+        .await;
         let Ended::Lost(why) = &ended else {
             worker.set_kv_events(KvEventsState::Idle);
             return ended;
@@ -248,12 +287,17 @@ async fn run(
     metrics: &GatewayMetrics,
     sub: &mut Subscriber,
 ) -> Ended {
+    // The socket reads the publisher through the frame-length guard.
+    let relay = match guard::relay(&source.endpoint, (MAX_MESSAGE_BYTES + 64) as u64).await {
+        Ok(r) => r,
+        Err(e) => return Ended::Lost(format!("relay: {e}")),
+    };
     let mut options = SocketOptions::default();
     options.connect_timeout(settings.open_timeout);
     let mut socket = SubSocket::with_options(options);
     let mut monitor = socket.monitor();
     let open = settings.open_timeout;
-    match tokio::time::timeout(open, socket.connect(&source.endpoint)).await {
+    match tokio::time::timeout(open, socket.connect(&relay.endpoint)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Ended::Lost(format!("connect: {e}")),
         Err(_) => return Ended::Lost(format!("no connection within {open:?}")),
@@ -277,6 +321,13 @@ async fn run(
             msg = socket.recv() => msg,
             ev = monitor.next() => match ev {
                 Some(SocketEvent::Disconnected(_)) | None => {
+                    if relay.cut.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                        metrics
+                            .vllm_kv_rejected
+                            .with_label_values(&[&source.pool, Reject::Oversize.label()])
+                            .inc();
+                        return Ended::Lost("a frame past the size bound".into());
+                    }
                     return Ended::Lost("publisher disconnected".into());
                 }
                 Some(_) => continue,
@@ -300,11 +351,23 @@ async fn run(
             return Ended::PolicyReplaced;
         }
         let frames: Vec<&[u8]> = msg.iter().map(|b| b.as_ref()).collect();
-        let applied = read_message(&frames, &source.topic)
-            .and_then(|(seq, events)| sub.apply(seq, &events, &source.vocab));
+        let applied = read_message(&frames, &source.topic).and_then(|(seq, events)| {
+            sub.apply(seq, &events, &source.vocab)
+                .map_err(|reason| Refused { seq: None, reason })
+        });
         let applied = match applied {
             Ok(a) => a,
-            Err(reason) => {
+            Err(Refused { seq, reason }) => {
+                if let Some(seq) = seq {
+                    let (missed, reset) = sub.advance(seq);
+                    metrics
+                        .vllm_kv_missed
+                        .with_label_values(&pool)
+                        .inc_by(missed);
+                    if reset {
+                        policy.policy.forget(key);
+                    }
+                }
                 metrics
                     .vllm_kv_rejected
                     .with_label_values(&[&source.pool, reason.label()])
@@ -317,7 +380,6 @@ async fn run(
                 continue;
             }
         };
-        metrics.vllm_kv_batches.with_label_values(&pool).inc();
         if applied.missed > 0 {
             metrics
                 .vllm_kv_missed
@@ -331,11 +393,17 @@ async fn run(
             go_live(&policy);
         }
         if !applied.stored.is_empty() {
-            policy.policy.residency(key, Residency::Stored(&applied.stored));
+            policy
+                .policy
+                .residency(key, Residency::Stored(&applied.stored));
         }
         if !applied.removed.is_empty() {
-            policy.policy.residency(key, Residency::Removed(&applied.removed));
+            policy
+                .policy
+                .residency(key, Residency::Removed(&applied.removed));
         }
+        // Counted once applied, so a reader of the counter sees the index updated.
+        metrics.vllm_kv_batches.with_label_values(&pool).inc();
     }
 }
 

@@ -285,8 +285,8 @@ mod tests {
     #[test]
     fn every_prefix_of_a_valid_payload_is_refused_not_panicking() {
         let bytes = [
-            0x93, 0xcb, 0x41, 0xd0, 0, 0, 0, 0, 0, 0, 0x91, 0x92, 0xa3, b'a', b'b', b'c', 0xc4,
-            1, 9, 0x00,
+            0x93, 0xcb, 0x41, 0xd0, 0, 0, 0, 0, 0, 0, 0x91, 0x92, 0xa3, b'a', b'b', b'c', 0xc4, 1,
+            9, 0x00,
         ];
         assert!(decode(&bytes, 64).is_ok());
         for end in 0..bytes.len() {

@@ -69,7 +69,11 @@ fn removed(hashes: &[u64]) -> W {
 /// Byte-level vocabulary: id b < 256 is byte b.
 fn vocab() -> Vocab {
     let entries: Vec<String> = (0..256).map(|b| format!("\"<0x{b:02X}>\":{b}")).collect();
-    Vocab::from_tokenizer_json(&format!(r#"{{"model":{{"vocab":{{{}}}}}}}"#, entries.join(","))).unwrap()
+    Vocab::from_tokenizer_json(&format!(
+        r#"{{"model":{{"vocab":{{{}}}}}}}"#,
+        entries.join(",")
+    ))
+    .unwrap()
 }
 
 fn message(seq: u64, events: Vec<W>) -> (u64, Vec<Event>) {
@@ -92,12 +96,18 @@ fn malformed_messages_are_refused_by_reason() {
         (&[b"kv", &seq, &p[..p.len() - 1]], Reject::Malformed),
     ];
     for (frames, want) in cases {
-        assert_eq!(read_message(frames, "kv").map(|_| ()), Err(want));
+        assert_eq!(
+            read_message(frames, "kv").map_err(|r| r.reason).map(|_| ()),
+            Err(want)
+        );
     }
     let huge = vec![0u8; MAX_MESSAGE_BYTES];
     assert_eq!(
         read_message(&[b"kv", &seq, &huge], "kv").map(|_| ()),
-        Err(Reject::Oversize)
+        Err(Refused {
+            seq: Some(0),
+            reason: Reject::Oversize
+        })
     );
 }
 

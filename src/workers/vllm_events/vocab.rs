@@ -38,9 +38,7 @@ impl Vocab {
     pub fn from_tokenizer_json(text: &str) -> Result<Self, String> {
         let doc: Value =
             serde_json::from_str(text).map_err(|e| format!("not a tokenizer.json: {e}"))?;
-        let model = doc
-            .get("model")
-            .ok_or("tokenizer.json has no `model`")?;
+        let model = doc.get("model").ok_or("tokenizer.json has no `model`")?;
         let byte_level = doc
             .get("decoder")
             .is_some_and(|d| d.to_string().contains("\"ByteLevel\""));

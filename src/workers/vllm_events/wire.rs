@@ -286,17 +286,26 @@ mod tests {
 
     #[test]
     fn other_caches_are_skipped() {
-        for (pos, v) in [(5, Value::Uint(3)), (6, s("CPU")), (7, s("adapter")), (9, Value::Uint(1))] {
+        for (pos, v) in [
+            (5, Value::Uint(3)),
+            (6, s("CPU")),
+            (7, s("adapter")),
+            (9, Value::Uint(1)),
+        ] {
             let mut extra = vec![Value::Nil, s("GPU"), Value::Nil, Value::Nil, Value::Nil];
             extra[pos - 5] = v;
-            let b = Value::Array(vec![Value::Float(0.0), Value::Array(vec![stored_array(extra)])]);
+            let b = Value::Array(vec![
+                Value::Float(0.0),
+                Value::Array(vec![stored_array(extra)]),
+            ]);
             assert_eq!(batch(&b), Ok(vec![Event::Skipped]), "field {pos}");
         }
     }
 
     #[test]
     fn malformed_events_are_refused() {
-        let wrap = |ev: Value<'static>| Value::Array(vec![Value::Float(0.0), Value::Array(vec![ev])]);
+        let wrap =
+            |ev: Value<'static>| Value::Array(vec![Value::Float(0.0), Value::Array(vec![ev])]);
         let mut wrong_count = stored_array(vec![]);
         if let Value::Array(items) = &mut wrong_count {
             items[3] = uints(&[1, 2, 3]);
