@@ -248,10 +248,10 @@ fn outlier_settings_default_and_are_checked() {
 #[test]
 fn vllm_kv_events_faults_report_their_lines() {
     let pool = |kv: &str| format!("{MINIMAL}    kv_events:\n{kv}");
-    // Lines 7.. are kv_events' fields.
+    // Line 7 is `kv_events:`, its fields follow.
     one_error(
         &pool("      zmq: \"tcp://x:1\"\n      tokenizer: /dev/null/none.json\n"),
-        8,
+        9,
         "kv_events.tokenizer: cannot read",
     );
     let errs = errors(
@@ -261,7 +261,7 @@ fn vllm_kv_events_faults_report_their_lines() {
         None,
     );
     let lines: Vec<_> = errs.iter().map(|e| e.1).collect();
-    assert_eq!(lines, [Some(7), Some(8), Some(9)], "{errs:#?}");
+    assert_eq!(lines, [Some(8), Some(9), Some(10)], "{errs:#?}");
     assert!(
         errs[0].2.contains("kv_events.zmq must be tcp://HOST:PORT"),
         "{errs:#?}"
