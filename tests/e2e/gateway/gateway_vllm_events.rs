@@ -45,7 +45,8 @@ struct Publisher {
 }
 
 impl Publisher {
-    async fn start(maps: bool) -> Publisher {
+    /// Starts it, with tagged-map events when `maps`, on `port` when given.
+    async fn start(maps: bool, port: Option<u16>) -> Publisher {
         let script = Path::new(common::REPO).join("tests/e2e/gateway/vllm_publisher.py");
         let mut cmd = command("python3");
         cmd.arg(&script)
@@ -53,6 +54,9 @@ impl Publisher {
             .stdin(std::process::Stdio::piped());
         if maps {
             cmd.arg("--map");
+        }
+        if let Some(port) = port {
+            cmd.arg("--port").arg(port.to_string());
         }
         let (mut child, stderr, mut stdout) = spawn(&mut cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -154,6 +158,18 @@ fn rejected(reason: &str) -> String {
     format!("infergate_routing_vllm_kv_rejected_total{{pool=\"{POOL}\",reason=\"{reason}\"}}")
 }
 
+/// A gateway over `engine` whose KV events come from `tcp://127.0.0.1:port`.
+async fn gateway_with_events(dir: &TempDir, engine: &str, port: u16) -> Gateway {
+    dir.write("tokenizer.json", &tokenizer_json());
+    let mut config = config_yaml(&[engine], "");
+    config.push_str(&format!(
+        "    kv_events:\n      zmq: \"tcp://{{host}}:{port}\"\n      topic: {TOPIC}\n      tokenizer: tokenizer.json\n"
+    ));
+    dir.write_config(&config);
+    dir.write_routing(&routing_yaml("prefix", &[]));
+    Gateway::start(&dir.config(), &[]).await
+}
+
 async fn live(gw: &Gateway, worker: &str) -> f64 {
     gw.metric(&format!(
         "infergate_routing_kv_events_live{{pool=\"{POOL}\",worker=\"{worker}\"}}"
@@ -192,7 +208,10 @@ async fn vllm_kv_events_over_zmq_feed_the_precise_index() {
     let started = Instant::now();
     let args: &[&str] = &["--gpu", "h100", "--no-kv-events"];
     let engines = [Engine::start(args).await, Engine::start(args).await];
-    let mut pubs = [Publisher::start(false).await, Publisher::start(true).await];
+    let mut pubs = [
+        Publisher::start(false, None).await,
+        Publisher::start(true, None).await,
+    ];
     let dir = TempDir::new("vllm-zmq");
     dir.write("tokenizer.json", &tokenizer_json());
     let urls: Vec<&str> = engines.iter().map(|e| e.url.as_str()).collect();
@@ -270,4 +289,31 @@ async fn vllm_kv_events_over_zmq_feed_the_precise_index() {
         .await;
     assert!(missed >= 1.0, "{missed} batches counted missed");
     eprintln!("vLLM KV events test: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn an_absent_publisher_keeps_the_approximate_index_until_it_comes() {
+    let engine = Engine::start(&["--gpu", "h100", "--no-kv-events"]).await;
+    // A port nobody listens on (yet).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = TempDir::new("vllm-zmq-absent");
+    let gw = gateway_with_events(&dir, &engine.url, port).await;
+    // Several polls, so subscriptions were tried and failed: approximate, and serving.
+    let polls = format!(
+        "infergate_worker_polls_total{{pool=\"{POOL}\",worker=\"{}\"}}",
+        engine.url
+    );
+    gw.wait_metric(&polls, |v| v >= 4.0).await;
+    assert_eq!(live(&gw, &engine.url).await, 0.0);
+    assert_eq!(ask(&gw, &random_text(1024, 81)).await, engine.url);
+    // The publisher comes: the subscription is reopened (with backoff) and goes live.
+    let mut publisher = Publisher::start(false, Some(port)).await;
+    eventually("vLLM KV events live", Duration::from_secs(10), || async {
+        (live(&gw, &engine.url).await == 1.0).then_some(())
+    })
+    .await;
+    joined(&gw, &mut publisher).await;
 }

@@ -6,7 +6,7 @@ payload]. The payload is the batch [ts, events, data_parallel_rank]; events are 
 ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]
 (vLLM up to v0.2x) or, with --map, tagged maps {"type": "BlockStored", ...} (later versions).
 
-Binds tcp://127.0.0.1 on a free port, prints "port N", then reads one JSON command a line on
+Binds tcp://127.0.0.1 on a free port (or on --port N), prints "port N", then reads one JSON command a line on
 stdin and prints "sent SEQ" after each:
   {"events": [[tag, field, ...], ...]}   one batch (arrays turned into maps with --map)
   {"raw": "hex"}                         a payload of these bytes (garbage)
@@ -39,7 +39,11 @@ def main():
     maps = "--map" in sys.argv
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.PUB)
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    if "--port" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+        pub.bind(f"tcp://127.0.0.1:{port}")
+    else:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
     print(f"port {port}", flush=True)
     seq = 0
     for line in sys.stdin:
