@@ -157,6 +157,10 @@ pub async fn relay(target: &str, max_message: u64) -> std::io::Result<Relay> {
         let mut conns = JoinSet::new();
         while let Ok((down, _)) = listener.accept().await {
             while conns.try_join_next().is_some() {}
+            // One socket, one connection: another local process gets nothing through here.
+            if !conns.is_empty() {
+                continue;
+            }
             let Ok(up) = TcpStream::connect(&upstream).await else {
                 continue;
             };
