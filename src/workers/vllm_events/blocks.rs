@@ -8,8 +8,8 @@
 //! canonical prompt (`routing::features::prefix_hashes`: 256-byte blocks, chained xxh3). A
 //! gateway key is *anchored* to the vLLM block in which its 256th byte lands, and is resident
 //! while that block is (counted, since two blocks may complete the same key). A completion
-//! prompt decodes to its own bytes (special tokens such as BOS decode to nothing), so its keys
-//! agree exactly; a chat prompt passes through the model's chat template, whose text the
+//! prompt decodes to its own bytes (special tokens such as BOS decode to nothing, and a
+//! sentencepiece vocabulary's space before the first word is dropped), so its keys agree exactly; a chat prompt passes through the model's chat template, whose text the
 //! gateway's canonical chat form does not reproduce, so chat keys rarely agree and those
 //! requests keep the approximate index (see the README).
 //!
@@ -124,7 +124,10 @@ impl BlockMap {
                 if keys_done >= self.max_keys {
                     break;
                 }
-                let bytes = vocab.bytes(t).ok_or(MapError::UnknownToken(t))?;
+                let mut bytes = vocab.bytes(t).ok_or(MapError::UnknownToken(t))?;
+                if keys_done == 0 && partial.is_empty() && vocab.strips_first_space() {
+                    bytes = bytes.strip_prefix(b" ").unwrap_or(bytes);
+                }
                 for &byte in bytes {
                     partial.push(byte);
                     if partial.len() == self.block_bytes {
@@ -245,6 +248,19 @@ mod tests {
         assert_eq!(map.removed(&[anchor as u64]).removed, vec![all[1]]);
         assert_eq!(map.clear(), vec![all[0]]);
         assert!(map.is_empty());
+    }
+
+    #[test]
+    fn a_sentencepiece_prompts_first_space_is_dropped() {
+        let v = Vocab::from_tokenizer_json(
+            r#"{"model":{"vocab":{"<s>":0,"\u2581ab":1,"\u2581c":2}},
+                "added_tokens":[{"id":0,"content":"<s>","special":true}]}"#,
+        )
+        .unwrap();
+        // <s> ▁ab ▁c ▁c: "ab c c", a 6-byte key.
+        let mut map = BlockMap::new(10, 6, 4);
+        let c = map.stored(None, &[1], &[0, 1, 2, 2], 4, &v).unwrap();
+        assert_eq!(c.stored, prefix_hashes(b"ab c c", 6, 4));
     }
 
     #[test]

@@ -16,12 +16,20 @@ pub const MAX_VOCAB: usize = 1 << 21;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vocab {
     pieces: Vec<Option<Box<[u8]>>>,
+    /// Sentencepiece vocabularies write the space a prompt's first word is given (`▁Hello`);
+    /// decoding drops it, as Hugging Face's decoders do.
+    strip_first_space: bool,
 }
 
 impl Vocab {
     /// The bytes of token `id`; `None` for an id the vocabulary lacks.
     pub fn bytes(&self, id: u32) -> Option<&[u8]> {
         self.pieces.get(id as usize)?.as_deref()
+    }
+
+    /// Whether the space opening a prompt's text is dropped (sentencepiece vocabularies).
+    pub fn strips_first_space(&self) -> bool {
+        self.strip_first_space
     }
 
     /// Number of ids (including holes).
@@ -102,7 +110,10 @@ impl Vocab {
         if pieces.is_empty() {
             return Err("tokenizer.json's vocab is empty".into());
         }
-        Ok(Self { pieces })
+        Ok(Self {
+            pieces,
+            strip_first_space: !byte_level,
+        })
     }
 }
 
