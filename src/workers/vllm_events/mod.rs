@@ -269,7 +269,11 @@ pub async fn subscribe(
         }
         failures = failures.saturating_add(1);
         let delay = reconnect_delay(settings.first_backoff, settings.max_backoff, failures);
-        tracing::warn!(worker = %worker.url, endpoint = %source.endpoint, reason = %why, ?delay, "vLLM KV events lost; routing falls back to its approximate index");
+        if worker.kv_events() == KvEventsState::Live {
+            tracing::warn!(worker = %worker.url, endpoint = %source.endpoint, reason = %why, ?delay, "vLLM KV events lost; routing falls back to its approximate index");
+        } else {
+            tracing::debug!(worker = %worker.url, endpoint = %source.endpoint, reason = %why, ?delay, "vLLM KV events unavailable; reopening");
+        }
         worker.set_kv_events(KvEventsState::Connecting);
         tokio::time::sleep(delay).await;
         if !worker.is_healthy() || current_policy().is_none() {
