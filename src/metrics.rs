@@ -71,6 +71,15 @@ pub struct GatewayMetrics {
     /// `infergate_routing_kv_events_live{pool,worker}`: 1 while routing reads the worker's KV
     /// events (precise mode), 0 on the approximate index.
     pub kv_events_live: GaugeVec,
+    /// `infergate_routing_vllm_kv_batches_total{pool}`: vLLM KV-event batches applied to the index.
+    pub vllm_kv_batches: IntCounterVec,
+    /// `infergate_routing_vllm_kv_rejected_total{pool,reason}`: vLLM KV-event messages refused
+    /// (`frames`, `topic`, `oversize`, `malformed`, `schema`, `vocab`); each drops the worker to
+    /// the approximate index until a good batch comes.
+    pub vllm_kv_rejected: IntCounterVec,
+    /// `infergate_routing_vllm_kv_missed_total{pool}`: vLLM KV-event batches never received
+    /// (gaps in the publisher's sequence numbers).
+    pub vllm_kv_missed: IntCounterVec,
     /// `infergate_worker_polls_total{pool,worker}`: `/metrics` polls of the worker, whatever
     /// their outcome (each worker is polled on its own schedule).
     pub worker_polls: IntCounterVec,
@@ -489,6 +498,21 @@ impl GatewayMetrics {
             kv_events_live: gauge(
                 "infergate_routing_kv_events_live",
                 "1 while routing reads the worker's KV events (precise mode), 0 on the approximate index.",
+            )?,
+            vllm_kv_batches: counter(
+                "infergate_routing_vllm_kv_batches_total",
+                "vLLM KV-event batches (ZMQ) applied to the routing index.",
+                &["pool"],
+            )?,
+            vllm_kv_rejected: counter(
+                "infergate_routing_vllm_kv_rejected_total",
+                "vLLM KV-event messages refused, by reason (frames, topic, oversize, malformed, schema, vocab).",
+                &["pool", "reason"],
+            )?,
+            vllm_kv_missed: counter(
+                "infergate_routing_vllm_kv_missed_total",
+                "vLLM KV-event batches never received (gaps in the publisher's sequence numbers).",
+                &["pool"],
             )?,
             worker_in_flight: gauge(
                 "infergate_worker_in_flight",

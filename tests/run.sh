@@ -38,6 +38,9 @@ python3 -c 'import openai, sys; sys.exit(openai.__version__ != "3.57.0")' 2>/dev
 # The official OpenTelemetry protobuf schema, pinned, for the OTLP receiver of
 # tests/e2e/gateway/otlp_export.rs (it parses every export with it).
 python3 -c 'import sys; from importlib.metadata import version as v; sys.exit((v("opentelemetry-proto"), v("protobuf")) != ("1.45.2", "7.36.2"))' 2>/dev/null || pip_install opentelemetry-proto==1.45.2 protobuf==7.36.2
+# pyzmq and msgpack for the vLLM-format KV-event publisher of
+# tests/e2e/gateway/gateway_vllm_events.rs (it speaks vLLM's ZMQ wire format), pinned.
+python3 -c 'import sys, zmq, msgpack; sys.exit((zmq.__version__, msgpack.version) != ("27.2.0", (1, 1, 2)))' 2>/dev/null || pip_install pyzmq==27.2.0 msgpack==1.1.2
 [ tests/sdk/node_modules/.package-lock.json -nt tests/sdk/package-lock.json ] || npm ci --prefix tests/sdk --silent --no-audit --no-fund
 command -v pyenv >/dev/null && pyenv rehash || true
 

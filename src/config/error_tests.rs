@@ -244,3 +244,58 @@ fn outlier_settings_default_and_are_checked() {
         "outlier.eject_after must be ≥ 1",
     );
 }
+
+#[test]
+fn vllm_kv_events_faults_report_their_lines() {
+    let pool = |kv: &str| format!("{MINIMAL}    kv_events:\n{kv}");
+    // Line 7 is `kv_events:`, its fields follow.
+    one_error(
+        &pool("      zmq: \"tcp://x:1\"\n      tokenizer: /dev/null/none.json\n"),
+        9,
+        "kv_events.tokenizer: cannot read",
+    );
+    let errs = errors(
+        &pool(
+            "      zmq: \"tcp://{host}\"\n      endpoints: {\"http://a:1\": \"tcp://a\"}\n      tokenizer: /dev/null/x\n",
+        ),
+        None,
+    );
+    let lines: Vec<_> = errs.iter().map(|e| e.1).collect();
+    assert_eq!(lines, [Some(8), Some(9), Some(10)], "{errs:#?}");
+    assert!(
+        errs[0].2.contains("kv_events.zmq must be tcp://HOST:PORT"),
+        "{errs:#?}"
+    );
+    assert!(
+        errs[1].2.contains("kv_events.endpoints must be"),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn vllm_kv_events_load_with_their_tokenizer() {
+    let dir = std::env::temp_dir().join(format!("infergate-kv-events-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("tok.json"), r#"{"model":{"vocab":{"a":0,"b":1}}}"#).expect("write");
+    std::fs::write(dir.join("routing.yaml"), "").expect("write");
+    let config = format!(
+        "policies: .\n{MINIMAL}    kv_events:\n      zmq: \"tcp://{{host}}:5557\"\n      \
+         endpoints: {{\"http://10.0.0.9:8000/\": \"tcp://10.0.0.9:6000\"}}\n      \
+         topic: kv\n      tokenizer: tok.json\n"
+    );
+    std::fs::write(dir.join("infergate.yaml"), config).expect("write");
+    let snap = super::load(&dir.join("infergate.yaml"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snap = snap.expect("valid");
+    let kv = snap.pools[0].kv_events.as_ref().expect("kv_events");
+    assert_eq!(kv.topic, "kv");
+    assert_eq!(kv.vocab.len(), 2);
+    assert_eq!(
+        kv.endpoint_for("http://127.0.0.1:9000").as_deref(),
+        Some("tcp://127.0.0.1:5557")
+    );
+    assert_eq!(
+        kv.endpoint_for("http://10.0.0.9:8000").as_deref(),
+        Some("tcp://10.0.0.9:6000")
+    );
+}

@@ -32,7 +32,8 @@ use std::path::Path;
 pub use crate::diagnostics::{ConfigError, ConfigErrors, Problem, Seg, YamlPath, into_messages};
 pub use snapshot::{
     AdminConfig, AdmissionSpec, ConnectionLimits, Dialect, ForwardConfig, HealthConfig, LogConfig,
-    LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, WorkerSource,
+    LogFormat, ModelRoute, PoolSpec, Snapshot, TenantSpec, TierSpec, TlsConfig, VllmKvEventsSpec,
+    WorkerSource,
 };
 
 use compile::{PolicySource, PolicySources};

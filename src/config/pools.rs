@@ -4,8 +4,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::raw::{RawAdmission, RawModel, RawPool, RawWorker, Text};
-use super::snapshot::{AdmissionSpec, Dialect, ModelRoute, PoolSpec, WorkerSource};
+use super::raw::{RawAdmission, RawKvEvents, RawModel, RawPool, RawWorker, Text};
+use super::snapshot::{
+    AdmissionSpec, Dialect, ModelRoute, PoolSpec, VllmKvEventsSpec, WorkerSource,
+};
 use super::values::{parse_duration, parse_worker_url};
 use crate::admission::FairWeights;
 use crate::diagnostics::Sink;
@@ -47,12 +49,17 @@ pub(super) fn pools(raw: &[RawPool], base: &Path, sink: &mut Sink<'_>) -> Vec<Po
             .filter_map(|w| worker(&name.value, w, base, sink))
             .collect();
         let admission = admission(&name.value, pool.admission.as_ref(), sink);
+        let kv_events = pool
+            .kv_events
+            .as_ref()
+            .and_then(|k| kv_events(&name.value, k, base, sink));
         pools.push(PoolSpec {
             name: name.value.clone(),
             dialect: pool.dialect.unwrap_or(Dialect::Infergate),
             workers,
             policy: PolicyConfig::Prefix(PrefixConfig::default()),
             admission,
+            kv_events,
         });
     }
     pools
@@ -238,6 +245,98 @@ fn worker(pool: &str, raw: &RawWorker, base: &Path, sink: &mut Sink<'_>) -> Opti
             })
         }
     }
+}
+
+/// Longest topic accepted (vLLM's are short names).
+const MAX_TOPIC_BYTES: usize = 256;
+
+/// A pool's vLLM KV-event source: a `tcp://HOST:PORT` endpoint (`{host}` allowed for the host),
+/// a short topic and a readable `tokenizer.json`; each fault reported at its line.
+fn kv_events(
+    pool: &str,
+    raw: &RawKvEvents,
+    base: &Path,
+    sink: &mut Sink<'_>,
+) -> Option<VllmKvEventsSpec> {
+    let mut ok = true;
+    let check = |at: &Text, what: &str, sink: &mut Sink<'_>, ok: &mut bool| -> String {
+        let endpoint = at.value.trim().to_string();
+        let valid = endpoint
+            .strip_prefix("tcp://")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+        if !valid {
+            let msg = format!(
+                "pool `{pool}`: kv_events.{what} must be tcp://HOST:PORT (the zmq template's HOST may be {{host}}, each worker's), not `{endpoint}`"
+            );
+            sink.at(&at.referenced, msg);
+            *ok = false;
+        }
+        endpoint
+    };
+    let endpoint = raw.zmq.as_ref().map(|z| check(z, "zmq", sink, &mut ok));
+    let mut endpoints = Vec::new();
+    for (url, at) in raw.endpoints.iter().flatten() {
+        let e = check(at, "endpoints", sink, &mut ok);
+        match parse_worker_url(&url.value) {
+            Ok(u) => endpoints.push((u, e)),
+            Err(message) => {
+                sink.at(
+                    &url.referenced,
+                    format!("pool `{pool}`: kv_events.endpoints: {message}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    // Deterministic order whatever the map's.
+    endpoints.sort();
+    if endpoint.is_none() && endpoints.is_empty() {
+        sink.at(
+            &raw.tokenizer.referenced,
+            format!(
+                "pool `{pool}`: kv_events needs `zmq` (a template for every worker) or `endpoints`"
+            ),
+        );
+        ok = false;
+    }
+    let topic = raw
+        .topic
+        .as_ref()
+        .map_or(String::new(), |t| t.value.clone());
+    if let Some(t) = raw
+        .topic
+        .as_ref()
+        .filter(|t| t.value.len() > MAX_TOPIC_BYTES)
+    {
+        let msg = format!("pool `{pool}`: kv_events.topic is longer than {MAX_TOPIC_BYTES} bytes");
+        sink.at(&t.referenced, msg);
+        ok = false;
+    }
+    let joined = base.join(&raw.tokenizer.value);
+    let path = std::path::absolute(&joined).unwrap_or(joined);
+    let vocab = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        .and_then(|text| crate::workers::vllm_events::vocab::Vocab::from_tokenizer_json(&text));
+    let vocab = match vocab {
+        Ok(v) => v,
+        Err(e) => {
+            sink.at(
+                &raw.tokenizer.referenced,
+                format!("pool `{pool}`: kv_events.tokenizer: {e}"),
+            );
+            return None;
+        }
+    };
+    ok.then(|| VllmKvEventsSpec {
+        endpoint,
+        endpoints,
+        topic,
+        tokenizer: path,
+        vocab: std::sync::Arc::new(vocab),
+    })
 }
 
 /// Builds the model routes, resolving each pool name to its index in `pools`.

@@ -284,6 +284,18 @@ pub(super) struct RawPool {
     pub dialect: Option<Dialect>,
     pub workers: Option<Vec<RawWorker>>,
     pub admission: Option<RawAdmission>,
+    pub kv_events: Option<RawKvEvents>,
+}
+
+/// A pool's `kv_events: {zmq, endpoints, topic, tokenizer}`: its vLLM workers' KV-event
+/// publishers (`endpoints`: worker URL → endpoint, overriding the `zmq` template).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKvEvents {
+    pub zmq: Option<Text>,
+    pub endpoints: Option<HashMap<Text, Text>>,
+    pub topic: Option<Text>,
+    pub tokenizer: Text,
 }
 
 /// A pool's `admission:` section.

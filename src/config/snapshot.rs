@@ -310,6 +310,41 @@ pub struct PoolSpec {
     pub policy: PolicyConfig,
     /// Bounded priority queue in front of the workers.
     pub admission: AdmissionSpec,
+    /// vLLM KV events over ZMQ for precise prefix routing (`kv_events:`). Default `None`: the
+    /// workers' own `GET /kv/events`, if any.
+    pub kv_events: Option<VllmKvEventsSpec>,
+}
+
+/// Where a pool's vLLM workers publish their KV events, and how to read their token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmKvEventsSpec {
+    /// ZMQ endpoint, `tcp://HOST:PORT`; `{host}` stands for each worker URL's host. Default
+    /// `None`: only the workers of `endpoints`.
+    pub endpoint: Option<String>,
+    /// Endpoints of single workers, by worker URL (first match wins over `endpoint`).
+    pub endpoints: Vec<(String, String)>,
+    /// Topic the publisher sends on (vLLM's `KVEventsConfig.topic`). Default empty.
+    pub topic: String,
+    /// The model's `tokenizer.json`, resolved against the config file's directory.
+    pub tokenizer: std::path::PathBuf,
+    /// Its vocabulary, loaded at compile time.
+    pub vocab: std::sync::Arc<crate::workers::vllm_events::vocab::Vocab>,
+}
+
+impl VllmKvEventsSpec {
+    /// The endpoint of the worker at `worker_url`; `None` when none is configured for it.
+    pub fn endpoint_for(&self, worker_url: &str) -> Option<String> {
+        if let Some((_, e)) = self.endpoints.iter().find(|(u, _)| u == worker_url) {
+            return Some(e.clone());
+        }
+        let template = self.endpoint.as_ref()?;
+        if !template.contains("{host}") {
+            return Some(template.clone());
+        }
+        let uri: hyper::Uri = worker_url.parse().ok()?;
+        let host = uri.host()?;
+        Some(template.replace("{host}", host))
+    }
 }
 
 pub use crate::admission::AdmissionSpec;

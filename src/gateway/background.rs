@@ -15,6 +15,8 @@ use crate::routing::PolicyConfig;
 use crate::workers::kv_events::{self, StreamSettings};
 use crate::workers::poller::{PollSettings, poll_worker};
 use crate::workers::pool::PoolRuntime;
+use crate::workers::state::KvEventsState;
+use crate::workers::vllm_events;
 
 /// A worker's poll task is keyed by its pool's name and its key (hash of its URL).
 type PollerKey = (String, u64);
@@ -35,10 +37,12 @@ impl Gateway {
     /// Opens a KV event subscription to each healthy worker of a cache-aware pool that has none
     /// (precise mode); workers without events keep the approximate index. The subscription's
     /// task reopens a lost stream itself, with backoff, while the worker stays in the pool.
+    /// A pool with `kv_events:` (vLLM) subscribes to each worker's ZMQ publisher instead.
     fn open_kv_event_streams(
         self: &Arc<Self>,
         pool: &Arc<PoolRuntime>,
         health: &config::HealthConfig,
+        vllm: Option<&config::VllmKvEventsSpec>,
     ) {
         if !matches!(pool.policy().config, PolicyConfig::Prefix(_)) {
             return;
@@ -59,8 +63,24 @@ impl Gateway {
             let name = pool.name.clone();
             let worker = worker.clone();
             let key = worker.key;
+            let source = match vllm {
+                None => None,
+                Some(spec) => match spec.endpoint_for(&worker.url) {
+                    Some(endpoint) => Some(vllm_events::Source {
+                        endpoint,
+                        topic: spec.topic.clone(),
+                        vocab: spec.vocab.clone(),
+                        pool: name.clone(),
+                    }),
+                    None => {
+                        worker.set_kv_events(KvEventsState::Unsupported);
+                        continue;
+                    }
+                },
+            };
             tokio::spawn(async move {
                 let client = gw.client.clone();
+                let metrics = gw.metrics.clone();
                 // The pool's policy while the worker is still one of its workers.
                 let current = move || {
                     gw.live()
@@ -70,7 +90,12 @@ impl Gateway {
                         .filter(|p| p.workers().iter().any(|w| w.key == key))
                         .map(|p| p.policy().clone())
                 };
-                kv_events::subscribe(client, worker, current, settings).await;
+                match source {
+                    Some(source) => {
+                        vllm_events::subscribe(worker, current, source, settings, metrics).await
+                    }
+                    None => kv_events::subscribe(client, worker, current, settings).await,
+                };
             });
         }
     }
@@ -158,7 +183,9 @@ impl Gateway {
             let health = live.snapshot.health.clone();
             self.keep_pollers(&live, &mut pollers);
             for pool in &live.pools {
-                self.open_kv_event_streams(pool, &health);
+                let spec = live.snapshot.pool(&pool.name).map(|(_, p)| p);
+                let vllm = spec.and_then(|p| p.kv_events.as_ref());
+                self.open_kv_event_streams(pool, &health, vllm);
             }
             let now = std::time::Instant::now();
             for (model, canary) in &live.canaries {

@@ -8,3 +8,4 @@ pub mod poller;
 pub mod pool;
 pub mod state;
 pub mod triage_export;
+pub mod vllm_events;

@@ -11,6 +11,7 @@ mod gateway_routing;
 mod gateway_streaming;
 mod gateway_tls_admin;
 mod gateway_up;
+mod gateway_vllm_events;
 mod gateway_warmup;
 mod otlp_export;
 mod shape_classes;
