@@ -316,6 +316,28 @@ mod tests {
     }
 
     #[test]
+    fn absorbed_sequences_count_as_the_record_counts_them() {
+        let engine = EngineInfo::new("sim", &[1, 2, 4, 8]);
+        let mut a = info(3, 1, (2, 4, 10));
+        a.batch_hist.add(2, false);
+        let mut b = info(2, 2, (1, 9, 20));
+        b.batch_hist.add(9, true);
+        b.queue_s = 0.004;
+        let both = FlightRecord::build(&engine, Features::default(), 10, 0, [a, b].iter());
+        let mut merged = a;
+        merged.absorb(&b);
+        let one = FlightRecord::build(&engine, Features::default(), 10, 0, [merged].iter());
+        assert_eq!(one, both);
+        assert_eq!(one.path(), both.path());
+        // A sequence that took no step leaves the batch span alone.
+        let mut idle = FinishInfo::default();
+        idle.absorb(&a);
+        assert_eq!((idle.batch_min, idle.batch_max), (2, 4));
+        merged.absorb(&FinishInfo::default());
+        assert_eq!(merged.batch_min, 1);
+    }
+
+    #[test]
     fn a_record_round_trips_and_stays_small() {
         let sizes: Vec<usize> = (1..=1000).collect();
         let engine = EngineInfo::new("cuda", &sizes);
