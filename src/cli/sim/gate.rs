@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use hyper::HeaderMap;
 use hyper::body::Bytes;
 
-use crate::workload::{PlannedRequest, request_body};
+use crate::workload::{PlannedRequest, feature_bytes, request_body};
 use infergate::config::{ModelRoute, Snapshot};
 use infergate::error::GatewayError;
 use infergate::pipeline::validate::request::{
@@ -218,7 +218,10 @@ impl Gate {
         let body_bound = tokens
             .saturating_mul(max_token_bytes)
             .saturating_mul(6)
-            .saturating_add(BODY_OVERHEAD + self.model.len());
+            .saturating_add(BODY_OVERHEAD + self.model.len())
+            .saturating_add(req.features.as_ref().map_or(0, |f| {
+                feature_bytes(f, self.endpoint == Endpoint::ChatCompletions)
+            }));
         if body_limits(&self.snapshot).too_large(body_bound) {
             return self.check_whole(req);
         }
@@ -272,6 +275,7 @@ impl Gate {
             group: None,
             prompt: req.prompt.iter().take(1).copied().collect(),
             output_tokens: req.output_tokens,
+            features: req.features,
         };
         self.validate(&stand_in, tier)
             .map(|v| (v.max_context, v.estimator))
@@ -368,6 +372,7 @@ mod tests {
             group: None,
             prompt: (0..prompt).map(|i| words[i * 7919 % words.len()]).collect(),
             output_tokens: output,
+            features: None,
         }
     }
 
