@@ -12,7 +12,8 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::admit::{Admission, QueueKey, Waiting};
 use super::degradation::SimDegradation;
-use super::gate::Gate;
+use super::features::EngineParser;
+use super::gate::{Gate, Refusal};
 use super::rate_limits::SimLimits;
 use super::record::{Live, refused};
 use super::sink::Note;
@@ -111,6 +112,8 @@ pub(super) struct Fleet {
     steps: u64,
     /// Chat template tokens around each prompt (before, after), when clients use chat.
     chat_wrap: Option<(Vec<u32>, Vec<u32>)>,
+    /// The engine's parser of replayed requests' features (chat when `chat_wrap` is).
+    engine_parser: EngineParser,
     /// Prompt tokens the engines served from their prefix caches (the usage's cached tokens).
     cached_tokens: u64,
     /// The admission queue's length integrated over time, and when it was last integrated.
@@ -154,6 +157,7 @@ impl Fleet {
             end: 0.0,
             steps: 0,
             chat_wrap: None,
+            engine_parser: EngineParser::new(false),
             cached_tokens: 0,
             admission_area: 0.0,
             admission_since: 0.0,
@@ -163,6 +167,7 @@ impl Fleet {
     /// Wraps every prompt in the engine's default chat template (ChatML, one user message),
     /// tokenized as the engine tokenizes it, so the simulated prefill matches a live chat call.
     pub(super) fn with_chat_template(mut self, on: bool) -> Result<Self, String> {
+        self.engine_parser = EngineParser::new(on);
         if on {
             let tok = infergate_engine::tokenizer::SimTokenizer::shared()?;
             self.chat_wrap = Some((
@@ -403,6 +408,21 @@ impl Fleet {
             prompt_tokens,
             arrival,
         } = waiting;
+        // A replayed request's features, as the engine's parser reads them (it refuses before
+        // its context check and its queue, whichever engine is chosen).
+        let sequences = match req.features.is_some() {
+            true => match self.engine_parser.sequences(&req) {
+                Ok(params) => Some(params),
+                Err(status) => {
+                    if let Some(g) = &mut self.gate {
+                        g.count(Refusal::EngineInvalid);
+                    }
+                    self.refuse(req, arrival, status, prompt_tokens, t);
+                    return None;
+                }
+            },
+            false => None,
+        };
         // Every engine has the same context: it refuses before its queue, whichever is chosen.
         if let Some(g) = &mut self.gate
             && let Some(refused) = g.check_engine(prompt_tokens, req.output_tokens)
@@ -445,7 +465,10 @@ impl Fleet {
             }
             None => req.prompt,
         };
-        self.workers[w].submit(req.id, prompt, req.output_tokens, keys);
+        match sequences {
+            Some(params) => self.workers[w].submit_sequences(req.id, prompt, params, keys),
+            None => self.workers[w].submit(req.id, prompt, req.output_tokens, keys),
+        }
         Some(w)
     }
 

@@ -48,6 +48,8 @@ pub(super) enum Refusal {
     Context,
     /// The engine's check: prompt plus `max_tokens` over its context length (400).
     EngineContext,
+    /// The engine's parser refused a replayed request's features (image parts: 400).
+    EngineInvalid,
 }
 
 /// A refusal and the status the client gets.
@@ -92,7 +94,7 @@ pub(super) struct Gate {
     /// The engines' context length (the model preset's `max_model_len`).
     engine_context: usize,
     /// Refusals per [`Refusal`], in declaration order.
-    counts: [u64; 4],
+    counts: [u64; 5],
     /// `validate`'s verdicts so far, by (tier index, max_tokens, prompt empty).
     verdicts: HashMap<(usize, u32, bool), Verdict>,
     /// Index of the pool simulated, when the config's shape classes may send requests to
@@ -134,7 +136,7 @@ impl Gate {
                 Endpoint::Completions
             },
             engine_context,
-            counts: [0; 4],
+            counts: [0; 5],
             verdicts: HashMap::new(),
             pool: None,
             elsewhere: 0,
@@ -340,12 +342,13 @@ impl Gate {
 
     /// Refusals per check, and the requests classes sent elsewhere, for the report's `extra`.
     pub(super) fn extra(&self) -> Vec<(&'static str, f64)> {
-        let [body, invalid, context, engine] = self.counts.map(|n| n as f64);
+        let [body, invalid, context, engine, engine_invalid] = self.counts.map(|n| n as f64);
         let mut extra = vec![
             ("gateway_refused_body_size", body),
             ("gateway_refused_invalid", invalid),
             ("gateway_refused_context", context),
             ("engine_refused_context", engine),
+            ("engine_refused_invalid", engine_invalid),
         ];
         if self.pool.is_some() && !self.snapshot.shape_classes.is_empty() {
             extra.push(("shape_class_elsewhere", self.elsewhere as f64));

@@ -14,6 +14,7 @@ mod args;
 mod compare;
 mod degradation;
 mod engines;
+mod features;
 mod fleet;
 mod gate;
 mod rate_limits;
