@@ -24,6 +24,8 @@ mod spawn;
 mod worker;
 
 #[cfg(test)]
+mod replay_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tier_tests;
