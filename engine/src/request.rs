@@ -120,9 +120,16 @@ mod tests {
             ..SamplingParams::default()
         };
         let seeds: Vec<Option<u64>> = seeded.for_choices(3).map(|p| p.seed).collect();
-        assert_eq!(seeds, vec![Some(42), Some(choice_seed(42, 1)), Some(choice_seed(42, 2))]);
+        assert_eq!(
+            seeds,
+            vec![Some(42), Some(choice_seed(42, 1)), Some(choice_seed(42, 2))]
+        );
         assert_eq!(SamplingParams::default().for_choices(0).count(), 1);
-        assert!(SamplingParams::default().for_choices(2).all(|p| p.seed.is_none()));
+        assert!(
+            SamplingParams::default()
+                .for_choices(2)
+                .all(|p| p.seed.is_none())
+        );
         assert_eq!(sequence_logprobs(None, 2, 2), None);
         assert_eq!(sequence_logprobs(None, 1, 3), Some(0));
         assert_eq!(sequence_logprobs(Some(5), 1, 3), Some(5));

@@ -123,10 +123,12 @@ impl TraceFeatures {
             }
             None => {}
         }
-        if let Some(tools) = raw(m.tools)
-            .and_then(|t| serde_json::from_str::<Vec<serde::de::IgnoredAny>>(t).ok())
+        if let Some(tools) =
+            raw(m.tools).and_then(|t| serde_json::from_str::<Vec<serde::de::IgnoredAny>>(t).ok())
         {
-            f.tools = u32::try_from(tools.len()).unwrap_or(u32::MAX).min(MAX_TOOLS);
+            f.tools = u32::try_from(tools.len())
+                .unwrap_or(u32::MAX)
+                .min(MAX_TOOLS);
         }
         f.response_format = raw(m.response_format).map(|r| {
             match serde_json::from_str::<Format>(r).ok().and_then(|x| x.kind) {
@@ -189,7 +191,10 @@ mod tests {
     #[test]
     fn counts_are_bounded_and_odd_members_ignored() {
         let big = TraceFeatures::of_body(br#"{"logprobs":true,"top_logprobs":99999}"#, 500, 900);
-        assert_eq!((big.n, big.images, big.top_logprobs), (MAX_N, MAX_IMAGES, MAX_TOP_LOGPROBS));
+        assert_eq!(
+            (big.n, big.images, big.top_logprobs),
+            (MAX_N, MAX_IMAGES, MAX_TOP_LOGPROBS)
+        );
         let odd = of(r#"{"logprobs":"yes","tools":{"a":1},"top_logprobs":-1}"#);
         assert!(odd.is_plain(), "{odd:?}");
         let plain = TraceFeatures {
@@ -218,7 +223,10 @@ mod tests {
             images: 1,
         };
         let json = serde_json::to_string(&f).unwrap();
-        assert!(json.contains(r#""response_format":"json_object""#), "{json}");
+        assert!(
+            json.contains(r#""response_format":"json_object""#),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<TraceFeatures>(&json).unwrap(), f);
         let old: TraceFeatures = serde_json::from_str(r#"{"response_format":"xml"}"#).unwrap();
         assert_eq!(old.response_format, Some(ResponseFormat::Other));

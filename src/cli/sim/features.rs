@@ -87,7 +87,10 @@ mod tests {
         for chat in [true, false] {
             let seqs = EngineParser::new(chat).sequences(&planned(f)).unwrap();
             assert_eq!(seqs.len(), 3);
-            assert!(seqs.iter().all(|p| p.logprobs == Some(2) && p.max_tokens == 12));
+            assert!(
+                seqs.iter()
+                    .all(|p| p.logprobs == Some(2) && p.max_tokens == 12)
+            );
             assert!(seqs.iter().all(|p| p.ignore_eos));
             assert_eq!(seqs[0].seed, Some(7));
             assert_ne!(seqs[1].seed, seqs[2].seed);
@@ -112,7 +115,9 @@ mod tests {
         assert_eq!(EngineParser::new(true).sequences(&planned(f)), Err(400));
         // Completions carry no image parts: nothing to refuse.
         assert_eq!(
-            EngineParser::new(false).sequences(&planned(f)).map(|s| s.len()),
+            EngineParser::new(false)
+                .sequences(&planned(f))
+                .map(|s| s.len()),
             Ok(1)
         );
     }

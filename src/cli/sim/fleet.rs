@@ -410,8 +410,8 @@ impl Fleet {
         } = waiting;
         // A replayed request's features, as the engine's parser reads them (it refuses before
         // its context check and its queue, whichever engine is chosen).
-        let sequences = match req.features.is_some() {
-            true => match self.engine_parser.sequences(&req) {
+        let sequences = if req.features.is_some() {
+            match self.engine_parser.sequences(&req) {
                 Ok(params) => Some(params),
                 Err(status) => {
                     if let Some(g) = &mut self.gate {
@@ -420,8 +420,9 @@ impl Fleet {
                     self.refuse(req, arrival, status, prompt_tokens, t);
                     return None;
                 }
-            },
-            false => None,
+            }
+        } else {
+            None
         };
         // Every engine has the same context: it refuses before its queue, whichever is chosen.
         if let Some(g) = &mut self.gate

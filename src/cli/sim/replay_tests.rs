@@ -33,9 +33,14 @@ fn run(name: &str, lines: &[serde_json::Value]) -> crate::report::Report {
         workers: 1,
         ..SimConfig::default()
     };
-    let r = simulate(&cfg, &w, &Overrides::default(), &policy_config("round_robin").unwrap())
-        .expect("runs")
-        .report;
+    let r = simulate(
+        &cfg,
+        &w,
+        &Overrides::default(),
+        &policy_config("round_robin").unwrap(),
+    )
+    .expect("runs")
+    .report;
     let _ = std::fs::remove_file(&path);
     r
 }
@@ -56,7 +61,12 @@ fn n_choices_decode_together_and_images_meet_the_engines_refusal() {
     let mixed = run(
         "mixed",
         &[
-            line("a", 0, 16, serde_json::json!({"n": 2, "logprobs": true, "top_logprobs": 2})),
+            line(
+                "a",
+                0,
+                16,
+                serde_json::json!({"n": 2, "logprobs": true, "top_logprobs": 2}),
+            ),
             line(
                 "b",
                 100,
@@ -66,7 +76,11 @@ fn n_choices_decode_together_and_images_meet_the_engines_refusal() {
             line("c", 200, 8, serde_json::json!({"images": 1})),
         ],
     );
-    assert_eq!((mixed.requests, mixed.ok, mixed.client_errors), (3, 2, 1), "{mixed:?}");
+    assert_eq!(
+        (mixed.requests, mixed.ok, mixed.client_errors),
+        (3, 2, 1),
+        "{mixed:?}"
+    );
     assert_eq!(mixed.extra["engine_refused_invalid"], 1.0);
     let out = mixed.tokens_out_per_s * mixed.duration_s;
     assert!((out - 24.0).abs() < 1.0, "16 + 8 tokens served: {out}");

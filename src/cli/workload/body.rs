@@ -149,7 +149,14 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["ignore_eos", "max_tokens", "messages", "model", "stream", "stream_options"]
+            [
+                "ignore_eos",
+                "max_tokens",
+                "messages",
+                "model",
+                "stream",
+                "stream_options"
+            ]
         );
         assert!(plain["messages"][0]["content"].is_string());
         let default = request_body(&planned(Some(TraceFeatures::default())), "m", true);
@@ -160,7 +167,10 @@ mod tests {
     fn a_chat_request_carries_every_feature() {
         let b = request_body(&planned(Some(all())), "m", true);
         assert_eq!(b["n"], 2);
-        assert_eq!((&b["logprobs"], &b["top_logprobs"]), (&json!(true), &json!(3)));
+        assert_eq!(
+            (&b["logprobs"], &b["top_logprobs"]),
+            (&json!(true), &json!(3))
+        );
         assert_eq!(b["tools"].as_array().map(Vec::len), Some(2));
         assert_eq!(b["tool_choice"], "none");
         assert_eq!(b["response_format"]["type"], "json_object");
@@ -176,7 +186,10 @@ mod tests {
         let bytes = b.to_string();
         let again = TraceFeatures::of_body(bytes.as_bytes(), 2, 1);
         assert_eq!(again, all());
-        assert!(feature_bytes(&all(), true) >= bytes.len() - request_body(&planned(None), "m", true).to_string().len());
+        assert!(
+            feature_bytes(&all(), true)
+                >= bytes.len() - request_body(&planned(None), "m", true).to_string().len()
+        );
     }
 
     #[test]
@@ -195,6 +208,10 @@ mod tests {
             response_format: Some(ResponseFormat::Other),
             ..TraceFeatures::default()
         };
-        assert!(request_body(&planned(Some(other)), "m", false).get("response_format").is_none());
+        assert!(
+            request_body(&planned(Some(other)), "m", false)
+                .get("response_format")
+                .is_none()
+        );
     }
 }

@@ -355,7 +355,11 @@ mod tests {
             "features": {"n": 1, "logprobs": false, "top_logprobs": 0, "tools": 0, "images": 0},
         })
         .to_string();
-        let lines = [(1, gateway.as_str()), (2, engine_only.as_str()), (3, plain.as_str())];
+        let lines = [
+            (1, gateway.as_str()),
+            (2, engine_only.as_str()),
+            (3, plain.as_str()),
+        ];
         let (e, _) = entries(&lines).unwrap();
         let g = e[0].features.expect("the gateway's features");
         assert_eq!((g.n, g.top_logprobs, g.tools, g.images), (2, 2, 3, 1));

@@ -147,13 +147,20 @@ async fn replays_keep_n_logprobs_tools_formats_and_image_parts() {
     sim.ok("sim --replay");
     let r = json_file(&sim_out);
     assert_eq!(
-        (uint(&r, "requests"), uint(&r, "ok"), uint(&r, "client_errors")),
+        (
+            uint(&r, "requests"),
+            uint(&r, "ok"),
+            uint(&r, "client_errors")
+        ),
         (5, 4, 1),
         "{r}"
     );
     assert_eq!(float(&r["extra"], "engine_refused_invalid"), 1.0, "{r}");
     let tokens = float(&r, "tokens_out_per_s") * float(&r, "duration_s");
-    assert!((tokens - 40.0).abs() < 1.0, "8 + 2 × 8 + 8 + 8 tokens: {tokens}");
+    assert!(
+        (tokens - 40.0).abs() < 1.0,
+        "8 + 2 × 8 + 8 + 8 tokens: {tokens}"
+    );
 
     // bench sends them again, and reports the engine's refusal of the image.
     let bench_out = dir.path.join("bench.json");
@@ -176,13 +183,19 @@ async fn replays_keep_n_logprobs_tools_formats_and_image_parts() {
         .ok("bench --replay");
     let b = json_file(&bench_out);
     assert_eq!(
-        (uint(&b, "requests"), uint(&b, "ok"), uint(&b, "client_errors")),
+        (
+            uint(&b, "requests"),
+            uint(&b, "ok"),
+            uint(&b, "client_errors")
+        ),
         (5, 4, 1),
         "{b}"
     );
-    common::eventually("the replayed trace lines", Duration::from_secs(10), || async {
-        (trace_lines(&trace).len() == 10).then_some(())
-    })
+    common::eventually(
+        "the replayed trace lines",
+        Duration::from_secs(10),
+        || async { (trace_lines(&trace).len() == 10).then_some(()) },
+    )
     .await;
     let replayed_lines = trace_lines(&trace)[5..].to_vec();
     assert_eq!(kept(&replayed_lines), want);
@@ -194,6 +207,11 @@ async fn replays_keep_n_logprobs_tools_formats_and_image_parts() {
     );
     assert_eq!(a["features"], b["features"]);
     for feature in ["n_gt_1", "logprobs", "tools", "response_format"] {
-        assert_eq!(uint(&a["features"], feature), 1, "{feature}: {}", a["features"]);
+        assert_eq!(
+            uint(&a["features"], feature),
+            1,
+            "{feature}: {}",
+            a["features"]
+        );
     }
 }
