@@ -105,10 +105,19 @@ pub struct SimArgs {
     /// Host microseconds per generated token (detokenising), as the engine's flag [default: 0].
     #[arg(long)]
     pub sim_host_us_per_output_token: Option<f64>,
+    /// Decode batch sizes with a captured CUDA graph, as the engine's flag (e.g. `1,2,4,8`;
+    /// default: vLLM's, 1, 2, 4 and multiples of 8 up to --max-num-seqs). Other steps run
+    /// eagerly, at the eager path's cost.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub cuda_graph_sizes: Vec<usize>,
+    /// Never use CUDA graphs: every step runs eagerly, as the engine's flag.
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// Take the engines from the --gateway-config pool's sim `spawn` entries, as `infergate up`
     /// would start them: their count is --workers and their flags (--gpu, --model,
     /// --max-num-seqs, --max-num-batched-tokens, --no-chunked-prefill, --no-prefix-caching,
-    /// --num-gpu-blocks-override, --sim-host-us-*, KV events, …) the engine settings. Engine
+    /// --num-gpu-blocks-override, --cuda-graph-sizes, --enforce-eager, --sim-host-us-*, KV
+    /// events, …) the engine settings. Engine
     /// flags given here override them.
     #[arg(long, requires = "gateway_config")]
     pub engine_args_from_config: bool,
@@ -160,6 +169,11 @@ pub struct SimArgs {
     /// Write the JSON report (an object keyed by policy with --compare-policies) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write a trace file here: one line per request the engines finished, with its engine
+    /// flight record, as the gateway's `trace:` writes them (what `infergate shapes` reads, e.g.
+    /// to propose capture sizes from simulated traffic). Not with --compare-policies.
+    #[arg(long, conflicts_with = "compare_policies")]
+    pub trace: Option<PathBuf>,
 }
 
 impl SimArgs {
@@ -202,6 +216,10 @@ impl SimArgs {
             let us = |v: Option<f64>| v.unwrap_or(0.0);
             c.host_cost = HostCost::from_micros(us(host[0]), us(host[1]), us(host[2]), us(host[3]));
         }
+        if !self.cuda_graph_sizes.is_empty() {
+            c.cuda_graph_sizes.clone_from(&self.cuda_graph_sizes);
+        }
+        c.enforce_eager |= self.enforce_eager;
         if self.num_gpu_blocks_override.is_some() {
             c.num_gpu_blocks_override = self.num_gpu_blocks_override;
         }
@@ -360,11 +378,23 @@ pub fn run(args: &SimArgs) -> Result<String, String> {
         rate: args.rate,
         seed: args.seed,
     };
-    let (cfg, policy) = resolve(args)?;
+    let (mut cfg, policy) = resolve(args)?;
+    cfg.record_flights = args.trace.is_some();
     if args.compare_policies.is_empty() {
         let result = simulate(&cfg, &workload, &overrides, &policy)?;
         let mut text = result.report.render_text();
         let _ = writeln!(text, "\n{}", speed_line(&result));
+        if let Some(path) = &args.trace {
+            let mut lines = result.trace.join("\n");
+            lines.push('\n');
+            write(path, &lines)?;
+            let _ = writeln!(
+                text,
+                "trace: {} ({} requests)",
+                path.display(),
+                result.trace.len()
+            );
+        }
         if let Some(path) = &args.out {
             write(path, &result.report.to_json())?;
             let _ = writeln!(text, "report: {}", path.display());

@@ -15,7 +15,7 @@ use super::degradation::SimDegradation;
 use super::features::EngineParser;
 use super::gate::{Gate, Refusal};
 use super::rate_limits::SimLimits;
-use super::record::{Live, refused};
+use super::record::{Live, refused, trace_line};
 use super::sink::Note;
 use super::worker::{SimWorker, WorkerStats};
 use crate::report::RequestRecord;
@@ -24,6 +24,7 @@ use infergate::routing::features::{
     DEFAULT_BLOCK_BYTES, DEFAULT_MAX_BLOCKS, prefix_hashes, session_hash,
 };
 use infergate::routing::{Feedback, RequestFeatures, Residency, RoutingPolicy, WorkerView};
+use infergate_engine::flight::EngineInfo;
 use infergate_engine::kv_events::PrefixKeys;
 
 /// A simulated time, ordered totally so it can key the heap.
@@ -76,6 +77,8 @@ pub(super) struct Outcome {
     pub steps: u64,
     /// Per-worker counters.
     pub stats: Vec<WorkerStats>,
+    /// Trace lines of the finished requests (see `SimResult::trace`); empty unless recorded.
+    pub trace: Vec<String>,
     /// Numbers of the admission stage and degradation for the report's `extra` (none when off).
     pub extra: Vec<(&'static str, f64)>,
 }
@@ -119,6 +122,9 @@ pub(super) struct Fleet {
     /// The admission queue's length integrated over time, and when it was last integrated.
     admission_area: f64,
     admission_since: f64,
+    /// The engines' part of every flight record, when recording them; and the lines so far.
+    flights: Option<EngineInfo>,
+    trace: Vec<String>,
 }
 
 impl Fleet {
@@ -161,6 +167,8 @@ impl Fleet {
             cached_tokens: 0,
             admission_area: 0.0,
             admission_since: 0.0,
+            flights: None,
+            trace: Vec::new(),
         }
     }
 
@@ -199,6 +207,13 @@ impl Fleet {
     /// Refuses what `gate` refuses: the gateway's checks on arrival, the engine's when routed.
     pub(super) fn with_gate(mut self, gate: Option<Gate>) -> Self {
         self.gate = gate;
+        self
+    }
+
+    /// Keeps a trace line of every finished request's flight record, with `engine` its
+    /// engine-wide part (`None`: none kept).
+    pub(super) fn with_flights(mut self, engine: Option<EngineInfo>) -> Self {
+        self.flights = engine;
         self
     }
 
@@ -277,6 +292,7 @@ impl Fleet {
             steps: self.steps,
             stats,
             extra,
+            trace: self.trace,
         }
     }
 
@@ -632,6 +648,9 @@ impl Fleet {
                         cached_tokens: Some(info.cached_tokens as u64),
                     },
                 );
+            }
+            if let (Some(engine), Some(info)) = (&self.flights, ended.1.as_ref()) {
+                self.trace.push(trace_line(engine, live.arrival, info));
             }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);

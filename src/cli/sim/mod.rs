@@ -107,6 +107,14 @@ pub struct SimConfig {
     pub latency_multiplier: f64,
     /// Host time per step, as the engine's `--sim-host-us-*` flags model it. Default none.
     pub host_cost: HostCost,
+    /// Decode batch sizes with a captured CUDA graph, as the engine's `--cuda-graph-sizes`
+    /// (empty: vLLM's default up to `max_num_seqs`).
+    pub cuda_graph_sizes: Vec<usize>,
+    /// Every step eager, as the engine's `--enforce-eager`.
+    pub enforce_eager: bool,
+    /// Keep each finished request's engine flight record as a trace line
+    /// ([`SimResult::trace`]), for `infergate shapes`. Default false.
+    pub record_flights: bool,
 }
 
 impl Default for SimConfig {
@@ -137,6 +145,9 @@ impl Default for SimConfig {
             chat_template: true,
             latency_multiplier: 1.0,
             host_cost: HostCost::default(),
+            cuda_graph_sizes: Vec::new(),
+            enforce_eager: false,
+            record_flights: false,
         }
     }
 }
@@ -150,6 +161,10 @@ pub struct SimResult {
     pub wall_seconds: f64,
     /// Engine steps run over all workers.
     pub steps: u64,
+    /// With [`SimConfig::record_flights`]: one trace line per request the engines finished, by
+    /// end time, in the gateway trace file's shape as far as `infergate shapes` reads it
+    /// (`start_ms`: the virtual arrival; `flight`: the engine's record).
+    pub trace: Vec<String>,
 }
 
 /// Simulates `workload` (with `overrides`) on the fleet `cfg` routed by `policy`.
@@ -203,7 +218,8 @@ pub fn simulate(
     .with_admission(admission)
     .with_degradation(cfg.degradation.clone().map(SimDegradation::new))
     .with_gate(Some(gate))
-    .with_rate_limits(cfg.rate_limits);
+    .with_rate_limits(cfg.rate_limits)
+    .with_flights(cfg.record_flights.then(|| spec.engine_info()));
     let outcome = fleet.run();
 
     let gpus = match cfg.tensor_parallel_size {
@@ -257,5 +273,6 @@ pub fn simulate(
         report,
         wall_seconds: started.elapsed().as_secs_f64(),
         steps: outcome.steps,
+        trace: outcome.trace,
     })
 }

@@ -5,6 +5,7 @@ use infergate_engine::sequence::FinishInfo;
 
 use crate::report::RequestRecord;
 use infergate_engine::exec_path::request_path;
+use infergate_engine::flight::{EngineInfo, Features, FlightRecord};
 
 /// A request routed to a worker and not yet finished.
 #[derive(Debug, Clone)]
@@ -122,4 +123,30 @@ pub(super) fn refused(
         output_tokens: 0,
         asked_output_tokens,
     }
+}
+
+/// The trace line of a request that arrived at `arrival` (virtual seconds) and that the engine
+/// finished with `info`: its flight record as the engine would send it, in the gateway trace
+/// file's members that `infergate shapes` reads (`start_ms`, `flight`).
+pub(super) fn trace_line(engine: &EngineInfo, arrival: f64, info: &FinishInfo) -> String {
+    // The simulated clients send one streamed prompt with one choice, as `bench` does.
+    let features = Features {
+        prompts: 1,
+        n: 1,
+        best_of: 1,
+        stream: true,
+        ..Features::default()
+    };
+    let record = FlightRecord::build(
+        engine,
+        features,
+        info.prompt_tokens as u64,
+        info.cached_tokens as u64,
+        std::iter::once(info),
+    );
+    serde_json::json!({
+        "start_ms": (arrival * 1000.0).round() as i64,
+        "flight": record,
+    })
+    .to_string()
 }

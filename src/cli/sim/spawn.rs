@@ -69,6 +69,8 @@ pub(super) fn apply(cfg: &mut SimConfig, workers: usize, e: &EngineArgs) {
     cfg.kv_events = !e.no_kv_events;
     cfg.num_gpu_blocks_override = e.num_gpu_blocks_override;
     cfg.latency_multiplier = e.fault_latency_multiplier;
+    cfg.cuda_graph_sizes.clone_from(&e.cuda_graph_sizes);
+    cfg.enforce_eager = e.enforce_eager;
     cfg.host_cost = HostCost::from_micros(
         e.sim_host_us_per_step,
         e.sim_host_us_per_seq,
@@ -107,6 +109,8 @@ mod tests {
             "--no-prefix-caching",
             "--sim-host-us-per-step",
             "20000",
+            "--cuda-graph-sizes",
+            "1,2,8",
         ];
         let p = pool(vec![
             spawn(2, &args),
@@ -122,6 +126,10 @@ mod tests {
         assert!(!cfg.prefix_caching && cfg.chunked_prefill && cfg.kv_events);
         assert_eq!(cfg.model, "llama-3-8b");
         assert_eq!(cfg.host_cost, HostCost::from_micros(20000.0, 0.0, 0.0, 0.0));
+        assert_eq!(
+            (cfg.cuda_graph_sizes.as_slice(), cfg.enforce_eager),
+            (&[1, 2, 8][..], false)
+        );
     }
 
     #[test]

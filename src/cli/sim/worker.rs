@@ -9,6 +9,8 @@ use infergate_engine::backend::sim::SimBackend;
 use infergate_engine::block_manager::BlockManager;
 use infergate_engine::clock::{Clock, VirtualClock};
 use infergate_engine::core::EngineCore;
+use infergate_engine::exec_path::CaptureSizes;
+use infergate_engine::flight::EngineInfo;
 use infergate_engine::host_time::HostCost;
 use infergate_engine::kv_events::{KvEventBatch, PrefixKeys};
 use infergate_engine::metrics::EngineMetrics;
@@ -98,7 +100,12 @@ impl WorkerSpec {
                 latency_multiplier: cfg.latency_multiplier,
                 ..RooflineConfig::default()
             },
-        );
+        )
+        .with_capture_sizes(CaptureSizes::from_flags(
+            &cfg.cuda_graph_sizes,
+            cfg.enforce_eager,
+            cfg.max_num_seqs,
+        )?);
         cfg.host_cost.check()?;
         let tokenizer = SimTokenizer::shared()?;
         Ok(Self {
@@ -119,6 +126,13 @@ impl WorkerSpec {
             model: cfg.model.clone(),
             max_model_len: model.max_model_len,
         })
+    }
+}
+
+impl WorkerSpec {
+    /// The engine-wide part of every flight record these workers would send.
+    pub(super) fn engine_info(&self) -> EngineInfo {
+        EngineInfo::new("sim", self.roofline.capture_sizes())
     }
 }
 

@@ -37,6 +37,10 @@ const SHIPPED: &[(&str, &str)] = &[
         "rare-shapes",
         include_str!("../../../config/workloads/rare-shapes.yaml"),
     ),
+    (
+        "rare-shapes-bursts",
+        include_str!("../../../config/workloads/rare-shapes-bursts.yaml"),
+    ),
     // The five symptoms' scenarios (config/scenarios/NAME).
     (
         "tpot-at-peak",
