@@ -153,6 +153,21 @@ impl Features {
     }
 }
 
+impl Features {
+    /// These features with what the request's plan decides: its prompts, its choices and
+    /// sequences per prompt, whether it asked for logprobs.
+    pub fn with_plan(self, prompts: usize, n: usize, best_of: usize, logprobs: bool) -> Self {
+        let clamp = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        Self {
+            prompts: clamp(prompts),
+            n: clamp(n),
+            best_of: clamp(best_of),
+            logprobs,
+            ..self
+        }
+    }
+}
+
 /// The engine-wide part of every record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineInfo {

@@ -8,6 +8,7 @@
 //!
 //! A plain request (no features) never comes here: it keeps the one sequence it always had.
 
+use infergate_engine::flight::Features;
 use infergate_engine::openai::{self, ChatTemplate};
 use infergate_engine::request::{SamplingParams, sequence_logprobs};
 
@@ -30,8 +31,11 @@ impl EngineParser {
     }
 
     /// The sampling parameters of each sequence the engine runs for `req` (which has
-    /// features), or the status of its refusal.
-    pub(super) fn sequences(&self, req: &PlannedRequest) -> Result<Vec<SamplingParams>, u16> {
+    /// features) and the features its flight record names, or the status of its refusal.
+    pub(super) fn sequences(
+        &self,
+        req: &PlannedRequest,
+    ) -> Result<(Vec<SamplingParams>, Features), u16> {
         // The features do not depend on the prompt's words: one token stands in for them.
         let stand_in = PlannedRequest {
             prompt: req.prompt.iter().take(1).copied().collect(),
@@ -51,7 +55,13 @@ impl EngineParser {
         sampling.max_tokens = req.output_tokens.max(1) as usize;
         sampling.seed = sampling.seed.or(Some(req.id));
         sampling.logprobs = sequence_logprobs(parsed.logprobs, parsed.n, parsed.best_of);
-        Ok(sampling.for_choices(parsed.best_of).collect())
+        let features = parsed.features.with_plan(
+            parsed.prompts.len(),
+            parsed.n,
+            parsed.best_of,
+            parsed.logprobs.is_some(),
+        );
+        Ok((sampling.for_choices(parsed.best_of).collect(), features))
     }
 }
 
@@ -85,8 +95,11 @@ mod tests {
             ..TraceFeatures::default()
         };
         for chat in [true, false] {
-            let seqs = EngineParser::new(chat).sequences(&planned(f)).unwrap();
+            let (seqs, flight) = EngineParser::new(chat).sequences(&planned(f)).unwrap();
             assert_eq!(seqs.len(), 3);
+            assert_eq!((flight.n, flight.best_of, flight.prompts), (3, 3, 1));
+            assert!(flight.logprobs && flight.stream);
+            assert!(flight.tools, "{flight:?}");
             assert!(
                 seqs.iter()
                     .all(|p| p.logprobs == Some(2) && p.max_tokens == 12)
@@ -99,9 +112,10 @@ mod tests {
             response_format: Some(infergate::trace::features::ResponseFormat::JsonObject),
             ..TraceFeatures::default()
         };
-        let one = EngineParser::new(true)
+        let (one, flight) = EngineParser::new(true)
             .sequences(&planned(plain_format))
             .unwrap();
+        assert!(flight.response_format && !flight.logprobs);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].logprobs, None);
     }
@@ -117,7 +131,7 @@ mod tests {
         assert_eq!(
             EngineParser::new(false)
                 .sequences(&planned(f))
-                .map(|s| s.len()),
+                .map(|s| s.0.len()),
             Ok(1)
         );
     }

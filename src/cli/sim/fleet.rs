@@ -426,9 +426,9 @@ impl Fleet {
         } = waiting;
         // A replayed request's features, as the engine's parser reads them (it refuses before
         // its context check and its queue, whichever engine is chosen).
-        let sequences = if req.features.is_some() {
+        let (sequences, flight_features) = if req.features.is_some() {
             match self.engine_parser.sequences(&req) {
-                Ok(params) => Some(params),
+                Ok((params, features)) => (Some(params), Some(features)),
                 Err(status) => {
                     if let Some(g) = &mut self.gate {
                         g.count(Refusal::EngineInvalid);
@@ -438,7 +438,7 @@ impl Fleet {
                 }
             }
         } else {
-            None
+            (None, None)
         };
         // Every engine has the same context: it refuses before its queue, whichever is chosen.
         if let Some(g) = &mut self.gate
@@ -470,6 +470,7 @@ impl Fleet {
             features,
             predicted_cached: decision.predicted_cached,
             prefill: decision.prefill,
+            flight_features,
         };
         self.live.insert(req.id, (live, routed));
         let prompt = match &self.chat_wrap {
@@ -650,7 +651,9 @@ impl Fleet {
                 );
             }
             if let (Some(engine), Some(info)) = (&self.flights, ended.1.as_ref()) {
-                self.trace.push(trace_line(engine, live.arrival, info));
+                let features = routed.flight_features;
+                self.trace
+                    .push(trace_line(engine, live.arrival, info, features));
             }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);
@@ -701,4 +704,6 @@ struct Routed {
     features: RequestFeatures,
     predicted_cached: u64,
     prefill: u64,
+    /// What its flight record names of its features (`None`: a plain request).
+    flight_features: Option<infergate_engine::flight::Features>,
 }

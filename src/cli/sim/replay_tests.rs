@@ -27,10 +27,16 @@ fn line(id: &str, ms: i64, completion: u64, features: serde_json::Value) -> serd
 }
 
 fn run(name: &str, lines: &[serde_json::Value]) -> crate::report::Report {
+    run_traced(name, lines).report
+}
+
+/// The run of a replay on one worker, keeping its flight records.
+fn run_traced(name: &str, lines: &[serde_json::Value]) -> SimResult {
     let path = trace_file(name, lines);
     let w = workload::replay(&path, 1.0).expect("a replayable trace");
     let cfg = SimConfig {
         workers: 1,
+        record_flights: true,
         ..SimConfig::default()
     };
     let r = simulate(
@@ -39,8 +45,7 @@ fn run(name: &str, lines: &[serde_json::Value]) -> crate::report::Report {
         &Overrides::default(),
         &policy_config("round_robin").unwrap(),
     )
-    .expect("runs")
-    .report;
+    .expect("runs");
     let _ = std::fs::remove_file(&path);
     r
 }
@@ -85,4 +90,35 @@ fn n_choices_decode_together_and_images_meet_the_engines_refusal() {
     let out = mixed.tokens_out_per_s * mixed.duration_s;
     assert!((out - 24.0).abs() < 1.0, "16 + 8 tokens served: {out}");
     assert!(mixed.duration_s >= Duration::from_millis(200).as_secs_f64());
+}
+
+#[test]
+fn the_simulated_flight_records_name_the_replayed_features() {
+    let r = run_traced(
+        "flights",
+        &[
+            line("a", 0, 16, serde_json::json!({"n": 2, "logprobs": true})),
+            line("b", 50, 8, serde_json::json!({"tools": 1})),
+            line("c", 100, 8, serde_json::json!({"n": 1})),
+        ],
+    );
+    let mut features: Vec<serde_json::Value> = r
+        .trace
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["flight"].clone())
+        .collect();
+    features.sort_by_key(|f| f["features"]["n"].as_u64());
+    assert_eq!(features.len(), 3);
+    let two = &features[2];
+    assert_eq!(
+        (
+            two["features"]["n"].as_u64(),
+            two["features"]["best_of"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    assert_eq!(two["features"]["logprobs"], true);
+    assert_eq!(two["tokens"]["decode"], 16, "both choices' tokens");
+    assert!(features.iter().any(|f| f["features"]["tools"] == true));
+    assert!(features.iter().all(|f| f["features"]["stream"] == true));
 }
