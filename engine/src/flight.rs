@@ -153,6 +153,21 @@ impl Features {
     }
 }
 
+impl Features {
+    /// These features with what the request's plan decides: its prompts, its choices and
+    /// sequences per prompt, whether it asked for logprobs.
+    pub fn with_plan(self, prompts: usize, n: usize, best_of: usize, logprobs: bool) -> Self {
+        let clamp = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        Self {
+            prompts: clamp(prompts),
+            n: clamp(n),
+            best_of: clamp(best_of),
+            logprobs,
+            ..self
+        }
+    }
+}
+
 /// The engine-wide part of every record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineInfo {
@@ -313,6 +328,28 @@ mod tests {
         assert_eq!(r.preemptions, 2);
         assert_eq!((r.queue_ms, r.prefill_ms, r.decode_ms), (2.0, 10.0, 500.0));
         assert_eq!(r.features.n, 2);
+    }
+
+    #[test]
+    fn absorbed_sequences_count_as_the_record_counts_them() {
+        let engine = EngineInfo::new("sim", &[1, 2, 4, 8]);
+        let mut a = info(3, 1, (2, 4, 10));
+        a.batch_hist.add(2, false);
+        let mut b = info(2, 2, (1, 9, 20));
+        b.batch_hist.add(9, true);
+        b.queue_s = 0.004;
+        let both = FlightRecord::build(&engine, Features::default(), 10, 0, [a, b].iter());
+        let mut merged = a;
+        merged.absorb(&b);
+        let one = FlightRecord::build(&engine, Features::default(), 10, 0, [merged].iter());
+        assert_eq!(one, both);
+        assert_eq!(one.path(), both.path());
+        // A sequence that took no step leaves the batch span alone.
+        let mut idle = FinishInfo::default();
+        idle.absorb(&a);
+        assert_eq!((idle.batch_min, idle.batch_max), (2, 4));
+        merged.absorb(&FinishInfo::default());
+        assert_eq!(merged.batch_min, 1);
     }
 
     #[test]

@@ -48,6 +48,25 @@ impl Default for SamplingParams {
     }
 }
 
+impl SamplingParams {
+    /// The parameters of each of a prompt's `best_of` sequences: these, with choice `j`'s
+    /// seed [`choice_seed`] of the request's (unseeded choices stay unseeded).
+    pub fn for_choices(&self, best_of: usize) -> impl Iterator<Item = SamplingParams> + '_ {
+        (0..best_of.max(1)).map(move |j| {
+            let mut params = self.clone();
+            params.seed = self.seed.map(|seed| choice_seed(seed, j));
+            params
+        })
+    }
+}
+
+/// The logprobs a request's sequences compute: those asked for (`logprobs`, with that many
+/// alternatives), and the sampled token's own when `best_of` > `n`, which ranks its sequences
+/// by cumulative logprob even unasked.
+pub fn sequence_logprobs(logprobs: Option<usize>, n: usize, best_of: usize) -> Option<usize> {
+    logprobs.or((best_of > n).then_some(0))
+}
+
 /// The engine's context rule: a prompt of `prompt` tokens asking for `max_tokens` more fits a
 /// context of `limit` tokens (a prompt filling the whole context fits only `max_tokens: 0`, the
 /// echo-only request). The gateway's simulator applies the same function, so both refuse the
@@ -92,5 +111,27 @@ mod tests {
         // Seed s's second choice is not seed s + 1's first (unlike seed + index).
         assert_ne!(choice_seed(42, 1), 43);
         assert_eq!(choice_seed(7, 3), choice_seed(7, 3));
+    }
+
+    #[test]
+    fn choices_get_their_own_seeds_and_best_of_computes_logprobs() {
+        let seeded = SamplingParams {
+            seed: Some(42),
+            ..SamplingParams::default()
+        };
+        let seeds: Vec<Option<u64>> = seeded.for_choices(3).map(|p| p.seed).collect();
+        assert_eq!(
+            seeds,
+            vec![Some(42), Some(choice_seed(42, 1)), Some(choice_seed(42, 2))]
+        );
+        assert_eq!(SamplingParams::default().for_choices(0).count(), 1);
+        assert!(
+            SamplingParams::default()
+                .for_choices(2)
+                .all(|p| p.seed.is_none())
+        );
+        assert_eq!(sequence_logprobs(None, 2, 2), None);
+        assert_eq!(sequence_logprobs(None, 1, 3), Some(0));
+        assert_eq!(sequence_logprobs(Some(5), 1, 3), Some(5));
     }
 }

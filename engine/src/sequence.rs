@@ -59,6 +59,39 @@ pub struct FinishInfo {
     pub decode_s: f64,
 }
 
+impl FinishInfo {
+    /// Adds `other`, a sibling sequence of the same request (its `n` or `best_of` choices), as
+    /// the request's flight record counts them: steps, tokens and preemptions summed, the batch
+    /// span widened, times the slowest sequence's; prompt, cached tokens and reason stay this
+    /// one's. A request's totals, for a client that sees one answer for all its sequences.
+    pub fn absorb(&mut self, other: &FinishInfo) {
+        let steps = |i: &FinishInfo| i.graph_steps > 0 || i.eager_steps > 0;
+        if steps(other) {
+            self.batch_min = if steps(self) {
+                self.batch_min.min(other.batch_min)
+            } else {
+                other.batch_min
+            };
+        }
+        self.batch_max = self.batch_max.max(other.batch_max);
+        self.graph_steps = self.graph_steps.saturating_add(other.graph_steps);
+        self.eager_steps = self.eager_steps.saturating_add(other.eager_steps);
+        self.eager_shared_steps = self
+            .eager_shared_steps
+            .saturating_add(other.eager_shared_steps);
+        self.off_path_steps = self.off_path_steps.saturating_add(other.off_path_steps);
+        self.preemptions = self.preemptions.saturating_add(other.preemptions);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.batch_sum = self.batch_sum.saturating_add(other.batch_sum);
+        self.batch_hist.merge(&other.batch_hist);
+        self.queue_s = self.queue_s.max(other.queue_s);
+        self.prefill_s = self.prefill_s.max(other.prefill_s);
+        self.decode_s = self.decode_s.max(other.decode_s);
+    }
+}
+
 /// Tokens generated since the last event, with the log-probabilities the request asked for.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TokenChunk {

@@ -23,7 +23,6 @@ use crate::generation::{ChannelSink, EVENT_BUFFER, Generation, PromptPlan, Reque
 use crate::kv_events::{KvEventHub, PREFIX_KEYS_HEADER, PrefixKeys, event_line};
 use crate::launch::{Engine, build_engine};
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest, Prompt, ResponseFrame, ResponseMeta};
-use crate::request::choice_seed;
 use crate::sequence::NewRequest;
 
 /// A request as the routes get it: its body under the edge's limits.
@@ -465,7 +464,7 @@ async fn generate(
         sampling.min_tokens = max_tokens;
     }
     // `best_of` ranks by cumulative logprob, so its sequences report them even unasked.
-    sampling.logprobs = logprobs.or((best_of > n).then_some(0));
+    sampling.logprobs = crate::request::sequence_logprobs(logprobs, n, best_of);
     // Echo with logprobs includes the prompt's; every sequence computes its own (as vLLM's
     // child requests do), so none waits on another.
     sampling.prompt_logprobs = logprobs.filter(|_| echo);
@@ -523,12 +522,10 @@ async fn generate(
             echo: echo_text,
         });
         let mut group = Vec::with_capacity(best_of);
-        for j in 0..best_of {
+        for (j, params) in sampling.for_choices(best_of).enumerate() {
             let s = i * best_of + j;
             let stop = Arc::new(AtomicBool::new(false));
             stops.push(stop.clone());
-            let mut params = sampling.clone();
-            params.seed = sampling.seed.map(|seed| choice_seed(seed, j));
             group.push(NewRequest {
                 id: first_id.wrapping_add(s as u64),
                 prompt: tokens.clone(),

@@ -49,6 +49,8 @@ pub(crate) struct TracedShape {
     pub session: Option<String>,
     /// Prefix marks (`trace::prefix_marks`).
     pub prefix: Vec<String>,
+    /// Features that change the engine's path.
+    pub features: Option<crate::trace::TraceFeatures>,
 }
 
 /// The request's one exit: its usage row as far as the phases got, and everything its end
@@ -481,6 +483,7 @@ impl Exit {
             prompt_bytes: self.shape.prompt_bytes,
             session: self.shape.session.clone(),
             prefix: self.shape.prefix.clone(),
+            features: self.shape.features,
             completion_tokens: end.usage.map(|u| u.completion),
             flight_status: end.flight.label(),
             flight: end.flight.record().cloned(),

@@ -221,6 +221,11 @@ async fn run<B: RequestBody>(
             prompt_bytes: u64::try_from(v.features.prompt_bytes).ok(),
             session: v.features.session_key.map(|k| format!("{k:016x}")),
             prefix: crate::trace::prefix_marks(&v.features.prefix_hashes),
+            features: Some(crate::trace::TraceFeatures::of_body(
+                v.body.raw(),
+                v.n,
+                v.media_parts,
+            )),
         };
         ctx.exit
             .traced_request((v.endpoint.path(), v.max_tokens), shape, traceparent);

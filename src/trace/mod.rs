@@ -5,6 +5,7 @@
 //! request to a rotated trace file (`trace:` in the config) through a bounded writer thread,
 //! and/or exports it as OpenTelemetry spans over OTLP/HTTP ([`otlp`], `trace.otlp`).
 
+pub mod features;
 mod file;
 pub mod otlp;
 pub mod record;
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 use infergate_engine::flight::FlightRecord;
 use serde::Serialize;
 
+pub use features::TraceFeatures;
 pub use file::RotatingFile;
 pub use record::Flight;
 pub use writer::{QUEUE_LINES, TraceWriter, sampled};
@@ -91,6 +93,11 @@ pub struct TraceLine {
     /// many leading blocks, so a replay rebuilds prefix groups without keeping any text.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prefix: Vec<String>,
+    /// What the request asked for that changes the engine's path (`n`, logprobs, tools,
+    /// `response_format`, image parts), as the gateway validated it; absent for a request
+    /// refused before validation. A replay sends them again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub features: Option<TraceFeatures>,
     /// `ok`, `invalid` (a record came and was ignored) or `absent`.
     pub flight_status: &'static str,
     /// The engine's record, when one came and passed the checks.

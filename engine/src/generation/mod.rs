@@ -178,14 +178,11 @@ impl Generation {
 
     /// The request's flight record, from what its sequences reported when they ended.
     pub fn flight(&self) -> FlightRecord {
-        let clamp = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
-        let features = Features {
-            prompts: clamp(self.plan.prompts.len()),
-            n: clamp(self.plan.n),
-            best_of: clamp(self.plan.best_of),
-            logprobs: self.plan.logprobs,
-            ..self.flight.1
-        };
+        let p = &self.plan;
+        let features = self
+            .flight
+            .1
+            .with_plan(p.prompts.len(), p.n, p.best_of, p.logprobs);
         let usage = self.usage(std::iter::empty::<&ChoiceState>());
         FlightRecord::build(
             &self.flight.0,

@@ -22,6 +22,7 @@ fn planned(id: u64, at_ms: u64, tenant: &str, output_tokens: u32) -> PlannedRequ
         group: None,
         prompt: (0..12).map(|i| 1_000 + i * 37).collect(),
         output_tokens,
+        features: None,
     }
 }
 

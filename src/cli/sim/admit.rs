@@ -242,6 +242,7 @@ mod tests {
                 group: None,
                 prompt: Vec::new(),
                 output_tokens: 1,
+                features: None,
             },
             prompt_tokens: 0,
             arrival: id as f64,

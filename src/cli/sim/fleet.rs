@@ -12,7 +12,8 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::admit::{Admission, QueueKey, Waiting};
 use super::degradation::SimDegradation;
-use super::gate::Gate;
+use super::features::EngineParser;
+use super::gate::{Gate, Refusal};
 use super::rate_limits::SimLimits;
 use super::record::{Live, refused, trace_line};
 use super::sink::Note;
@@ -114,6 +115,8 @@ pub(super) struct Fleet {
     steps: u64,
     /// Chat template tokens around each prompt (before, after), when clients use chat.
     chat_wrap: Option<(Vec<u32>, Vec<u32>)>,
+    /// The engine's parser of replayed requests' features (chat when `chat_wrap` is).
+    engine_parser: EngineParser,
     /// Prompt tokens the engines served from their prefix caches (the usage's cached tokens).
     cached_tokens: u64,
     /// The admission queue's length integrated over time, and when it was last integrated.
@@ -160,6 +163,7 @@ impl Fleet {
             end: 0.0,
             steps: 0,
             chat_wrap: None,
+            engine_parser: EngineParser::new(false),
             cached_tokens: 0,
             admission_area: 0.0,
             admission_since: 0.0,
@@ -171,6 +175,7 @@ impl Fleet {
     /// Wraps every prompt in the engine's default chat template (ChatML, one user message),
     /// tokenized as the engine tokenizes it, so the simulated prefill matches a live chat call.
     pub(super) fn with_chat_template(mut self, on: bool) -> Result<Self, String> {
+        self.engine_parser = EngineParser::new(on);
         if on {
             let tok = infergate_engine::tokenizer::SimTokenizer::shared()?;
             self.chat_wrap = Some((
@@ -419,6 +424,22 @@ impl Fleet {
             prompt_tokens,
             arrival,
         } = waiting;
+        // A replayed request's features, as the engine's parser reads them (it refuses before
+        // its context check and its queue, whichever engine is chosen).
+        let (sequences, flight_features) = if req.features.is_some() {
+            match self.engine_parser.sequences(&req) {
+                Ok((params, features)) => (Some(params), Some(features)),
+                Err(status) => {
+                    if let Some(g) = &mut self.gate {
+                        g.count(Refusal::EngineInvalid);
+                    }
+                    self.refuse(req, arrival, status, prompt_tokens, t);
+                    return None;
+                }
+            }
+        } else {
+            (None, None)
+        };
         // Every engine has the same context: it refuses before its queue, whichever is chosen.
         if let Some(g) = &mut self.gate
             && let Some(refused) = g.check_engine(prompt_tokens, req.output_tokens)
@@ -450,6 +471,7 @@ impl Fleet {
             predicted_cached: decision.predicted_cached,
             available_cached: decision.available_cached,
             prefill: decision.prefill,
+            flight_features,
         };
         self.live.insert(req.id, (live, routed));
         let prompt = match &self.chat_wrap {
@@ -462,7 +484,10 @@ impl Fleet {
             }
             None => req.prompt,
         };
-        self.workers[w].submit(req.id, prompt, req.output_tokens, keys);
+        match sequences {
+            Some(params) => self.workers[w].submit_sequences(req.id, prompt, params, keys),
+            None => self.workers[w].submit(req.id, prompt, req.output_tokens, keys),
+        }
         Some(w)
     }
 
@@ -627,7 +652,9 @@ impl Fleet {
                 );
             }
             if let (Some(engine), Some(info)) = (&self.flights, ended.1.as_ref()) {
-                self.trace.push(trace_line(engine, live.arrival, info));
+                let features = routed.flight_features;
+                self.trace
+                    .push(trace_line(engine, live.arrival, info, features));
             }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);
@@ -685,4 +712,6 @@ struct Routed {
     /// The most routing knew cached on any worker at the pick (the explained hit rate's).
     available_cached: u64,
     prefill: u64,
+    /// What its flight record names of its features (`None`: a plain request).
+    flight_features: Option<infergate_engine::flight::Features>,
 }

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use hyper::HeaderMap;
 use hyper::body::Bytes;
 
-use crate::workload::{PlannedRequest, request_body};
+use crate::workload::{PlannedRequest, feature_bytes, request_body};
 use infergate::config::{ModelRoute, Snapshot};
 use infergate::error::GatewayError;
 use infergate::pipeline::validate::request::{
@@ -48,6 +48,8 @@ pub(super) enum Refusal {
     Context,
     /// The engine's check: prompt plus `max_tokens` over its context length (400).
     EngineContext,
+    /// The engine's parser refused a replayed request's features (image parts: 400).
+    EngineInvalid,
 }
 
 /// A refusal and the status the client gets.
@@ -92,7 +94,7 @@ pub(super) struct Gate {
     /// The engines' context length (the model preset's `max_model_len`).
     engine_context: usize,
     /// Refusals per [`Refusal`], in declaration order.
-    counts: [u64; 4],
+    counts: [u64; 5],
     /// `validate`'s verdicts so far, by (tier index, max_tokens, prompt empty).
     verdicts: HashMap<(usize, u32, bool), Verdict>,
     /// Index of the pool simulated, when the config's shape classes may send requests to
@@ -134,7 +136,7 @@ impl Gate {
                 Endpoint::Completions
             },
             engine_context,
-            counts: [0; 4],
+            counts: [0; 5],
             verdicts: HashMap::new(),
             pool: None,
             elsewhere: 0,
@@ -218,7 +220,10 @@ impl Gate {
         let body_bound = tokens
             .saturating_mul(max_token_bytes)
             .saturating_mul(6)
-            .saturating_add(BODY_OVERHEAD + self.model.len());
+            .saturating_add(BODY_OVERHEAD + self.model.len())
+            .saturating_add(req.features.as_ref().map_or(0, |f| {
+                feature_bytes(f, self.endpoint == Endpoint::ChatCompletions)
+            }));
         if body_limits(&self.snapshot).too_large(body_bound) {
             return self.check_whole(req);
         }
@@ -272,6 +277,7 @@ impl Gate {
             group: None,
             prompt: req.prompt.iter().take(1).copied().collect(),
             output_tokens: req.output_tokens,
+            features: req.features,
         };
         self.validate(&stand_in, tier)
             .map(|v| (v.max_context, v.estimator))
@@ -336,12 +342,13 @@ impl Gate {
 
     /// Refusals per check, and the requests classes sent elsewhere, for the report's `extra`.
     pub(super) fn extra(&self) -> Vec<(&'static str, f64)> {
-        let [body, invalid, context, engine] = self.counts.map(|n| n as f64);
+        let [body, invalid, context, engine, engine_invalid] = self.counts.map(|n| n as f64);
         let mut extra = vec![
             ("gateway_refused_body_size", body),
             ("gateway_refused_invalid", invalid),
             ("gateway_refused_context", context),
             ("engine_refused_context", engine),
+            ("engine_refused_invalid", engine_invalid),
         ];
         if self.pool.is_some() && !self.snapshot.shape_classes.is_empty() {
             extra.push(("shape_class_elsewhere", self.elsewhere as f64));
@@ -368,6 +375,7 @@ mod tests {
             group: None,
             prompt: (0..prompt).map(|i| words[i * 7919 % words.len()]).collect(),
             output_tokens: output,
+            features: None,
         }
     }
 

@@ -14,6 +14,7 @@ mod args;
 mod compare;
 mod degradation;
 mod engines;
+mod features;
 mod fleet;
 mod gate;
 mod rate_limits;
@@ -22,6 +23,8 @@ mod sink;
 mod spawn;
 mod worker;
 
+#[cfg(test)]
+mod replay_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -128,17 +128,23 @@ pub(super) fn refused(
 }
 
 /// The trace line of a request that arrived at `arrival` (virtual seconds) and that the engine
-/// finished with `info`: its flight record as the engine would send it, in the gateway trace
-/// file's members that `infergate shapes` reads (`start_ms`, `flight`).
-pub(super) fn trace_line(engine: &EngineInfo, arrival: f64, info: &FinishInfo) -> String {
+/// finished with `info` (its sequences' totals): its flight record as the engine would send it,
+/// in the gateway trace file's members that `infergate shapes` reads (`start_ms`, `flight`).
+/// `features` are a replayed request's as the engine read them; `None` for a plain one.
+pub(super) fn trace_line(
+    engine: &EngineInfo,
+    arrival: f64,
+    info: &FinishInfo,
+    features: Option<Features>,
+) -> String {
     // The simulated clients send one streamed prompt with one choice, as `bench` does.
-    let features = Features {
+    let features = features.unwrap_or(Features {
         prompts: 1,
         n: 1,
         best_of: 1,
         stream: true,
         ..Features::default()
-    };
+    });
     let record = FlightRecord::build(
         engine,
         features,

@@ -26,6 +26,9 @@ use super::sink::{Note, NoteLog, RecordingSink, take_notes};
 use infergate::routing::WorkerView;
 use infergate::routing::features::session_hash;
 
+/// Engine ids of sibling sequences start above this (plan ids count up from 0).
+const SIBLING_IDS: u64 = 1 << 62;
+
 /// Mean answer length of the backend's EOS draw; unused, since every request sets `ignore_eos`.
 const MEAN_OUTPUT_TOKENS: f64 = 256.0;
 
@@ -218,7 +221,10 @@ pub(super) struct SimWorker {
     metrics: Arc<EngineMetrics>,
     pending: Arc<AtomicUsize>,
     log: NoteLog,
-    inbox: Vec<NewRequest>,
+    /// Requests routed here mid-step, each the group of its sequences.
+    inbox: Vec<Vec<NewRequest>>,
+    /// The last engine id given to a sibling sequence.
+    next_sibling: u64,
     kv_area: f64,
     kv_last: f64,
     kv_since: f64,
@@ -270,6 +276,7 @@ impl SimWorker {
             pending,
             log: NoteLog::default(),
             inbox: Vec::new(),
+            next_sibling: SIBLING_IDS,
             kv_area: 0.0,
             kv_last: 0.0,
             kv_since: 0.0,
@@ -309,20 +316,50 @@ impl SimWorker {
         output_tokens: u32,
         prefix_keys: Option<PrefixKeys>,
     ) {
-        self.pending.fetch_add(1, Ordering::AcqRel);
+        let params = SamplingParams {
+            max_tokens: output_tokens.max(1) as usize,
+            ignore_eos: true,
+            seed: Some(id),
+            ..SamplingParams::default()
+        };
+        self.submit_sequences(id, prompt, vec![params], prefix_keys);
+    }
+
+    /// Hands a request of one sequence per `params` (its `n` choices) to the worker, as the
+    /// engine's server queues them: one group sharing the prompt, the first sequence with the
+    /// router's keys. The first keeps the request's id as its engine id; siblings get ids of
+    /// their own, above any plan's.
+    pub(super) fn submit_sequences(
+        &mut self,
+        id: u64,
+        prompt: Vec<u32>,
+        params: Vec<SamplingParams>,
+        mut prefix_keys: Option<PrefixKeys>,
+    ) {
+        let size = params.len();
+        if size == 0 {
+            return;
+        }
+        self.pending.fetch_add(size, Ordering::AcqRel);
         self.in_flight += 1;
-        self.inbox.push(NewRequest {
-            id,
-            prompt,
-            params: SamplingParams {
-                max_tokens: output_tokens.max(1) as usize,
-                ignore_eos: true,
-                seed: Some(id),
-                ..SamplingParams::default()
-            },
-            sink: Box::new(RecordingSink::new(id, self.log.clone())),
-            prefix_keys,
-        });
+        let sinks = RecordingSink::group(id, &self.log, size);
+        let mut group = Vec::with_capacity(size);
+        for (j, (params, sink)) in params.into_iter().zip(sinks).enumerate() {
+            let engine_id = if j == 0 {
+                id
+            } else {
+                self.next_sibling += 1;
+                self.next_sibling
+            };
+            group.push(NewRequest {
+                id: engine_id,
+                prompt: prompt.clone(),
+                params,
+                sink: Box::new(sink),
+                prefix_keys: prefix_keys.take(),
+            });
+        }
+        self.inbox.push(group);
     }
 
     /// Whether this worker's engine publishes KV events.
@@ -343,8 +380,8 @@ impl SimWorker {
     /// Moves the clock to `t` and hands the inbox to the engine (which may refuse some at once).
     pub(super) fn admit(&mut self, t: f64) {
         self.clock.advance_to(t);
-        for req in self.inbox.drain(..) {
-            self.core.add_request(req);
+        for group in self.inbox.drain(..) {
+            self.core.add_group(group);
         }
     }
 

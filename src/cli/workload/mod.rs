@@ -25,7 +25,7 @@ mod shape_tests;
 #[cfg(test)]
 mod tests;
 
-pub use body::request_body;
+pub use body::{feature_bytes, request_body};
 pub use load::{WORKLOAD_DIR, load, load_file, parse, shipped};
 pub use model::{
     Arrival, LengthDist, Mix, Overrides, PlannedRequest, PrefixGroups, RequestClass, Sessions, Slo,

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use infergate::trace::TraceFeatures;
+
 /// A named, seeded description of traffic.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workload {
@@ -183,6 +185,9 @@ pub struct TraceEntry {
     pub output_tokens: u32,
     /// The prefix group it shares its first tokens with (a gateway trace's marks).
     pub group: Option<TraceGroup>,
+    /// The features it asked for that change the engine's path (a gateway trace's); `None`
+    /// for a plain request.
+    pub features: Option<TraceFeatures>,
 }
 
 /// A trace entry's shared prefix: the group, and how many of its first tokens the group shares.
@@ -234,6 +239,9 @@ pub struct PlannedRequest {
     pub group: Option<usize>,
     /// Token ids: group prefix (identical for the whole group), then history, then the new turn.
     pub prompt: Vec<u32>,
-    /// Tokens to generate.
+    /// Tokens to generate (each choice's).
     pub output_tokens: u32,
+    /// Features a replayed request asks for again (`n`, logprobs, tools, `response_format`,
+    /// images); `None` for a plain request and for every request of a generated workload.
+    pub features: Option<TraceFeatures>,
 }

@@ -135,6 +135,7 @@ impl Iterator for Requests {
                     group: shape.group,
                     prompt: shape.prompt,
                     output_tokens: shape.output_tokens,
+                    features: None,
                 }
             }
         };
@@ -216,6 +217,7 @@ impl TraceReplay {
             group: entry.group.map(|g| g.id),
             prompt,
             output_tokens: entry.output_tokens,
+            features: entry.features,
         })
     }
 }

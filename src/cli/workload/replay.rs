@@ -9,6 +9,12 @@
 //! hashes of its first 1, 2, 4, ... blocks): a request's group is its deepest mark another
 //! request shares, and the group's shared prefix is that many blocks. No text is in a trace, so
 //! the replayed prompts are synthetic words of the same lengths and the same sharing.
+//!
+//! Features that change the engine's path (`n`, logprobs, tools, `response_format`, image
+//! parts) come from the line's `features` (the gateway's view of the validated request), else
+//! from the engine's flight record (which knows tools and formats only as present or not, and
+//! no logprob alternatives); a replay sends them again (see `body`). Answer lengths are per
+//! choice: the usage of `n` choices, and a record's tokens of `best_of` sequences, are divided.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,6 +23,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::model::{Arrival, Slo, TraceEntry, TraceGroup, TracePrompt, Workload};
+use infergate::trace::TraceFeatures;
+use infergate::trace::features::ResponseFormat;
+use infergate_engine::flight::Features as FlightFeatures;
 
 /// Bytes of a prefix block (the gateway's mark block).
 const BLOCK_BYTES: f64 = infergate::trace::PREFIX_MARK_BLOCK_BYTES as f64;
@@ -45,14 +54,18 @@ struct GatewayLine {
     #[serde(default)]
     prefix: Vec<String>,
     #[serde(default)]
+    features: Option<TraceFeatures>,
+    #[serde(default)]
     flight: Option<FlightTokens>,
 }
 
-/// The token counts of a flight record.
+/// The token counts and features of a flight record.
 #[derive(Deserialize)]
 struct FlightTokens {
     #[serde(default)]
     tokens: Option<Counts>,
+    #[serde(default)]
+    features: Option<FlightFeatures>,
 }
 
 #[derive(Deserialize)]
@@ -79,6 +92,24 @@ struct Parsed {
     /// Bytes per prompt token, from the line's bytes and tokens.
     bytes_per_token: f64,
     marks: Vec<String>,
+    features: Option<TraceFeatures>,
+}
+
+/// The features of a line: the gateway's, else what the engine's record says of them.
+fn features_of(line: Option<TraceFeatures>, flight: Option<&FlightFeatures>) -> TraceFeatures {
+    match (line, flight) {
+        (Some(f), _) => f.bounded(),
+        (None, Some(f)) => TraceFeatures {
+            n: f.n.max(1),
+            logprobs: f.logprobs,
+            top_logprobs: 0,
+            tools: u32::from(f.tools),
+            response_format: f.response_format.then_some(ResponseFormat::JsonObject),
+            images: f.images,
+        }
+        .bounded(),
+        (None, None) => TraceFeatures::default(),
+    }
 }
 
 /// The entries of a gateway trace's lines (`(line number, text)`), sorted by arrival; lines
@@ -91,6 +122,11 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             skipped += 1;
             continue;
         };
+        let flight_features = l.flight.as_ref().and_then(|f| f.features);
+        let features = features_of(l.features, flight_features.as_ref());
+        // Usage counts every choice, a record every sequence (`best_of` of them): one choice's.
+        let n = u64::from(features.n);
+        let sequences = flight_features.map_or(n, |f| u64::from(f.best_of).max(n));
         let counts = l.flight.and_then(|f| f.tokens);
         let prompt = l
             .prompt_tokens
@@ -98,7 +134,11 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             .or(l.prompt_estimate);
         let output = l
             .completion_tokens
-            .or(counts.as_ref().map(|c| c.decode).filter(|&n| n > 0))
+            .map(|c| c.div_ceil(n))
+            .or(counts
+                .as_ref()
+                .map(|c| c.decode.div_ceil(sequences))
+                .filter(|&n| n > 0))
             .or(l.max_tokens);
         let (Some(prompt), Some(output)) = (prompt, output) else {
             skipped += 1;
@@ -121,6 +161,7 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             prompt: u32::try_from(prompt).unwrap_or(u32::MAX),
             output: u32::try_from(output).unwrap_or(u32::MAX).max(1),
             marks: l.prefix,
+            features: (!features.is_plain()).then_some(features),
         });
     }
     let Some(first) = parsed.iter().map(|p| p.start_ms).min() else {
@@ -137,6 +178,7 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             prompt: TracePrompt::Tokens(p.prompt),
             output_tokens: p.output,
             group: groups.of_request(p),
+            features: p.features,
         })
         .collect();
     Ok((entries, skipped))
@@ -290,6 +332,45 @@ mod tests {
         assert_eq!(e[0].prompt, TracePrompt::Tokens(120));
         assert_eq!(e[0].output_tokens, 32);
         assert!(entries(&[(1, "{}")]).is_err());
+    }
+
+    #[test]
+    fn features_come_from_the_line_else_the_record_and_lengths_are_per_choice() {
+        let gateway = serde_json::json!({
+            "request_id": "g", "start_ms": 0, "prompt_tokens": 50, "completion_tokens": 16,
+            "features": {"n": 2, "logprobs": true, "top_logprobs": 2, "tools": 3,
+                         "response_format": "json_schema", "images": 1},
+            "flight": {"v": 4, "features": {"n": 2, "best_of": 2, "tools": true}},
+        })
+        .to_string();
+        let engine_only = serde_json::json!({
+            "request_id": "e", "start_ms": 1, "max_tokens": 64,
+            "flight": {"v": 4, "tokens": {"prompt": 40, "decode": 30},
+                       "features": {"prompts": 1, "n": 1, "best_of": 3, "logprobs": true,
+                                    "response_format": true, "images": 2}},
+        })
+        .to_string();
+        let plain = serde_json::json!({
+            "request_id": "p", "start_ms": 2, "prompt_tokens": 9, "completion_tokens": 4,
+            "features": {"n": 1, "logprobs": false, "top_logprobs": 0, "tools": 0, "images": 0},
+        })
+        .to_string();
+        let lines = [
+            (1, gateway.as_str()),
+            (2, engine_only.as_str()),
+            (3, plain.as_str()),
+        ];
+        let (e, _) = entries(&lines).unwrap();
+        let g = e[0].features.expect("the gateway's features");
+        assert_eq!((g.n, g.top_logprobs, g.tools, g.images), (2, 2, 3, 1));
+        assert_eq!(g.response_format, Some(ResponseFormat::JsonSchema));
+        assert_eq!(e[0].output_tokens, 8, "16 tokens over two choices");
+        let f = e[1].features.expect("the record's features");
+        assert!(f.logprobs && f.tools == 0 && f.images == 2);
+        assert_eq!(f.response_format, Some(ResponseFormat::JsonObject));
+        assert_eq!(e[1].output_tokens, 10, "30 tokens over three sequences");
+        assert_eq!(e[2].features, None, "a plain request stays plain");
+        assert_eq!(e[2].output_tokens, 4);
     }
 
     #[test]

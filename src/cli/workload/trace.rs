@@ -68,5 +68,6 @@ fn parse_line(line: &str) -> Result<TraceEntry, String> {
         prompt,
         output_tokens: raw.output_tokens,
         group: None,
+        features: None,
     })
 }

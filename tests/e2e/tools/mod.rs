@@ -5,6 +5,7 @@ mod doctor;
 mod doctor_scenarios;
 mod rare_shapes;
 mod replay;
+mod replay_features;
 mod scenarios;
 mod shapes;
 mod sim_refusals;
