@@ -92,7 +92,9 @@ struct Scenario {
 
 /// Every policy: `prefix` on our engines' KV events (precise mode), `prefix_approx` the same
 /// policy with the engines' events off (`--no-kv-events`, the approximate index, as in front of
-/// vLLM), and `oracle`, a static placement that knows the groups: each group pinned to one
+/// vLLM), `hash`, each group pinned to the worker its name hashes to (a consistent hash of the
+/// group that every replica computes alike, knowing nothing of popularity or load), and
+/// `oracle`, a static placement that knows the groups: each group pinned to one
 /// worker, assigned by popularity so the workers' shares are as even as a static map allows
 /// (`policy: session`, with an `x-session-id` per group chosen to hash to its worker, so the
 /// oracle is the same whatever ports the run's workers get).
@@ -101,10 +103,11 @@ const ALL: &[&str] = &[
     "prefix_approx",
     "round_robin",
     "least_load",
+    "hash",
     "oracle",
 ];
 
-const SCENARIOS: [Scenario; 5] = [
+const SCENARIOS: [Scenario; 6] = [
     Scenario {
         name: "KV room",
         engine_args: &[],
@@ -160,6 +163,17 @@ const SCENARIOS: [Scenario; 5] = [
         replicas: 2,
         policies: &["prefix", "prefix_approx", "oracle"],
     },
+    Scenario {
+        name: "four gateway replicas (KV room)",
+        engine_args: &[],
+        groups: 16,
+        zipf: 1.0,
+        load: Load::Open(20.0, Duration::from_secs(20)),
+        max_tokens: 16,
+        hot: None,
+        replicas: 4,
+        policies: &["prefix_approx", "prefix", "hash", "oracle"],
+    },
 ];
 
 /// One request of the workload, due at `at` after the start (open loop).
@@ -192,9 +206,13 @@ struct RunResult {
     peak_running: f64,
     decisions: String,
     per_worker: Vec<usize>,
+    /// The gateways' explained hit rate: cached prompt tokens predicted, delivered, available.
+    explained: [f64; 3],
 }
 
-/// Share of placements on a worker that the other replica also used for the same group.
+/// Share of placements on a worker that another replica also used for the same group: each
+/// placement counts the share of the other replicas that sent the group anywhere and used that
+/// worker for it too (with two replicas, whether the other one did).
 fn agreement(outcomes: &[Outcome]) -> Option<f64> {
     use std::collections::{HashMap, HashSet};
     let mut used: HashMap<(usize, usize), HashSet<&str>> = HashMap::new();
@@ -203,23 +221,26 @@ fn agreement(outcomes: &[Outcome]) -> Option<f64> {
             used.entry((o.replica, o.group)).or_default().insert(w);
         }
     }
-    if !used.keys().any(|&(r, _)| r == 1) {
+    let replicas = used.keys().map(|&(r, _)| r + 1).max().unwrap_or(0);
+    if replicas < 2 {
         return None;
     }
-    let (mut agree, mut all) = (0usize, 0usize);
+    let (mut agree, mut all) = (0.0f64, 0usize);
     for o in outcomes.iter().filter(|o| o.ok) {
         let Some(w) = o.worker.as_deref() else {
             continue;
         };
-        all += 1;
-        if used
-            .get(&(1 - o.replica.min(1), o.group))
-            .is_some_and(|set| set.contains(w))
-        {
-            agree += 1;
+        let others: Vec<&HashSet<&str>> = (0..replicas)
+            .filter(|&r| r != o.replica)
+            .filter_map(|r| used.get(&(r, o.group)))
+            .collect();
+        if others.is_empty() {
+            continue;
         }
+        all += 1;
+        agree += others.iter().filter(|set| set.contains(w)).count() as f64 / others.len() as f64;
     }
-    (all > 0).then(|| agree as f64 / all as f64)
+    (all > 0).then(|| agree / all as f64)
 }
 
 /// Prints each group's placements as one line of worker letters (a, b, ...), in workload order.
@@ -271,6 +292,7 @@ async fn run() -> Result<(), BoxError> {
         "peak running (one worker)",
         "KV usage mean",
         "replica agreement",
+        "cached tokens predicted / delivered / available (k)",
         "routing decisions",
     ]);
     let mut notes = Vec::new();
@@ -330,6 +352,11 @@ async fn run() -> Result<(), BoxError> {
                 format!("{:.0}", r.peak_running),
                 format!("{:.2}", r.kv_mean),
                 agreement(&r.outcomes).map_or("—".into(), |a| format!("{:.1}%", 100.0 * a)),
+                r.explained
+                    .iter()
+                    .map(|n| format!("{:.0}", n / 1000.0))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
                 r.decisions.clone(),
             ]);
             if trace {
@@ -397,6 +424,22 @@ fn oracle_sessions(scn: &Scenario, worker_urls: &[String]) -> Vec<(String, usize
         out[g] = (name, target);
     }
     out
+}
+
+/// The `hash` policy's session name per group (`g{group}`) and the worker its rendezvous hash
+/// (the gateway's `session` policy over the worker URLs) puts it on.
+fn hash_sessions(scn: &Scenario, worker_urls: &[String]) -> Vec<(String, usize)> {
+    let keys: Vec<u64> = worker_urls.iter().map(|u| xxh3_64(u.as_bytes())).collect();
+    (0..scn.groups)
+        .map(|g| {
+            let name = format!("g{g}");
+            let key = session_hash(&name);
+            let w = (0..keys.len())
+                .max_by_key(|&w| (hash_ring::score(key, keys[w]), keys[w]))
+                .unwrap_or(0);
+            (name, w)
+        })
+        .collect()
 }
 
 /// The seeded request list: Poisson arrivals (or as many requests as the closed loop sends),
@@ -524,9 +567,13 @@ async fn run_policy(
         let req = post(&format!("{url}/v1/completions"), warm.to_string().into())?;
         client.request(req).await?.into_body().collect().await?;
     }
-    let oracle = (policy == "oracle").then(|| Arc::new(oracle_sessions(scenario, &urls)));
+    let oracle = match policy {
+        "oracle" => Some(Arc::new(oracle_sessions(scenario, &urls))),
+        "hash" => Some(Arc::new(hash_sessions(scenario, &urls))),
+        _ => None,
+    };
     let gw_policy = match policy {
-        "oracle" => "session",
+        "oracle" | "hash" => "session",
         "prefix_approx" => "prefix",
         p => p,
     };
@@ -558,6 +605,7 @@ async fn run_policy(
     let (peak, kv_mean) = poller.await?;
     let after = scrape_cache(&urls).await?;
     let mut by_reason: BTreeMap<String, f64> = BTreeMap::new();
+    let mut explained = [0.0f64; 3];
     for url in &gateway_urls {
         let (_, gw_metrics) = common::get(&format!("{url}/metrics")).await?;
         for (reason, n) in
@@ -569,6 +617,16 @@ async fn run_policy(
             common::metric_by_label(&gw_metrics, "infergate_routing_prefix_lost_total", "reason")
         {
             *by_reason.entry(format!("(lost on {why})")).or_default() += n;
+        }
+        for (kind, n) in
+            common::metric_by_label(&gw_metrics, "infergate_route_cached_tokens_total", "kind")
+        {
+            let slot = ["predicted", "delivered", "available"]
+                .iter()
+                .position(|k| *k == kind);
+            if let Some(i) = slot {
+                explained[i] += n;
+            }
         }
     }
     let decisions = by_reason
@@ -611,6 +669,7 @@ async fn run_policy(
         decisions,
         per_worker,
         outcomes,
+        explained,
     })
 }
 
