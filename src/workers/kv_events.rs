@@ -63,6 +63,50 @@ pub fn reconnect_delay(first: Duration, max: Duration, failures: u32) -> Duratio
     first.saturating_mul(1 << doublings).min(max.max(first))
 }
 
+/// The wait between a lost event stream and its reopening, shared by our engines' `/kv/events`
+/// and vLLM's ZMQ publisher: doubling while streams keep failing fast.
+#[derive(Debug, Default)]
+pub struct Reopen {
+    failures: u32,
+}
+
+impl Reopen {
+    /// After a stream opened at `opened` was lost (`why`): routing forgets what it knew of the
+    /// worker's cache, the worker is marked reconnecting and the backoff waited. False when the
+    /// worker was ejected or its pool's policy went away meanwhile (the worker is then idle).
+    pub async fn after_loss(
+        &mut self,
+        worker: &WorkerState,
+        current_policy: &impl Fn() -> Option<Arc<PolicyHolder>>,
+        settings: StreamSettings,
+        (opened, why, stream): (Instant, &str, &str),
+    ) -> bool {
+        if let Some(policy) = current_policy() {
+            policy.policy.residency(worker.key, Residency::Lost);
+        }
+        // A stream that lived longer than the longest wait starts the count afresh; one that
+        // keeps failing fast backs off.
+        if opened.elapsed() >= settings.max_backoff {
+            self.failures = 0;
+        }
+        self.failures = self.failures.saturating_add(1);
+        let delay = reconnect_delay(settings.first_backoff, settings.max_backoff, self.failures);
+        if worker.kv_events() == KvEventsState::Live {
+            tracing::warn!(worker = %worker.url, %stream, reason = %why, ?delay, "KV events lost; routing falls back to its approximate index until they reopen");
+        } else {
+            tracing::debug!(worker = %worker.url, %stream, reason = %why, ?delay, "KV events unavailable; reopening");
+        }
+        // Still this task's to reopen: the poll loop opens no second one meanwhile.
+        worker.set_kv_events(KvEventsState::Connecting);
+        tokio::time::sleep(delay).await;
+        if !worker.is_healthy() || current_policy().is_none() {
+            worker.set_kv_events(KvEventsState::Idle);
+            return false;
+        }
+        true
+    }
+}
+
 /// Runs subscriptions to `worker`, reopening lost ones with backoff, applying each event to the
 /// policy that `current_policy` returns (the pool's policy of the live config; `None` once the
 /// pool or the worker is gone), and keeps the worker's subscription state. Returns when the
@@ -74,7 +118,7 @@ pub async fn subscribe(
     current_policy: impl Fn() -> Option<Arc<PolicyHolder>>,
     settings: StreamSettings,
 ) -> Ended {
-    let mut failures = 0u32;
+    let mut reopen = Reopen::default();
     loop {
         let opened = Instant::now();
         let ended = run(&client, &worker, &current_policy, settings).await;
@@ -89,26 +133,11 @@ pub async fn subscribe(
                 return ended;
             }
             Ended::Lost(why) => {
-                if let Some(policy) = current_policy() {
-                    policy.policy.residency(worker.key, Residency::Lost);
-                }
-                // A stream that lived longer than the longest wait starts the count afresh;
-                // one that keeps failing fast backs off.
-                if opened.elapsed() >= settings.max_backoff {
-                    failures = 0;
-                }
-                failures = failures.saturating_add(1);
-                let delay = reconnect_delay(settings.first_backoff, settings.max_backoff, failures);
-                if worker.kv_events() == KvEventsState::Live {
-                    tracing::warn!(worker = %worker.url, reason = %why, ?delay, "KV event stream lost; reopening");
-                } else {
-                    tracing::debug!(worker = %worker.url, reason = %why, ?delay, "KV event stream failed; reopening");
-                }
-                // Still this task's to reopen: the poll loop opens no second one meanwhile.
-                worker.set_kv_events(KvEventsState::Connecting);
-                tokio::time::sleep(delay).await;
-                if !worker.is_healthy() || current_policy().is_none() {
-                    worker.set_kv_events(KvEventsState::Idle);
+                let stream = "/kv/events";
+                if !reopen
+                    .after_loss(&worker, &current_policy, settings, (opened, why, stream))
+                    .await
+                {
                     return ended;
                 }
             }

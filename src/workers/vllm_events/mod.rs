@@ -39,7 +39,7 @@ use self::wire::Event;
 use crate::metrics::GatewayMetrics;
 use crate::routing::Residency;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
-use crate::workers::kv_events::{Ended, StreamSettings, reconnect_delay};
+use crate::workers::kv_events::{Ended, Reopen, StreamSettings};
 use crate::workers::pool::PolicyHolder;
 use crate::workers::state::{KvEventsState, WorkerState};
 
@@ -244,7 +244,7 @@ pub async fn subscribe(
     settings: StreamSettings,
     metrics: Arc<GatewayMetrics>,
 ) -> Ended {
-    let mut failures = 0u32;
+    let mut reopen = Reopen::default();
     let mut sub = Subscriber::default();
     loop {
         let opened = Instant::now();
@@ -261,23 +261,11 @@ pub async fn subscribe(
             worker.set_kv_events(KvEventsState::Idle);
             return ended;
         };
-        if let Some(policy) = current_policy() {
-            policy.policy.residency(worker.key, Residency::Lost);
-        }
-        if opened.elapsed() >= settings.max_backoff {
-            failures = 0;
-        }
-        failures = failures.saturating_add(1);
-        let delay = reconnect_delay(settings.first_backoff, settings.max_backoff, failures);
-        if worker.kv_events() == KvEventsState::Live {
-            tracing::warn!(worker = %worker.url, endpoint = %source.endpoint, reason = %why, ?delay, "vLLM KV events lost; routing falls back to its approximate index");
-        } else {
-            tracing::debug!(worker = %worker.url, endpoint = %source.endpoint, reason = %why, ?delay, "vLLM KV events unavailable; reopening");
-        }
-        worker.set_kv_events(KvEventsState::Connecting);
-        tokio::time::sleep(delay).await;
-        if !worker.is_healthy() || current_policy().is_none() {
-            worker.set_kv_events(KvEventsState::Idle);
+        let lost = (opened, why.as_str(), source.endpoint.as_str());
+        if !reopen
+            .after_loss(&worker, &current_policy, settings, lost)
+            .await
+        {
             return ended;
         }
     }
