@@ -122,10 +122,13 @@ impl Windows {
     }
 }
 
-/// The drift windows of every (model, version) pair seen.
+/// The drift windows of every (model, version) pair seen: by model, then version, so that an
+/// answer of a pair already seen is looked up by its names as they are (no key built per answer).
 #[derive(Debug, Default)]
 pub struct DriftBook {
-    keys: HashMap<(String, String), Windows>,
+    keys: HashMap<String, HashMap<String, Windows>>,
+    /// Pairs tracked, against [`MAX_KEYS`].
+    pairs: usize,
 }
 
 impl DriftBook {
@@ -137,12 +140,17 @@ impl DriftBook {
         o: &Observation<'_>,
         s: &WindowSettings,
     ) -> Option<Scores> {
-        let key = (model.to_owned(), version.to_owned());
-        if !self.keys.contains_key(&key) && self.keys.len() >= MAX_KEYS {
+        if let Some(w) = self.keys.get_mut(model).and_then(|v| v.get_mut(version)) {
+            return w.observe(o, s);
+        }
+        if self.pairs >= MAX_KEYS {
             return None;
         }
+        self.pairs += 1;
         self.keys
-            .entry(key)
+            .entry(model.to_owned())
+            .or_default()
+            .entry(version.to_owned())
             .or_insert_with(Windows::new)
             .observe(o, s)
     }
@@ -227,6 +235,7 @@ mod tests {
         for i in 0..MAX_KEYS + 5 {
             book.observe(("m", &i.to_string()), &bare, &s);
         }
-        assert_eq!(book.keys.len(), MAX_KEYS);
+        assert_eq!(book.pairs, MAX_KEYS);
+        assert_eq!(book.keys["m"].len(), MAX_KEYS);
     }
 }
