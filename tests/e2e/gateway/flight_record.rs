@@ -166,11 +166,15 @@ async fn each_request_leaves_one_trace_line_with_the_engines_record() {
             .await,
         2.0
     );
-    assert_eq!(
-        gw.metric("infergate_trace_lines_total{result=\"written\"}")
-            .await,
-        2.0
-    );
+    // The writer thread counts a line after appending it, so the file can show it first.
+    let written = gw
+        .settle_metric(
+            "infergate_trace_lines_total{result=\"written\"}",
+            Duration::from_secs(5),
+            |v| v >= 2.0,
+        )
+        .await;
+    assert_eq!(written, 2.0);
 
     // With debug headers on, the client sees the record too.
     let dir2 = TempDir::new("flight-debug");
