@@ -47,6 +47,7 @@ pub mod gateway;
 pub mod ledger;
 pub mod limits;
 pub mod metrics;
+pub mod names_map;
 pub mod pipeline;
 pub mod pricing;
 pub mod quality;

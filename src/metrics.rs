@@ -6,9 +6,9 @@ use prometheus::{
     IntGauge, Opts, Registry, TextEncoder,
 };
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::names_map::NamesMap;
 use crate::routing::RouteReason;
 
 /// A shared collector registered by reference, so the gateway keeps a handle to update it.
@@ -175,7 +175,7 @@ pub struct GatewayMetrics {
     /// `infergate_shadow_output_ratio{model}`: shadow output tokens / client's.
     pub shadow_output_ratio: HistogramVec,
     /// The per-tenant series of each tenant and model seen, resolved once per pair.
-    tenant_models: Mutex<HashMap<String, HashMap<String, Arc<TenantModelSeries>>>>,
+    tenant_models: Mutex<NamesMap<String, NamesMap<String, Arc<TenantModelSeries>>>>,
     /// `infergate_flight_records_total{result}`: engine flight records on relayed answers (ok,
     /// invalid: came but ignored, absent).
     pub flight_records: IntCounterVec,

@@ -10,6 +10,7 @@
 //! count of requests started, so the simulator and the gateway measure the same thing the same
 //! way.
 
+use crate::names_map::NamesMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -56,7 +57,7 @@ pub struct JainMeter {
     opened: u64,
     backlog: HashMap<Arc<str>, Backlogged>,
     /// Service given per tenant in the current window.
-    served: HashMap<Arc<str>, f64>,
+    served: NamesMap<Arc<str>, f64>,
     summary: JainSummary,
     sum: f64,
 }
@@ -104,9 +105,15 @@ impl JainMeter {
         }
     }
 
-    /// Corrects `tenant`'s service in the current window by `delta` (real usage known).
+    /// Corrects `tenant`'s service in the current window by `delta` (real usage known), when it
+    /// started a request in it: a request started while nobody waited was not measured, and
+    /// neither is its correction (most requests: no entry made and cleared per request).
     pub fn correct(&mut self, tenant: &str, delta: f64) {
-        self.add(tenant, delta);
+        if let Some(s) = self.served.get_mut(tenant)
+            && delta.is_finite()
+        {
+            *s = (*s + delta).max(0.0);
+        }
     }
 
     /// The figures so far.

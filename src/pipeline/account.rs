@@ -414,12 +414,21 @@ impl Exit {
         if !served_well(end) {
             return;
         }
+        // The row's names are only read again for the ledger: without one they move to the
+        // job rather than being copied (an allocation and a cross-thread free each).
+        let (model, version) = match self.ledger {
+            Some(_) => (self.row.model.clone(), self.row.version.clone()),
+            None => (
+                std::mem::take(&mut self.row.model),
+                std::mem::take(&mut self.row.version),
+            ),
+        };
         q.sampler.submit(QualityJob {
             tenant: self.tenant().unwrap_or("unknown").to_owned(),
-            model: self.row.model.clone(),
-            version: match self.row.version.as_str() {
-                "" => "default".to_owned(),
-                v => v.to_owned(),
+            model,
+            version: match version.is_empty() {
+                true => "default".to_owned(),
+                false => version,
             },
             capture: end.capture.take(),
             asked: q.asked,

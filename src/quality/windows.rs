@@ -4,9 +4,8 @@
 //! next reference (`rolling`) or is dropped (`pinned`: the first full window stays the
 //! reference). Pure: the caller exports the scores. Keys are bounded ([`MAX_KEYS`]).
 
-use std::collections::HashMap;
-
 use super::drift::{Binned, psi};
+use crate::names_map::NamesMap;
 
 /// Most (model, version) pairs tracked; models and versions come from config, so this only
 /// guards against a config with very many of them.
@@ -126,7 +125,7 @@ impl Windows {
 /// answer of a pair already seen is looked up by its names as they are (no key built per answer).
 #[derive(Debug, Default)]
 pub struct DriftBook {
-    keys: HashMap<String, HashMap<String, Windows>>,
+    keys: NamesMap<String, NamesMap<String, Windows>>,
     /// Pairs tracked, against [`MAX_KEYS`].
     pairs: usize,
 }
