@@ -122,12 +122,17 @@ impl Windows {
 }
 
 /// The drift windows of every (model, version) pair seen: by model, then version, so that an
-/// answer of a pair already seen is looked up by its names as they are (no key built per answer).
+/// answer of a pair already seen is looked up by its names as they are (no key built per answer),
+/// and an answer of the same pair as the last one (most of them, with one model) is not looked
+/// up at all.
 #[derive(Debug, Default)]
 pub struct DriftBook {
-    keys: NamesMap<String, NamesMap<String, Windows>>,
-    /// Pairs tracked, against [`MAX_KEYS`].
-    pairs: usize,
+    /// Each pair's names and windows, in the order first seen (at most [`MAX_KEYS`]).
+    slots: Vec<(String, String, Windows)>,
+    /// Model, then version, to its slot.
+    index: NamesMap<String, NamesMap<String, usize>>,
+    /// The slot of the last answer.
+    last: usize,
 }
 
 impl DriftBook {
@@ -139,19 +144,35 @@ impl DriftBook {
         o: &Observation<'_>,
         s: &WindowSettings,
     ) -> Option<Scores> {
-        if let Some(w) = self.keys.get_mut(model).and_then(|v| v.get_mut(version)) {
-            return w.observe(o, s);
+        let slot = self.slot(model, version)?;
+        self.last = slot;
+        self.slots
+            .get_mut(slot)
+            .and_then(|(_, _, w)| w.observe(o, s))
+    }
+
+    /// The slot of the pair, made when new and there is room.
+    fn slot(&mut self, model: &str, version: &str) -> Option<usize> {
+        if let Some((m, v, _)) = self.slots.get(self.last)
+            && m == model
+            && v == version
+        {
+            return Some(self.last);
         }
-        if self.pairs >= MAX_KEYS {
+        if let Some(&i) = self.index.get(model).and_then(|v| v.get(version)) {
+            return Some(i);
+        }
+        if self.slots.len() >= MAX_KEYS {
             return None;
         }
-        self.pairs += 1;
-        self.keys
+        let i = self.slots.len();
+        self.slots
+            .push((model.to_owned(), version.to_owned(), Windows::new()));
+        self.index
             .entry(model.to_owned())
             .or_default()
-            .entry(version.to_owned())
-            .or_insert_with(Windows::new)
-            .observe(o, s)
+            .insert(version.to_owned(), i);
+        Some(i)
     }
 }
 
@@ -234,7 +255,34 @@ mod tests {
         for i in 0..MAX_KEYS + 5 {
             book.observe(("m", &i.to_string()), &bare, &s);
         }
-        assert_eq!(book.pairs, MAX_KEYS);
-        assert_eq!(book.keys["m"].len(), MAX_KEYS);
+        assert_eq!(book.slots.len(), MAX_KEYS);
+        assert_eq!(book.index["m"].len(), MAX_KEYS);
+        // A pair past the bound is not tracked, and the last slot is not taken for it.
+        assert_eq!(book.observe(("m", "late"), &bare, &s), None);
+        assert_eq!(book.slots.len(), MAX_KEYS);
+    }
+
+    #[test]
+    fn interleaved_pairs_keep_their_own_windows() {
+        let s = settings(Reference::Rolling);
+        let mut book = DriftBook::default();
+        let answer = Observation {
+            prompt_tokens: Some(100),
+            ..Observation::default()
+        };
+        for i in 0..30 {
+            let version = if i % 3 == 0 { "b" } else { "a" };
+            book.observe(("m", version), &answer, &s);
+            book.observe(("n", "a"), &answer, &s);
+        }
+        let answers = |m: &str, v: &str| {
+            book.slots
+                .iter()
+                .find(|(sm, sv, _)| sm == m && sv == v)
+                .map(|(_, _, w)| w.answers)
+        };
+        assert_eq!(answers("m", "a"), Some(20));
+        assert_eq!(answers("m", "b"), Some(10));
+        assert_eq!(answers("n", "a"), Some(30));
     }
 }
