@@ -1,8 +1,9 @@
 //! Prompt token estimates for metering: a real BPE tokenizer (cl100k or o200k, embedded in the
 //! binary, so it works offline), run off the async reactor by the caller for long prompts.
 //!
-//! A prompt is counted in pieces of about [`PIECE_BYTES`], each ending before a whitespace
-//! character (where the tokenizer's pre-split starts a new word anyway), and each piece's count
+//! A prompt is counted in pieces of about [`PIECE_BYTES`], each ending before a newline or a
+//! whitespace character (where the tokenizer's pre-split starts a new word anyway), and each
+//! piece's count
 //! is kept in a small lock-free table keyed by a hash of its bytes. Prompts repeat (system
 //! prompts, few-shot examples, a conversation's earlier turns), so most pieces are counted
 //! once. The estimate is a pure function of the text: the sum of its pieces' counts, which
@@ -75,13 +76,22 @@ fn table(e: Estimator) -> &'static CountTable {
     }
 }
 
-/// `text` cut into pieces of at most [`PIECE_BYTES`],
-/// each ending before a whitespace character when one lies past [`MIN_PIECE_BYTES`].
+/// `text` cut into pieces of at most [`PIECE_BYTES`], each ending before a newline, else before
+/// a whitespace character when one lies past [`MIN_PIECE_BYTES`]. Cutting at newlines keeps a
+/// chat prompt's pieces within its messages (joined by newlines), so a shared system prompt's
+/// last piece is the same whatever question follows it, and only the new message is tokenized.
 pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
     let mut rest = text;
     std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
+        }
+        let window = &rest.as_bytes()[..rest.len().min(PIECE_BYTES)];
+        if let Some(i) = window.iter().skip(1).position(|&b| b == b'\n') {
+            // A newline is one byte, so the cut is on a character boundary.
+            let (piece, tail) = rest.split_at(i + 1);
+            rest = tail;
+            return Some(piece);
         }
         if rest.len() <= PIECE_BYTES {
             return Some(std::mem::take(&mut rest));
@@ -151,6 +161,18 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_system_prompts_pieces_do_not_depend_on_the_question_after_it() {
+        let system = "Answer from the documents given, and cite them. ".repeat(30);
+        let a = format!("system\n{system}\nuser\nWhich section covers travel?\n");
+        let b = format!("system\n{system}\nuser\nWho approves a budget over 10k?\n");
+        let (pa, pb): (Vec<&str>, Vec<&str>) = (pieces(&a).collect(), pieces(&b).collect());
+        let shared = pa.iter().zip(&pb).take_while(|(x, y)| x == y).count();
+        // Every piece but the question's (and the final newline) is the same.
+        assert_eq!(shared, pa.len() - 2, "{pa:?}");
+        assert_eq!(pa.concat(), a);
+    }
+
+    #[test]
     fn pieces_cover_the_text_and_end_before_whitespace() {
         let text = "word ".repeat(200) + &"é".repeat(300) + "tail";
         let parts: Vec<&str> = pieces(&text).collect();
@@ -161,6 +183,11 @@ mod tests {
         assert!(pieces("").next().is_none());
         // One piece for short text.
         assert_eq!(pieces("hello").collect::<Vec<_>>(), ["hello"]);
+        // Lines are pieces of their own, each starting with its newline.
+        assert_eq!(
+            pieces("system\nbe brief\nuser\nhi\n").collect::<Vec<_>>(),
+            ["system", "\nbe brief", "\nuser", "\nhi", "\n"]
+        );
     }
 
     #[test]

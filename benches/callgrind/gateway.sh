@@ -4,7 +4,8 @@
 # not. It counts user-space instructions only (no syscalls, no cross-core cache traffic), so it
 # ranks CPU changes in our code; benches/gateway_overhead.rs says what they are worth in req/s.
 #   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
-# CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes); KEEP=path keeps the callgrind file
+# FEATURES=1 turns on the features-on column's tenant key, limits and `prefix` routing, and sends
+# its 6 KB chat body. CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes); KEEP=path keeps the callgrind file
 # there (for callgrind_annotate). Needs valgrind and python3; the
 # upstream and client are small Python servers on loopback.
 # With RELAY=1 the binary is the gateway_overhead bench's (target/release/deps/gateway_overhead-*),
@@ -12,6 +13,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$1"; label="${2:-gateway}"; n="${N:-2000}"
+BENCH_KEY=ig-bench-overhead-key
 dir="$(mktemp -d)"; trap 'kill -9 ${vpid:-} ${upid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up=$(port); gw=$(port); admin=$(port)
@@ -29,7 +31,17 @@ pools:
     workers:
       - url: http://127.0.0.1:$up
 YAML
-printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
+if [ -n "${FEATURES:-}" ]; then
+  # The gateway_overhead bench's features-on column: a tenant with a key, a tier with request,
+  # token and concurrency limits, `prefix` routing; the client sends a 6 KB chat body.
+  hash=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
+  printf 'tenants:\n  - {name: acme, tier: bench, keys: ["sha256:%s"]}\n' "$hash" >> "$dir/infergate.yaml"
+  printf 'tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n' > "$dir/policies/tenants.yaml"
+  printf 'pools:\n  bench:\n    policy: prefix\n' > "$dir/policies/routing.yaml"
+  export CALLGRIND_CLIENT_KEY="$BENCH_KEY"
+else
+  printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
+fi
 python3 "$here/upstream.py" "$up" & upid=$!
 if [ -n "${RELAY:-}" ]; then
   valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/cg.%p" "$bin" relay "http://127.0.0.1:$up" \

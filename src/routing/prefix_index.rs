@@ -47,6 +47,9 @@ const MAX_SCALE_UNKNOWN: f64 = 8.0;
 const SHRINK: f64 = 0.8;
 const GROW: f64 = 1.05;
 
+/// A block touched within the newest `1 / RECENT_SHARE` of its segment's entries is not moved.
+const RECENT_SHARE: usize = 8;
+
 /// One LRU entry: a prompt block (`hash`), or the anonymous KV a request added beyond it.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -152,6 +155,20 @@ impl Inner {
             return;
         };
         let protect = cache.protected_base > 0;
+        // A block already among the newest eighth of its segment stays where it is: the order
+        // among the newest entries decides nothing until seven eighths of the segment are
+        // evicted, and moving it costs two B-tree updates per block of every request (most of
+        // the routing phase's CPU with a hot system prompt).
+        if let Some(&(old, was_protected)) = cache.ticks.get(&hash) {
+            let segment = if was_protected {
+                cache.protected.len()
+            } else {
+                cache.lru.len()
+            };
+            if was_protected == protect && tick - old <= (segment / RECENT_SHARE) as u64 {
+                return;
+            }
+        }
         match cache.ticks.insert(hash, (tick, protect)) {
             Some((old, was_protected)) => {
                 let entry = if was_protected {

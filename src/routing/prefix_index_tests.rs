@@ -351,3 +351,30 @@ fn the_default_cap_leaves_ordinary_workers_alone() {
     idx.apply(1, Residency::Snapshot(&keys), 10.0);
     assert_eq!(idx.sizes()[0].1, 10_000);
 }
+
+#[test]
+fn a_hot_prefix_is_not_moved_on_every_request_and_still_outlives_cold_ones() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    // Room for 400 blocks: a hot 4-block prefix, then one cold block per request.
+    let hot = [1, 2, 3, 4];
+    for i in 0..2_000u64 {
+        let mut hashes = hot.to_vec();
+        hashes.push(1_000 + i);
+        idx.record(1, at(&hashes, 4_000));
+    }
+    // The hot prefix is held; the cold blocks beyond the last ~396 were evicted, oldest first.
+    assert_eq!(idx.matches(&hot), vec![(1, 4)]);
+    assert_eq!(idx.matches(&[1_000]), vec![]);
+    assert_eq!(idx.matches(&[1_000 + 1_999]), vec![(1, 1)]);
+    let guard = idx.lock();
+    let cache = &guard.workers[&1];
+    assert_eq!(cache.used, 4_000);
+    // Its blocks were left in place most of the time: their ticks are older than the newest.
+    let newest = *cache.lru.keys().next_back().unwrap_or(&0);
+    let hot_tick = cache.ticks[&1].0;
+    assert!(hot_tick < newest, "{hot_tick} {newest}");
+    assert!(
+        newest - hot_tick <= (cache.lru.len() / RECENT_SHARE) as u64 + 6,
+        "the hot prefix stays among the newest eighth"
+    );
+}
