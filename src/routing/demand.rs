@@ -4,9 +4,6 @@
 //! The `prefix` policy asks how many workers' worth of demand a prefix has: a prefix that one
 //! worker serves well keeps its holder through short load swings, and only one that needs more
 //! than its holders grows its replica set at the normal tolerance.
-//!
-//! The same counts keyed by worker give the share of one replica's picks each worker took, which
-//! `spread` balances at low load.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -73,16 +70,6 @@ impl Demand {
         }
     }
 
-    /// `key`'s decayed count of recent requests, and the decayed count of all of them.
-    pub fn count(&self, key: u64) -> (f64, f64) {
-        let inner = self.lock();
-        let own = inner
-            .counts
-            .get(&key)
-            .map_or(0.0, |c| decayed(c.weight, c.tick, inner.tick));
-        (own, inner.total)
-    }
-
     /// `key`'s share of the recent requests, 0..=1 (0 before any request).
     pub fn share(&self, key: u64) -> f64 {
         let inner = self.lock();
@@ -109,9 +96,6 @@ mod tests {
         }
         assert!((d.share(1) - 0.6).abs() < 0.02, "{}", d.share(1));
         assert!((d.share(100) - 0.05).abs() < 0.02, "{}", d.share(100));
-        let (count, total) = d.count(1);
-        assert!((count / total - d.share(1)).abs() < 1e-12, "{count} {total}");
-        assert_eq!(d.count(999).0, 0.0);
         // The mix changes: key 1 stops; within a few windows it is forgotten.
         for i in 0..2_000u64 {
             d.record(if i % 5 == 0 { None } else { Some(200 + i % 4) });

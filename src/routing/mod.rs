@@ -31,7 +31,6 @@ mod replica_model;
 pub mod round_robin;
 pub mod session;
 pub mod shape_class;
-pub mod spread;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]

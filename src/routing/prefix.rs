@@ -44,12 +44,6 @@
 //! replica's index, in-flight counts and pending prefill are its own, so the home is built from
 //! what every replica sees alike instead: the first worker in the hash order whose *polled* load
 //! is within the tolerance of the pool's (see `cold_home`), so replicas agree by construction.
-//!
-//! In approximate mode at low load, where a worker runs a request or two at a time and no load
-//! shows which worker the hash gave the most popular prefixes, a prefix with enough of the
-//! recent traffic is served by the head of its rendezvous order, each request going to the
-//! member this replica sent the fewest recent requests to (see `spread`): replicas agree on the
-//! members, and each balances its own share of the traffic.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -58,7 +52,6 @@ use super::demand::Demand;
 use super::features::{DEFAULT_BLOCK_BYTES, DEFAULT_BYTES_PER_TOKEN};
 use super::hash_ring;
 use super::prefix_index::{Placement, PrefixIndex};
-use super::spread;
 use super::{
     Decision, Feedback, LossReason, PrefixConfig, RequestFeatures, Residency, RouteReason,
     RoutingPolicy, WorkerView,
@@ -80,8 +73,6 @@ pub struct CacheAware {
     index: PrefixIndex,
     /// Each prefix's recent share of the requests, keyed by its first block.
     demand: Demand,
-    /// This replica's recent picks, keyed by worker: who it sent more than its share to.
-    picks: Demand,
     /// f64 bits: bytes of canonical prompt per prompt token, learned from answers' usage.
     bytes_per_token: AtomicU64,
     /// Tie-break keys for requests with neither prefix blocks nor a session.
@@ -114,7 +105,6 @@ impl CacheAware {
             cfg,
             index,
             demand: Demand::default(),
-            picks: Demand::default(),
             bytes_per_token: AtomicU64::new(DEFAULT_BYTES_PER_TOKEN.to_bits()),
             turn: AtomicU64::new(0),
         }
@@ -180,41 +170,6 @@ impl CacheAware {
             })
             .map(|h| h.0)
             .collect()
-    }
-
-    /// Approximate mode: a prefix hot enough to use several workers goes to the member of its
-    /// set (the head of its rendezvous order) that this replica sent the fewest recent requests
-    /// to, among those whose queue is within `room` of the chosen worker's (see `spread`).
-    fn spread(
-        &self,
-        chosen: Scored,
-        key: u64,
-        workers: &[WorkerView],
-        scored: &[Scored],
-        room: f64,
-    ) -> Scored {
-        let (count, total) = self.demand.count(key);
-        let size = spread::set_size(count, total, scored.len());
-        if size <= 1 {
-            return chosen;
-        }
-        let busy = chosen.queue + chosen.fit;
-        let within = |i: usize| {
-            scored
-                .iter()
-                .find(|s| s.index == i)
-                .filter(|s| s.queue + s.fit <= busy + room)
-        };
-        let set: Vec<usize> = hash_ring::candidates(key, workers, workers.len())
-            .into_iter()
-            .filter(|&i| workers[i].healthy)
-            .take(size)
-            .filter(|&i| within(i).is_some())
-            .collect();
-        spread::least_picked(&set, |i| self.picks.count(workers[i].key).0)
-            .and_then(within)
-            .copied()
-            .unwrap_or(chosen)
     }
 
     /// The key whose rendezvous order breaks ties, and the reason a cold choice gets.
@@ -347,12 +302,6 @@ impl RoutingPolicy for CacheAware {
                 .or_else(|| scored.iter().filter(in_band).max_by_key(rank))
                 .copied()?
         };
-        let low_load = total / healthy as f64 <= spread::LOW_LOAD;
-        let chosen = if best_run > 0 && low_load && !self.all_precise(workers) {
-            self.spread(chosen, key, workers, &scored, lambda * slack)
-        } else {
-            chosen
-        };
         let (reason, lost) = if best_run == 0 {
             (cold_reason, None)
         } else if chosen.run >= best_run {
@@ -381,7 +330,6 @@ impl RoutingPolicy for CacheAware {
 
     fn observe(&self, req: &RequestFeatures, worker: &WorkerView) {
         self.demand.record(req.prefix_hashes.first().copied());
-        self.picks.record(Some(worker.key));
         let sizes = self.sizes(req);
         let blocks = req.prefix_hashes.len() as f64 * sizes.block_tokens;
         let tail = (sizes.prompt - blocks).max(0.0);
