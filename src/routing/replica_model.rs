@@ -208,7 +208,10 @@ mod tests {
     #[test]
     fn four_replicas_home_each_group_once_and_agree() {
         let (_, copies, agree, _) = summary(12);
-        assert!(copies <= 1.0, "{copies:.2} extra (group, worker) pairs per run");
+        assert!(
+            copies <= 1.0,
+            "{copies:.2} extra (group, worker) pairs per run"
+        );
         assert!(agree >= 0.97, "agreement {agree:.3}");
     }
 
