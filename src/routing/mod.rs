@@ -26,6 +26,8 @@ pub mod hash_ring;
 pub mod least_load;
 pub mod prefix;
 pub mod prefix_index;
+#[cfg(test)]
+mod replica_model;
 pub mod round_robin;
 pub mod session;
 pub mod shape_class;
