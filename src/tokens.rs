@@ -86,20 +86,19 @@ pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
         if rest.is_empty() {
             return None;
         }
-        let window = &rest.as_bytes()[..rest.len().min(PIECE_BYTES)];
-        if let Some(i) = window.iter().skip(1).position(|&b| b == b'\n') {
-            // A newline is one byte, so the cut is on a character boundary.
-            let (piece, tail) = rest.split_at(i + 1);
+        let mut end = rest.len().min(PIECE_BYTES);
+        // A character is at most 4 bytes, so a boundary lies within the last three.
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let first = rest.chars().next().map_or(1, char::len_utf8).min(end);
+        if let Some(i) = rest[first..end].find('\n') {
+            let (piece, tail) = rest.split_at(first + i);
             rest = tail;
             return Some(piece);
         }
         if rest.len() <= PIECE_BYTES {
             return Some(std::mem::take(&mut rest));
-        }
-        let mut end = PIECE_BYTES;
-        // A character is at most 4 bytes, so a boundary lies within the last three.
-        while !rest.is_char_boundary(end) {
-            end -= 1;
         }
         let cut = rest[..end]
             .char_indices()
@@ -114,32 +113,54 @@ pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Estimator {
-    /// [`Self::count`] of `text` when every piece of it was counted before (a hash lookup per
-    /// piece, cheap enough for the reactor); `None` when some piece needs the tokenizer.
-    pub fn count_cached(self, text: &str) -> Option<u64> {
+    /// The tokens of `text`'s pieces counted before, and the pieces not counted yet (for
+    /// [`Self::count_pieces`]): a hash lookup per piece, cheap enough for the reactor.
+    pub fn count_known(self, text: &str) -> (u64, Vec<&str>) {
         if self == Estimator::Bytes {
-            return Some((text.len() as u64).div_ceil(4));
+            return ((text.len() as u64).div_ceil(4), Vec::new());
         }
         let table = table(self);
-        pieces(text)
-            .map(|piece| table.get(xxhash_rust::xxh3::xxh3_64(piece.as_bytes())))
+        let mut known = 0;
+        let mut missing = Vec::new();
+        for piece in pieces(text) {
+            match table.get(xxhash_rust::xxh3::xxh3_64(piece.as_bytes())) {
+                Some(n) => known += n,
+                None => missing.push(piece),
+            }
+        }
+        (known, missing)
+    }
+
+    /// Estimated tokens of `pieces` (of [`pieces`]), each counted by the tokenizer unless
+    /// counted before, and kept.
+    pub fn count_pieces<S: AsRef<str>>(self, pieces: &[S]) -> u64 {
+        let bpe = match self {
+            Estimator::Cl100k => tiktoken_rs::cl100k_base_singleton(),
+            Estimator::O200k => tiktoken_rs::o200k_base_singleton(),
+            Estimator::Bytes => {
+                return pieces
+                    .iter()
+                    .map(|p| (p.as_ref().len() as u64).div_ceil(4))
+                    .sum();
+            }
+        };
+        let table = table(self);
+        pieces
+            .iter()
+            .map(|piece| {
+                let piece = piece.as_ref();
+                let hash = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
+                table.count(hash, || bpe.encode_ordinary(piece).len() as u64)
+            })
             .sum()
     }
 
     /// Estimated tokens of `text`.
     pub fn count(self, text: &str) -> u64 {
-        let bpe = match self {
-            Estimator::Cl100k => tiktoken_rs::cl100k_base_singleton(),
-            Estimator::O200k => tiktoken_rs::o200k_base_singleton(),
-            Estimator::Bytes => return (text.len() as u64).div_ceil(4),
-        };
-        let table = table(self);
-        pieces(text)
-            .map(|piece| {
-                let hash = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
-                table.count(hash, || bpe.encode_ordinary(piece).len() as u64)
-            })
-            .sum()
+        if self == Estimator::Bytes {
+            return (text.len() as u64).div_ceil(4);
+        }
+        self.count_pieces(&pieces(text).collect::<Vec<_>>())
     }
 }
 
@@ -191,14 +212,19 @@ mod tests {
     }
 
     #[test]
-    fn cached_counts_answer_only_once_every_piece_was_counted() {
+    fn known_counts_leave_only_the_new_pieces_to_the_tokenizer() {
         let text = "A prompt that no other test counts, long enough for two pieces. ".repeat(6);
         let e = Estimator::Cl100k;
-        assert_eq!(e.count_cached(&text), None);
+        let (known, new) = e.count_known(&text);
+        assert_eq!((known, new.concat()), (0, text.clone()));
         let n = e.count(&text);
-        assert_eq!(e.count_cached(&text), Some(n));
-        // A new tail is a piece never seen.
-        assert_eq!(e.count_cached(&format!("{text} and a fresh ending")), None);
+        assert_eq!(e.count_known(&text), (n, vec![]));
+        // A new message after it is the one piece left to count, and the sum is the whole count.
+        let longer = format!("{text}\nand a fresh question");
+        let (known, new) = e.count_known(&longer);
+        assert_eq!((known, new.clone()), (n, vec!["\nand a fresh question"]));
+        assert_eq!(known + e.count_pieces(&new), e.count(&longer));
+        assert_eq!(Estimator::Bytes.count_known("12345"), (2, vec![]));
     }
 
     #[test]

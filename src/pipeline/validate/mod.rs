@@ -63,17 +63,24 @@ where
         PromptSize::Tokens(n) => *n,
         PromptSize::Text(t) if !exact_needed => (t.len() as u64).div_ceil(4),
         PromptSize::Text(t) if t.len() < 4096 => valid.estimator.count(t),
-        // A long prompt is counted off the reactor, unless each of its pieces is counted already
-        // (a repeated system prompt): a thread hand-off costs more than those lookups.
-        PromptSize::Text(t) => match valid.estimator.count_cached(t) {
-            Some(n) => n,
-            None => {
-                let (est, text) = (valid.estimator, t.clone());
-                tokio::task::spawn_blocking(move || est.count(&text))
-                    .await
-                    .map_err(|e| GatewayError::Internal(format!("token estimate failed: {e}")))?
+        // A long prompt's pieces counted before (a repeated system prompt) are looked up here;
+        // what is new is counted here too when short (a thread hand-off costs more), else off
+        // the reactor.
+        PromptSize::Text(t) => {
+            let est = valid.estimator;
+            let (known, new) = est.count_known(t);
+            if new.iter().map(|p| p.len()).sum::<usize>() < 4096 {
+                known + est.count_pieces(&new)
+            } else {
+                let new: Vec<String> = new.into_iter().map(str::to_owned).collect();
+                known
+                    + tokio::task::spawn_blocking(move || est.count_pieces(&new))
+                        .await
+                        .map_err(|e| {
+                            GatewayError::Internal(format!("token estimate failed: {e}"))
+                        })?
             }
-        },
+        }
     };
     check_context(&valid, prompt_tokens)?;
     Ok(Validated {
