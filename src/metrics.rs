@@ -8,7 +8,7 @@ use prometheus::{
 
 use std::sync::{Arc, Mutex};
 
-use crate::names_map::NamesMap;
+use crate::fast_maps::NamesMap;
 use crate::routing::RouteReason;
 
 /// A shared collector registered by reference, so the gateway keeps a handle to update it.

@@ -10,7 +10,7 @@
 //! count of requests started, so the simulator and the gateway measure the same thing the same
 //! way.
 
-use crate::names_map::NamesMap;
+use crate::fast_maps::NamesMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 

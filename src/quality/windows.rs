@@ -5,7 +5,7 @@
 //! reference). Pure: the caller exports the scores. Keys are bounded ([`MAX_KEYS`]).
 
 use super::drift::{Binned, psi};
-use crate::names_map::NamesMap;
+use crate::fast_maps::NamesMap;
 
 /// Most (model, version) pairs tracked; models and versions come from config, so this only
 /// guards against a config with very many of them.

@@ -28,9 +28,10 @@
 //! entries (the `prefix` policy's setting): past it the oldest go, as past the capacity, so
 //! the index's memory is bounded by configuration, not by what a worker says.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
+use crate::fast_maps::HashKeyMap;
 use crate::routing::Residency;
 
 /// Capacity assumed for a worker that does not export its KV size, in tokens.
@@ -77,7 +78,7 @@ struct WorkerCache {
     /// Entries seen again, by tick (empty for plain LRU workers).
     protected: BTreeMap<u64, Entry>,
     /// Block hash → (tick, whether protected).
-    ticks: HashMap<u64, (u64, bool)>,
+    ticks: HashKeyMap<(u64, bool)>,
     /// Fed by the worker's KV events.
     precise: bool,
 }
@@ -93,7 +94,7 @@ impl WorkerCache {
             protected_used: 0,
             lru: BTreeMap::new(),
             protected: BTreeMap::new(),
-            ticks: HashMap::new(),
+            ticks: HashKeyMap::default(),
             precise: false,
         }
     }
@@ -139,8 +140,8 @@ impl WorkerCache {
 #[derive(Debug)]
 struct Inner {
     /// Block hash → keys of the workers holding it.
-    holders: HashMap<u64, Vec<u64>>,
-    workers: HashMap<u64, WorkerCache>,
+    holders: HashKeyMap<Vec<u64>>,
+    workers: HashKeyMap<WorkerCache>,
     tick: u64,
     /// Most entries per worker.
     max_entries: usize,
@@ -289,7 +290,7 @@ fn forget_in(inner: &mut Inner, worker: u64) {
     }
 }
 
-fn unhold(holders: &mut HashMap<u64, Vec<u64>>, hash: u64, worker: u64) {
+fn unhold(holders: &mut HashKeyMap<Vec<u64>>, hash: u64, worker: u64) {
     if let Some(list) = holders.get_mut(&hash) {
         list.retain(|&w| w != worker);
         if list.is_empty() {
@@ -327,8 +328,8 @@ impl PrefixIndex {
         Self {
             default_capacity,
             inner: Mutex::new(Inner {
-                holders: HashMap::new(),
-                workers: HashMap::new(),
+                holders: HashKeyMap::default(),
+                workers: HashKeyMap::default(),
                 tick: 0,
                 max_entries: DEFAULT_MAX_BLOCKS_PER_WORKER,
             }),
