@@ -133,20 +133,20 @@ impl Estimator {
 
     /// Estimated tokens of `pieces` (of [`pieces`]), each counted by the tokenizer unless
     /// counted before, and kept.
-    pub fn count_pieces<S: AsRef<str>>(self, pieces: &[S]) -> u64 {
+    pub fn count_pieces<S: AsRef<str>>(self, pieces: impl IntoIterator<Item = S>) -> u64 {
         let bpe = match self {
             Estimator::Cl100k => tiktoken_rs::cl100k_base_singleton(),
             Estimator::O200k => tiktoken_rs::o200k_base_singleton(),
             Estimator::Bytes => {
                 return pieces
-                    .iter()
+                    .into_iter()
                     .map(|p| (p.as_ref().len() as u64).div_ceil(4))
                     .sum();
             }
         };
         let table = table(self);
         pieces
-            .iter()
+            .into_iter()
             .map(|piece| {
                 let piece = piece.as_ref();
                 let hash = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
@@ -160,7 +160,7 @@ impl Estimator {
         if self == Estimator::Bytes {
             return (text.len() as u64).div_ceil(4);
         }
-        self.count_pieces(&pieces(text).collect::<Vec<_>>())
+        self.count_pieces(pieces(text))
     }
 }
 
