@@ -3,7 +3,8 @@
 //! that hashes each request's group), workers and gateway fresh for each so every policy starts
 //! with cold caches. Groups of sessions share long system prompts. Scenarios: KV room and
 //! evictions (open-loop Poisson arrivals, Zipf group popularity; in evictions the four caches
-//! together hold ~10 of the 16 prompts), saturated (a closed loop of 32 clients against small KV
+//! together hold ~10 of the 16 prompts), overflow (the same with caches of ~5 prompts each and
+//! plain LRU eviction, as vLLM's: all 16 fit only when spread by the caches' room), saturated (a closed loop of 32 clients against small KV
 //! caches, every worker's KV nearly full), hot prefix (60% of a closed loop on one group), and two
 //! gateway replicas in front of the same workers. `prefix` runs in precise mode (our engines' KV
 //! events) and as `prefix_approx` with the events off. Measured: the engines' prefix-cache hit
@@ -57,6 +58,12 @@ const POLL: Duration = Duration::from_millis(100);
 /// prompts (~1,500 tokens = ~94 blocks of 16 each), so the four caches together hold ~10 of 16
 /// and less while requests run.
 const EVICTION_BLOCKS: &str = "256";
+/// KV blocks per worker in the overflow scenario (issue 46): 7,680 tokens, room for ~5 of the
+/// system prompts, so the four caches together hold ~20 prompts: all 16 groups fit only when
+/// they are spread by the caches' room, not by hash. Its engines evict by plain LRU
+/// (`--kv-protected-fraction 0`), as vLLM does, so a worker given more groups than it holds
+/// churns them.
+const OVERFLOW_BLOCKS: &str = "480";
 /// KV blocks per worker in the saturated scenario: 6,144 tokens, so 32 concurrent 1,500-token
 /// chats over 4 workers keep every worker's KV nearly full with a queue waiting.
 const SATURATED_BLOCKS: &str = "384";
@@ -107,7 +114,7 @@ const ALL: &[&str] = &[
     "oracle",
 ];
 
-const SCENARIOS: [Scenario; 6] = [
+const SCENARIOS: [Scenario; 7] = [
     Scenario {
         name: "KV room",
         engine_args: &[],
@@ -129,6 +136,22 @@ const SCENARIOS: [Scenario; 6] = [
         hot: None,
         replicas: 1,
         policies: ALL,
+    },
+    Scenario {
+        name: "overflow (480 blocks, ~5 prompts each)",
+        engine_args: &[
+            "--num-gpu-blocks-override",
+            OVERFLOW_BLOCKS,
+            "--kv-protected-fraction",
+            "0",
+        ],
+        groups: 16,
+        zipf: 1.0,
+        load: Load::Open(20.0, Duration::from_secs(20)),
+        max_tokens: 16,
+        hot: None,
+        replicas: 1,
+        policies: &["prefix", "prefix_approx", "hash", "oracle"],
     },
     Scenario {
         name: "saturated (384 blocks, 32 clients)",

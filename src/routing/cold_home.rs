@@ -48,14 +48,23 @@ fn fits(w: &WorkerView, new_kv: f64) -> bool {
 }
 
 /// Index of the new prefix's home among `workers`, or `None` when none is healthy: the first
-/// healthy worker in the key's order within the load bound whose free KV fits the request, else
-/// the first within the load bound (the least loaded always is).
-pub fn home(ask: Ask, workers: &[WorkerView]) -> Option<usize> {
+/// healthy worker in the key's order within the load bound whose free KV fits the request and
+/// that is `roomy` (its cache can take the prefix without evicting another, the caller's
+/// judgement), else the same without `roomy`, else the first within the load bound (the least
+/// loaded always is).
+pub fn home(
+    ask: Ask,
+    workers: &[WorkerView],
+    roomy: impl Fn(&WorkerView) -> bool,
+) -> Option<usize> {
     let bound = load_bound(workers, ask.tolerance);
     let light = |w: &WorkerView| w.healthy && w.polled_load() <= bound;
-    hash_ring::first(ask.key, workers, |w| light(w) && fits(w, ask.new_kv))
-        .or_else(|| hash_ring::first(ask.key, workers, light))
-        .or_else(|| hash_ring::first(ask.key, workers, |w| w.healthy))
+    hash_ring::first(ask.key, workers, |w| {
+        light(w) && fits(w, ask.new_kv) && roomy(w)
+    })
+    .or_else(|| hash_ring::first(ask.key, workers, |w| light(w) && fits(w, ask.new_kv)))
+    .or_else(|| hash_ring::first(ask.key, workers, light))
+    .or_else(|| hash_ring::first(ask.key, workers, |w| w.healthy))
 }
 
 #[cfg(test)]
@@ -80,7 +89,10 @@ mod tests {
         let mut rng = SplitMix64(11);
         for _ in 0..500 {
             let key = rng.next_u64();
-            assert_eq!(home(ask(key), &ws), hash_ring::first(key, &ws, |_| true));
+            assert_eq!(
+                home(ask(key), &ws, |_| true),
+                hash_ring::first(key, &ws, |_| true)
+            );
         }
     }
 
@@ -95,7 +107,10 @@ mod tests {
                 w.in_flight = rng.below(30) as u32;
                 w.pending_prefill = rng.below(50_000);
             }
-            assert_eq!(home(ask(key), &mine), home(ask(key), &base));
+            assert_eq!(
+                home(ask(key), &mine, |_| true),
+                home(ask(key), &base, |_| true)
+            );
         }
     }
 
@@ -111,9 +126,9 @@ mod tests {
             }
             // 20: mean 11, bound 17.75, over it. 13: mean 9.25, bound 15.56, within.
             ws[order[0]].running = 20.0;
-            assert_eq!(home(ask(key), &ws), Some(order[1]));
+            assert_eq!(home(ask(key), &ws, |_| true), Some(order[1]));
             ws[order[0]].running = 13.0;
-            assert_eq!(home(ask(key), &ws), Some(order[0]));
+            assert_eq!(home(ask(key), &ws, |_| true), Some(order[0]));
         }
     }
 
@@ -126,11 +141,11 @@ mod tests {
         let key = 77;
         let order = hash_ring::candidates(key, &ws, 3);
         ws[order[0]].kv_usage = 0.95;
-        assert_eq!(home(ask(key), &ws), Some(order[1]));
+        assert_eq!(home(ask(key), &ws, |_| true), Some(order[1]));
         for w in &mut ws {
             w.kv_usage = 0.99;
         }
-        assert_eq!(home(ask(key), &ws), Some(order[0]));
+        assert_eq!(home(ask(key), &ws, |_| true), Some(order[0]));
     }
 
     #[test]
@@ -140,11 +155,11 @@ mod tests {
         let order = hash_ring::candidates(key, &ws, 3);
         ws[order[0]].healthy = false;
         ws[order[1]].running = f64::NAN;
-        assert_eq!(home(ask(key), &ws), Some(order[2]));
+        assert_eq!(home(ask(key), &ws, |_| true), Some(order[2]));
         for w in &mut ws {
             w.healthy = false;
         }
-        assert_eq!(home(ask(key), &ws), None);
-        assert_eq!(home(ask(key), &[]), None);
+        assert_eq!(home(ask(key), &ws, |_| true), None);
+        assert_eq!(home(ask(key), &[], |_| true), None);
     }
 }

@@ -56,6 +56,10 @@ const RECENT_SHARE: usize = 8;
 struct Entry {
     hash: Option<u64>,
     tokens: u64,
+    /// For a prompt's leading block: the tokens of the prefix it starts, as last routed (0 for
+    /// every other entry). The sum over a worker's held leads is how much of its cache the
+    /// prefixes homed there claim.
+    lead: u64,
 }
 
 /// What one worker holds, least recently used first.
@@ -73,6 +77,8 @@ struct WorkerCache {
     used: u64,
     /// Tokens of the protected entries.
     protected_used: u64,
+    /// Sum of the held entries' `lead`: the prefixes this worker is home to, in tokens.
+    lead_used: u64,
     /// Entries seen once and anonymous KV, by tick.
     lru: BTreeMap<u64, Entry>,
     /// Entries seen again, by tick (empty for plain LRU workers).
@@ -92,6 +98,7 @@ impl WorkerCache {
             scale: 1.0,
             used: 0,
             protected_used: 0,
+            lead_used: 0,
             lru: BTreeMap::new(),
             protected: BTreeMap::new(),
             ticks: HashKeyMap::default(),
@@ -200,11 +207,34 @@ impl Inner {
                     Entry {
                         hash: Some(hash),
                         tokens,
+                        lead: 0,
                     },
                 );
                 cache.used = cache.used.saturating_add(tokens);
                 self.holders.entry(hash).or_default().push(worker);
             }
+        }
+    }
+
+    /// Marks `hash`, held by `worker`, as the leading block of a prefix of `tokens`.
+    fn set_lead(&mut self, worker: u64, hash: u64, tokens: u64) {
+        let Some(cache) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let Some(&(tick, protected)) = cache.ticks.get(&hash) else {
+            return;
+        };
+        let segment = if protected {
+            &mut cache.protected
+        } else {
+            &mut cache.lru
+        };
+        if let Some(entry) = segment.get_mut(&tick) {
+            cache.lead_used = cache
+                .lead_used
+                .saturating_sub(entry.lead)
+                .saturating_add(tokens);
+            entry.lead = tokens;
         }
     }
 
@@ -221,6 +251,7 @@ impl Inner {
             };
             if let Some(entry) = entry {
                 cache.used = cache.used.saturating_sub(entry.tokens);
+                cache.lead_used = cache.lead_used.saturating_sub(entry.lead);
                 if protected {
                     cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
                 }
@@ -266,11 +297,13 @@ impl Inner {
                     None => {
                         cache.used = 0;
                         cache.protected_used = 0;
+                        cache.lead_used = 0;
                         break;
                     }
                 },
             };
             cache.used = cache.used.saturating_sub(entry.tokens);
+            cache.lead_used = cache.lead_used.saturating_sub(entry.lead);
             if protected {
                 cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
             }
@@ -374,12 +407,17 @@ impl PrefixIndex {
                 Entry {
                     hash: None,
                     tokens: placement.extra_tokens,
+                    lead: 0,
                 },
             );
             cache.used = cache.used.saturating_add(placement.extra_tokens);
         }
         for &hash in placement.hashes.iter().rev() {
             inner.touch(worker, hash, block_tokens);
+        }
+        if let Some(&first) = placement.hashes.first() {
+            let prefix = (placement.hashes.len() as u64).saturating_mul(block_tokens);
+            inner.set_lead(worker, first, prefix);
         }
         inner.evict(worker);
     }
@@ -501,6 +539,19 @@ impl PrefixIndex {
             .workers
             .iter()
             .map(|(&k, c)| (k, c.ticks.len(), c.used, c.capacity()))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Per worker: (key, tokens of the prefixes homed there, effective capacity in tokens). A
+    /// prefix counts while its leading block is held, with its length as last routed.
+    pub fn homed(&self) -> Vec<(u64, u64, u64)> {
+        let inner = self.lock();
+        let mut out: Vec<_> = inner
+            .workers
+            .iter()
+            .map(|(&k, c)| (k, c.lead_used, c.capacity()))
             .collect();
         out.sort_unstable();
         out

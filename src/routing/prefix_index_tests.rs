@@ -378,3 +378,25 @@ fn a_hot_prefix_is_not_moved_on_every_request_and_still_outlives_cold_ones() {
         "the hot prefix stays among the newest eighth"
     );
 }
+
+#[test]
+fn a_prefix_is_homed_while_its_leading_block_is_held() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    // Two prefixes of 3 and 2 blocks (10 tokens each) on worker 1, room for 6 blocks.
+    idx.record(1, at(&[1, 2, 3], 60));
+    idx.record(1, at(&[7, 8], 60));
+    assert_eq!(idx.homed(), vec![(1, 50, 60)]);
+    // Routed again longer, a prefix counts at its latest length, once.
+    idx.record(1, at(&[1, 2, 3, 4], 60));
+    assert_eq!(idx.homed(), vec![(1, 60, 60)]);
+    // Blocks another router sent there evict the least recent, the second prefix's lead
+    // among them; they start no prefix of ours.
+    idx.apply(1, Residency::Stored(&[20, 21]), 10.0);
+    assert!(idx.matches(&[7]).is_empty());
+    assert_eq!(idx.homed(), vec![(1, 40, 60)]);
+    // Removed by a KV event, or the worker forgotten: nothing is homed there any more.
+    idx.apply(1, Residency::Removed(&[1]), 10.0);
+    assert_eq!(idx.homed(), vec![(1, 0, 60)]);
+    idx.forget(1);
+    assert_eq!(idx.homed(), vec![]);
+}

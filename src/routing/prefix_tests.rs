@@ -664,3 +664,99 @@ fn holds_prefix_is_the_index_view_of_the_workers_given() {
         "an ejected holder"
     );
 }
+
+/// Four workers whose caches hold about five of [`system_prompt`]'s prompts each (7,680 tokens).
+fn small_caches() -> Vec<WorkerView> {
+    let mut ws = workers(4);
+    for w in &mut ws {
+        w.kv_capacity = Some(7_680);
+    }
+    ws
+}
+
+/// Routes one request of each of `groups`, `rounds` times over, and returns how many distinct
+/// groups each worker served and how many requests were cache hits after the first round.
+fn serve_groups(
+    p: &CacheAware,
+    ws: &[WorkerView],
+    groups: &[u64],
+    rounds: usize,
+) -> ([usize; 4], usize) {
+    let mut homes = [
+        std::collections::BTreeSet::new(),
+        Default::default(),
+        Default::default(),
+        Default::default(),
+    ];
+    let mut hits = 0;
+    for round in 0..rounds {
+        for &g in groups {
+            let d = route(p, &chat(&system_prompt(g), &format!("q{round}")), ws);
+            homes[d.index].insert(g);
+            hits += usize::from(round > 0 && d.reason == RouteReason::PrefixHit);
+        }
+    }
+    (homes.map(|h| h.len()), hits)
+}
+
+#[test]
+fn an_overflowing_pool_homes_new_prefixes_where_the_caches_have_room() {
+    // 16 groups of ~1,500 tokens over four caches of ~5 prompts: their hash homes alone put
+    // more than four on one worker, whose cache then churns.
+    let groups: Vec<u64> = (0..16).map(|g| 500 + g).collect();
+    let ws = small_caches();
+    let mut by_hash = [0usize; 4];
+    for &g in &groups {
+        by_hash[order(&chat(&system_prompt(g), "q"), &ws)[0]] += 1;
+    }
+    assert!(
+        by_hash.iter().any(|&n| n > 4),
+        "the seeds must overflow a hash home: {by_hash:?}"
+    );
+    // Approximate mode (no KV events) and precise mode alike: each worker is home to four, and
+    // every later request is a hit.
+    for mode in ["approximate", "precise"] {
+        let p = policy();
+        if mode == "precise" {
+            precise(&p, &ws);
+        }
+        let (homes, hits) = serve_groups(&p, &ws, &groups, 4);
+        assert_eq!(homes, [4, 4, 4, 4], "{mode}");
+        assert_eq!(hits, 3 * groups.len(), "{mode}");
+    }
+}
+
+#[test]
+fn with_every_cache_claimed_the_hash_order_decides_and_room_wins_again() {
+    let ws = small_caches();
+    let p = policy();
+    let newcomer = chat(&system_prompt(4_000), "q");
+    let ord = order(&newcomer, &ws);
+    // Every worker is home to prefixes claiming more than 80% of its cache less the newcomer's
+    // prompt: the hash home takes it (each worker's set stays what the hash made it).
+    let claim = |rank: usize, blocks: u64| {
+        let hashes: Vec<u64> = (0..blocks).map(|b| (rank as u64 + 1) << 32 | b).collect();
+        p.index().record(
+            ws[ord[rank]].key,
+            Placement {
+                hashes: &hashes,
+                block_tokens: 64.0,
+                extra_tokens: 0,
+                capacity: Some(7_680),
+                protected: None,
+            },
+        );
+    };
+    for (rank, blocks) in [94u64, 90, 84, 78].into_iter().enumerate() {
+        claim(rank, blocks);
+    }
+    let d = p.select(&newcomer, &ws).expect("a worker");
+    assert_eq!((d.index, d.reason), (ord[0], RouteReason::PrefixHome));
+    // Once the last in its order has room again (its prefixes evicted), it takes the newcomer.
+    p.index().forget(ws[ord[3]].key);
+    let d = p.select(&newcomer, &ws).expect("a worker");
+    assert_eq!(d.index, ord[3]);
+    claim(3, 78);
+    let d = p.select(&newcomer, &ws).expect("a worker");
+    assert_eq!(d.index, ord[0], "no room anywhere again");
+}
