@@ -2,6 +2,7 @@
 //! budget), then the OpenAI request checked against the snapshot and the caller's tier, and the
 //! prompt's token count, which metering, the context check and degradation use.
 
+mod messages;
 pub mod request;
 
 use hyper::HeaderMap;

@@ -8,7 +8,7 @@ use hyper::HeaderMap;
 use hyper::body::Bytes;
 use hyper::header::HeaderName;
 use infergate_engine::openai::ApiError;
-use infergate_engine::openai::fields::{FieldValue, Text, number_field, wrong_type};
+use infergate_engine::openai::fields::{FieldValue, number_field, wrong_type};
 use infergate_engine::openai::params::{check_temperature, check_top_p};
 use serde::Deserialize;
 use serde_json::Value;
@@ -22,6 +22,8 @@ use crate::routing::features::{
     DEFAULT_BLOCK_BYTES, Turn, canonical_chat, canonical_completion, prefix_hashes, session_hash,
 };
 use crate::tokens::Estimator;
+
+use super::messages::{TEXT_PARTS, TextMessages};
 
 /// Most prefix blocks hashed per request (64 KiB of prompt at the default block size).
 const MAX_PREFIX_BLOCKS: usize = 256;
@@ -118,9 +120,11 @@ pub enum PromptSize {
 
 /// The request's top-level fields the gateway reads, as borrowed slices of the body: every
 /// other field is skipped unread (and forwarded as sent), and nothing is copied until a phase
-/// needs it. A field sent as `null` is present (`Some("null")`), as in the JSON.
+/// needs it. A field sent as `null` is present (`Some("null")`), as in the JSON, except
+/// `messages`, read as `M`: typed in the first pass ([`TextMessages`]), raw in the general one.
 #[derive(Deserialize)]
-struct Fields<'a> {
+#[serde(bound(deserialize = "M: Deserialize<'de>"))]
+struct Fields<'a, M> {
     #[serde(default, borrow, deserialize_with = "present")]
     model: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
@@ -137,8 +141,8 @@ struct Fields<'a> {
     max_output_tokens: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     stream_options: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    messages: Option<&'a RawValue>,
+    #[serde(default)]
+    messages: Option<M>,
     #[serde(default, borrow, deserialize_with = "present")]
     prompt: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
@@ -160,61 +164,36 @@ struct Message<'a> {
     content: Option<&'a RawValue>,
 }
 
-/// A chat message whose `role` and `content` are strings (or absent, or `null`), borrowed from
-/// the body where they have no escapes. Anything else (an item that is not an object, content
-/// parts, a key given twice) fails, and the message list is read the general way instead.
-struct TextMessage<'a> {
-    role: Option<Cow<'a, str>>,
-    content: Option<Cow<'a, str>>,
+/// How a request's `messages` was read.
+trait ChatMessages {
+    /// The conversation's canonical bytes and the text to meter; a 400 unless a non-empty array.
+    fn prompt(messages: Option<&Self>) -> Result<(Vec<u8>, PromptSize), GatewayError>;
+    /// Parts of the contents that are not text.
+    fn media(messages: Option<&Self>) -> u32;
 }
 
-impl<'de> Deserialize<'de> for TextMessage<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = TextMessage<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a message object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                use serde::de::Error;
-                let (mut role, mut content) = (None, None);
-                while let Some(key) = map.next_key::<Text<'de>>()? {
-                    let slot = match key.0.as_ref() {
-                        "role" => &mut role,
-                        "content" => &mut content,
-                        _ => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    if slot.is_some() {
-                        return Err(A::Error::custom("a message key given twice"));
-                    }
-                    *slot = Some(map.next_value::<Option<Text<'de>>>()?.map(|t| t.0));
-                }
-                Ok(TextMessage {
-                    role: role.flatten(),
-                    content: content.flatten(),
-                })
-            }
+/// Read in the first pass, with the other fields.
+impl ChatMessages for TextMessages<'_> {
+    fn prompt(messages: Option<&Self>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
+        match messages {
+            Some(m) if !m.0.is_empty() => Ok(chat_prompt(&m.0)),
+            _ => Err(no_messages()),
         }
-        d.deserialize_map(Fields)
+    }
+
+    fn media(messages: Option<&Self>) -> u32 {
+        messages.map_or(0, TextMessages::media_parts)
     }
 }
 
-impl Turn for TextMessage<'_> {
-    fn role(&self) -> &str {
-        self.role.as_deref().unwrap_or_default()
+/// Kept raw, for the general reading.
+impl ChatMessages for &RawValue {
+    fn prompt(messages: Option<&Self>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
+        chat_messages(messages.copied())
     }
 
-    fn text(&self) -> &str {
-        self.content.as_deref().unwrap_or_default()
+    fn media(messages: Option<&Self>) -> u32 {
+        media_parts(messages.copied())
     }
 }
 
@@ -223,7 +202,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&'de RawValue>::deserialize(d).map(Some)
 }
 
-impl<'a> Fields<'a> {
+impl<'a, M> Fields<'a, M> {
     /// The field named `key` among those that bound the completion.
     fn limit(&self, key: &str) -> Option<&'a RawValue> {
         match key {
@@ -269,8 +248,15 @@ pub fn validate(
         .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
     // serde would read a struct from an array too: only an object takes the fast path.
     let object = text.trim_start().starts_with('{');
+    if object {
+        // The usual body in one pass, its messages included; any unusual shape in them is read
+        // again below with the messages kept raw.
+        if let Ok(fields) = serde_json::from_str::<Fields<TextMessages>>(text) {
+            return validate_fields(endpoint, headers, &fields, body.clone(), snapshot, tier);
+        }
+    }
     let fields = if object {
-        serde_json::from_str::<Fields>(text).ok()
+        serde_json::from_str::<Fields<&RawValue>>(text).ok()
     } else {
         None
     };
@@ -291,7 +277,7 @@ pub fn validate(
             let deduped = Bytes::from(
                 serde_json::to_vec(&json).map_err(|e| GatewayError::Internal(e.to_string()))?,
             );
-            let fields = serde_json::from_slice::<Fields>(&deduped)
+            let fields = serde_json::from_slice::<Fields<&RawValue>>(&deduped)
                 .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
             validate_fields(endpoint, headers, &fields, deduped.clone(), snapshot, tier)
         }
@@ -299,10 +285,10 @@ pub fn validate(
 }
 
 /// [`validate`] on the fields read from `body`.
-fn validate_fields(
+fn validate_fields<M: ChatMessages>(
     endpoint: Endpoint,
     headers: &HeaderMap,
-    fields: &Fields<'_>,
+    fields: &Fields<'_, M>,
     body: Bytes,
     snapshot: &Snapshot,
     tier: &TierSpec,
@@ -377,7 +363,7 @@ fn validate_fields(
         Some(n) => (n as u32).max(1),
     };
     let media_parts = match endpoint {
-        Endpoint::ChatCompletions => media_parts(fields.messages),
+        Endpoint::ChatCompletions => M::media(fields.messages.as_ref()),
         Endpoint::Responses => media_parts(fields.input),
         Endpoint::Completions | Endpoint::Embeddings => 0,
     };
@@ -385,7 +371,7 @@ fn validate_fields(
         .and_then(|o| o.get("include_usage").and_then(Value::as_bool))
         .unwrap_or(false);
     let (canonical, prompt) = match endpoint {
-        Endpoint::ChatCompletions => chat_messages(fields.messages)?,
+        Endpoint::ChatCompletions => M::prompt(fields.messages.as_ref())?,
         Endpoint::Embeddings => embeddings_input(tree(fields.input).as_ref())?,
         Endpoint::Responses => {
             responses_input(tree(fields.instructions), tree(fields.input).as_ref())?
@@ -492,16 +478,8 @@ fn validate_fields(
 /// A chat request's `messages`: a non-empty array whose items' `role` and `content` make the
 /// prompt (an item that is not a message adds an empty turn; the engine judges it).
 fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
-    let bad =
-        || GatewayError::bad_request("`messages` must be a non-empty array", Some("messages"));
+    let bad = no_messages;
     let raw = raw.filter(|r| r.get().starts_with('[')).ok_or_else(bad)?;
-    // The usual shape (objects with string roles and contents) in one pass.
-    if let Ok(messages) = serde_json::from_str::<Vec<TextMessage>>(raw.get()) {
-        if messages.is_empty() {
-            return Err(bad());
-        }
-        return Ok(chat_prompt(&messages));
-    }
     let items: Vec<&RawValue> = serde_json::from_str(raw.get())
         .ok()
         .filter(|m: &Vec<&RawValue>| !m.is_empty())
@@ -540,6 +518,11 @@ fn chat_messages(raw: Option<&RawValue>) -> Result<(Vec<u8>, PromptSize), Gatewa
         })
         .collect();
     Ok(chat_prompt(&turns))
+}
+
+/// A chat request without a non-empty `messages` array.
+fn no_messages() -> GatewayError {
+    GatewayError::bad_request("`messages` must be a non-empty array", Some("messages"))
 }
 
 /// The meter phase's context check: a prompt estimated at `prompt_tokens` that is longer than
@@ -664,7 +647,7 @@ fn media_parts(messages: Option<&RawValue>) -> u32 {
     let is_media = |part: &Value| {
         part.get("type")
             .and_then(Value::as_str)
-            .is_some_and(|t| !matches!(t, "text" | "input_text" | "output_text" | "refusal"))
+            .is_some_and(|t| !TEXT_PARTS.contains(&t))
     };
     let count = items
         .iter()

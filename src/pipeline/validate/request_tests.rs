@@ -634,12 +634,12 @@ fn responses_reserve_max_output_tokens_and_read_instructions_and_items() {
 }
 
 /// Validates `raw` as a chat request against the test snapshot and tier.
-fn chat(raw: &'static str) -> Result<ValidRequest, GatewayError> {
+fn chat(raw: impl Into<Bytes>) -> Result<ValidRequest, GatewayError> {
     let (snap, tier) = snapshot();
     validate(
         Endpoint::ChatCompletions,
         &HeaderMap::new(),
-        Bytes::from(raw),
+        raw.into(),
         &snap,
         &tier,
     )
@@ -796,4 +796,28 @@ fn n_bounds_the_completion_and_media_parts_are_counted() {
             {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
         {"role":"assistant","content":"a cat"}]}"#;
     assert_eq!(chat(images).unwrap().media_parts, 2);
+}
+
+#[test]
+fn content_parts_read_in_one_pass_match_the_general_reading() {
+    // The same conversation with parts and an image: read in the first pass, and read the
+    // general way (a key given twice in the last message sends the body there).
+    let parts = r#"{"role":"user","content":[{"type":"text","text":"what is \"this\"?"},
+        {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},
+        {"type":"input_text","text":"and this"},{"type":"text","text":null}]}"#;
+    let fast = chat(format!(
+        r#"{{"model":"m","messages":[{parts},{{"role":"assistant","content":"a cat"}}]}}"#
+    ))
+    .unwrap();
+    let general = chat(format!(
+        r#"{{"model":"m","messages":[{parts},{{"role":"assistant","content":"a dog","content":"a cat"}}]}}"#
+    ))
+    .unwrap();
+    assert_eq!(
+        fast.prompt,
+        PromptSize::Text("user\nwhat is \"this\"?\nand this\nassistant\na cat\n".into())
+    );
+    assert_eq!(fast.prompt, general.prompt);
+    assert_eq!(fast.features.prefix_hashes, general.features.prefix_hashes);
+    assert_eq!((fast.media_parts, general.media_parts), (1, 1));
 }
