@@ -124,6 +124,11 @@ pub struct EngineArgs {
     /// for vLLM's default sizes on Llama-3-8B, so engines start fast; 1 is the modelled time.
     #[arg(long, default_value_t = crate::warmup::DEFAULT_SIM_CAPTURE_TIME_SCALE)]
     pub sim_capture_time_scale: f64,
+    /// Sim: wall seconds per modelled second (default 1, real time). 10 runs every step, and
+    /// the whole engine, ten times slower, so a small machine can carry a fast engine's token
+    /// rate live; the engine's own figures (flight records, metrics) stay in modelled time.
+    #[arg(long, default_value_t = 1.0)]
+    pub sim_slowdown: f64,
     /// Fault: share of requests answered 500 before running (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_error_rate: f64,

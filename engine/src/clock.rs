@@ -15,13 +15,26 @@ pub trait Clock: Send + Sync {
 #[derive(Debug)]
 pub struct RealClock {
     start: Instant,
+    /// Wall seconds per clock second: 1 serves in real time; 10 runs a sim engine ten times
+    /// slower, so a small machine can carry its token rate live (`--sim-slowdown`).
+    slowdown: f64,
 }
 
 impl RealClock {
     /// A clock whose epoch is now.
     pub fn new() -> Self {
+        Self::slowed(1.0)
+    }
+
+    /// A clock whose seconds each last `slowdown` wall seconds (finite and > 0, else 1).
+    pub fn slowed(slowdown: f64) -> Self {
         Self {
             start: Instant::now(),
+            slowdown: if slowdown.is_finite() && slowdown > 0.0 {
+                slowdown
+            } else {
+                1.0
+            },
         }
     }
 }
@@ -34,13 +47,13 @@ impl Default for RealClock {
 
 impl Clock for RealClock {
     fn now(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
+        self.start.elapsed().as_secs_f64() / self.slowdown
     }
 
     fn sleep_until(&self, t: f64) {
         let now = self.now();
         if t > now {
-            std::thread::sleep(Duration::from_secs_f64(t - now));
+            std::thread::sleep(Duration::from_secs_f64((t - now) * self.slowdown));
         }
     }
 }
@@ -96,5 +109,17 @@ mod tests {
         let target = c.now() + 0.002;
         c.sleep_until(target);
         assert!(c.now() >= target);
+    }
+
+    #[test]
+    fn a_slowed_clock_counts_a_second_per_slowdown_wall_seconds() {
+        let c = RealClock::slowed(20.0);
+        let wall = Instant::now();
+        c.sleep_until(c.now() + 0.001);
+        // One clock millisecond is at least twenty wall milliseconds.
+        assert!(wall.elapsed() >= Duration::from_millis(20));
+        assert!(c.now() < wall.elapsed().as_secs_f64());
+        assert_eq!(RealClock::slowed(f64::NAN).slowdown, 1.0);
+        assert_eq!(RealClock::slowed(0.0).slowdown, 1.0);
     }
 }

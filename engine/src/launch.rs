@@ -219,6 +219,20 @@ fn build_sim(args: &EngineArgs) -> Result<BackendParts, String> {
     })
 }
 
+/// The serving clock: real time, or for the sim backend slowed by `--sim-slowdown`.
+fn serving_clock(args: &EngineArgs) -> Result<RealClock, String> {
+    let k = args.sim_slowdown;
+    if !(k.is_finite() && k > 0.0) {
+        return Err(format!("--sim-slowdown must be a number > 0, not {k}"));
+    }
+    if k != 1.0 && !matches!(args.backend, BackendKind::Sim) {
+        return Err(
+            "--sim-slowdown applies to --backend sim only (real backends run in real time)".into(),
+        );
+    }
+    Ok(RealClock::slowed(k))
+}
+
 /// The CUDA-graph capture sizes of `--cuda-graph-sizes` and `--enforce-eager`.
 fn capture_sizes(args: &EngineArgs) -> Result<CaptureSizes, String> {
     CaptureSizes::from_flags(
@@ -473,7 +487,7 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     let mut core = EngineCore::new(
         sched,
         parts.backend,
-        Arc::new(RealClock::new()),
+        Arc::new(serving_clock(args)?),
         metrics.clone(),
         pending.clone(),
     );

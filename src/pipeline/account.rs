@@ -481,6 +481,7 @@ impl Exit {
             traceparent: self.traceparent.clone(),
             version: row.version.clone(),
             pool: row.pool.clone(),
+            class: self.shape_class.clone(),
             worker: end.worker.clone(),
             status,
             stream: end.stream,

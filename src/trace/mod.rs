@@ -62,6 +62,10 @@ pub struct TraceLine {
     pub version: String,
     /// Pool.
     pub pool: String,
+    /// The shape class routing.yaml put it in (`unclassified` when none matched); absent when
+    /// the config declares no classes. A replay keeps it as the request's class.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     /// Worker URL.
     pub worker: String,
     /// Status the client got (502 for a body the worker broke off, 499 for a client that left).

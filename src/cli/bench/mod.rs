@@ -28,7 +28,7 @@ pub use progress::{Progress, Ticker};
 pub use sse::{SseReader, StreamStats, path_class};
 
 use crate::report::{self, Report};
-use crate::workload::{self, Overrides};
+use crate::workload::{self, Arrival, Overrides};
 
 /// Runs `bench` or `bench diff`, returning the text to print.
 pub async fn main(cli: BenchCli) -> Result<String, String> {
@@ -47,12 +47,18 @@ pub async fn run(args: BenchArgs) -> Result<String, String> {
     let workload = workload::load_or_replay(&args.workload, args.replay.as_deref(), args.speed)?;
     let expectations = expect::parse(&args.expect_path)?;
     if !expectations.is_empty() {
-        let classes: Vec<&str> = workload
+        let mut classes: Vec<&str> = workload
             .mix
             .iter()
             .flat_map(|m| &m.classes)
             .map(|c| c.name.as_str())
             .collect();
+        // A replay's classes are its lines' (`replay` where a line names none).
+        if let Arrival::Trace(trace) = &workload.arrival {
+            classes.extend(trace.entries.iter().filter_map(|e| e.class.as_deref()));
+            classes.sort_unstable();
+            classes.dedup();
+        }
         expect::check_classes(&expectations, &classes)?;
     }
     let overrides = Overrides {

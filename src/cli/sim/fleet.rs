@@ -653,8 +653,13 @@ impl Fleet {
             }
             if let (Some(engine), Some(info)) = (&self.flights, ended.1.as_ref()) {
                 let features = routed.flight_features;
-                self.trace
-                    .push(trace_line(engine, live.arrival, info, features));
+                self.trace.push(trace_line(
+                    engine,
+                    (id, live.class()),
+                    live.arrival,
+                    info,
+                    features,
+                ));
             }
             let worker = &mut self.workers[live.worker];
             worker.in_flight = worker.in_flight.saturating_sub(1);

@@ -53,6 +53,11 @@ impl Live {
         self.tenant.as_deref()
     }
 
+    /// The workload class it was drawn from (a replay's: the trace line's).
+    pub(super) fn class(&self) -> Option<&str> {
+        self.class.as_deref()
+    }
+
     /// Returns the time to first token when this chunk is the first.
     pub(super) fn tokens(&mut self, now: f64, n: usize) -> Option<f64> {
         let first = self.first.is_none();
@@ -130,9 +135,12 @@ pub(super) fn refused(
 /// The trace line of a request that arrived at `arrival` (virtual seconds) and that the engine
 /// finished with `info` (its sequences' totals): its flight record as the engine would send it,
 /// in the gateway trace file's members that `infergate shapes` reads (`start_ms`, `flight`).
-/// `features` are a replayed request's as the engine read them; `None` for a plain one.
+/// `features` are a replayed request's as the engine read them; `None` for a plain one. The
+/// `request_id` (`sim-ID`) and `class` (its workload class) make the file a gateway trace that
+/// `bench --replay` reads, so a simulated window can be replayed live and checked by class.
 pub(super) fn trace_line(
     engine: &EngineInfo,
+    (id, class): (u64, Option<&str>),
     arrival: f64,
     info: &FinishInfo,
     features: Option<Features>,
@@ -152,9 +160,13 @@ pub(super) fn trace_line(
         info.cached_tokens as u64,
         std::iter::once(info),
     );
-    serde_json::json!({
+    let mut line = serde_json::json!({
+        "request_id": format!("sim-{id}"),
         "start_ms": (arrival * 1000.0).round() as i64,
         "flight": record,
-    })
-    .to_string()
+    });
+    if let (Some(class), Some(members)) = (class, line.as_object_mut()) {
+        members.insert("class".into(), class.into());
+    }
+    line.to_string()
 }

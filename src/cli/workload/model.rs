@@ -188,7 +188,13 @@ pub struct TraceEntry {
     /// The features it asked for that change the engine's path (a gateway trace's); `None`
     /// for a plain request.
     pub features: Option<TraceFeatures>,
+    /// The class it is reported and checked under (`bench --expect-path`): a gateway trace
+    /// line's shape class, else [`REPLAY_CLASS`]; `None` for a workload trace's entries.
+    pub class: Option<String>,
 }
+
+/// The class of a replayed request whose trace line names none (`--expect-path replay=graph`).
+pub const REPLAY_CLASS: &str = "replay";
 
 /// A trace entry's shared prefix: the group, and how many of its first tokens the group shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

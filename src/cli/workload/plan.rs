@@ -212,7 +212,7 @@ impl TraceReplay {
             id,
             at,
             tenant: entry.tenant,
-            class: None,
+            class: entry.class,
             session: entry.session,
             group: entry.group.map(|g| g.id),
             prompt,

@@ -29,6 +29,8 @@ use infergate_engine::flight::Features as FlightFeatures;
 
 /// Bytes of a prefix block (the gateway's mark block).
 const BLOCK_BYTES: f64 = infergate::trace::PREFIX_MARK_BLOCK_BYTES as f64;
+/// Longest class name a line may give (longer ones are left out: the request is `replay`).
+const MAX_CLASS_BYTES: usize = 64;
 /// Bytes a token takes when a line does not say (the gateway's own estimate).
 const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 
@@ -57,6 +59,9 @@ struct GatewayLine {
     features: Option<TraceFeatures>,
     #[serde(default)]
     flight: Option<FlightTokens>,
+    /// The shape class the gateway put it in (a simulator's trace: its workload class).
+    #[serde(default)]
+    class: Option<String>,
 }
 
 /// The token counts and features of a flight record.
@@ -93,6 +98,7 @@ struct Parsed {
     bytes_per_token: f64,
     marks: Vec<String>,
     features: Option<TraceFeatures>,
+    class: Option<String>,
 }
 
 /// The features of a line: the gateway's, else what the engine's record says of them.
@@ -162,6 +168,10 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             output: u32::try_from(output).unwrap_or(u32::MAX).max(1),
             marks: l.prefix,
             features: (!features.is_plain()).then_some(features),
+            // A name to report and check under, not text to keep: short ones only.
+            class: l
+                .class
+                .filter(|c| !c.is_empty() && c.len() <= MAX_CLASS_BYTES),
         });
     }
     let Some(first) = parsed.iter().map(|p| p.start_ms).min() else {
@@ -179,6 +189,11 @@ pub(super) fn entries(lines: &[(usize, &str)]) -> Result<(Vec<TraceEntry>, u64),
             output_tokens: p.output,
             group: groups.of_request(p),
             features: p.features,
+            class: Some(
+                p.class
+                    .clone()
+                    .unwrap_or_else(|| super::model::REPLAY_CLASS.to_owned()),
+            ),
         })
         .collect();
     Ok((entries, skipped))

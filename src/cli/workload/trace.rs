@@ -69,5 +69,6 @@ fn parse_line(line: &str) -> Result<TraceEntry, String> {
         output_tokens: raw.output_tokens,
         group: None,
         features: None,
+        class: None,
     })
 }

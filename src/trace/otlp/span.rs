@@ -196,6 +196,9 @@ fn server_attrs(line: &TraceLine, op: &str) -> Attrs {
     a.str("infergate.request_id", &line.request_id);
     a.str("infergate.tenant", &line.tenant);
     a.str("infergate.pool", &line.pool);
+    if let Some(class) = &line.class {
+        a.str("infergate.class", class);
+    }
     if !line.version.is_empty() {
         a.str("infergate.version", &line.version);
     }

@@ -12,6 +12,7 @@ fn line() -> TraceLine {
         max_tokens: Some(64),
         version: "v2".into(),
         pool: "gpu".into(),
+        class: Some("long-prompt".into()),
         worker: "http://10.0.0.7:8001".into(),
         status: 200,
         stream: true,
@@ -104,6 +105,10 @@ fn a_request_is_a_server_span_with_genai_names_and_a_client_span_per_attempt() {
     assert_eq!(attr(server, "http.response.status_code")["intValue"], "200");
     assert_eq!(attr(server, "infergate.tenant")["stringValue"], "acme");
     assert_eq!(attr(server, "infergate.pool")["stringValue"], "gpu");
+    assert_eq!(
+        attr(server, "infergate.class")["stringValue"],
+        "long-prompt"
+    );
     assert_eq!(attr(server, "infergate.version")["stringValue"], "v2");
     // A format-1 record does not count off-path steps: one eager step (the prefill) is allowed.
     assert_eq!(attr(server, "infergate.exec.path")["stringValue"], "graph");

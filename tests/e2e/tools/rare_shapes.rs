@@ -11,7 +11,7 @@ use crate::tools_support;
 use std::time::Duration;
 
 use common::Engine;
-use common::gateway::{Gateway, TempDir, config_yaml, routing_yaml};
+use common::gateway::{Gateway, POOL, TempDir, config_yaml, routing_yaml};
 use serde_json::Value;
 use tools_support::{float, infergate, uint};
 
@@ -170,6 +170,122 @@ async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
         run.stdout
     );
     assert!(dir.path.join("fail.json").exists(), "the report is written");
+}
+
+/// The gateway's trace keeps each request's shape class, and a replay of it is reported and
+/// checked by those classes: `bench` records the two classes through a gateway whose
+/// routing.yaml names the long prompts `long-prompt`; `bench --replay` of its trace file
+/// passes `--expect-path long-prompt=mixed` and fails `long-prompt=graph`.
+#[tokio::test]
+async fn a_replayed_gateway_trace_is_checked_by_its_shape_classes() {
+    let _machine = tools_support::shared_machine().await;
+    let engine = Engine::start(&[
+        "--cuda-graph-sizes",
+        "1,2,4,8",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "512",
+        "--no-prefix-caching",
+    ])
+    .await;
+    let dir = TempDir::new("rare-shapes-replay");
+    dir.write_config(&config_yaml(
+        &[engine.url.as_str()],
+        "trace: {path: trace.jsonl, sample: 1, max_bytes: 4194304, keep: 2}\n",
+    ));
+    dir.write_routing(&format!(
+        "{}shape_classes:\n  - name: long-prompt\n    match: {{prompt_tokens: {{min: 1000}}}}\n    \
+         pool: {POOL}\n",
+        routing_yaml("round_robin", &[])
+    ));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    let workload = dir.path.join("two-classes.yaml");
+    std::fs::write(&workload, TWO_CLASSES).unwrap();
+    let bench = |source: [&str; 2], expect: Option<&str>, out: &str| {
+        let mut args: Vec<String> = ["bench", "--url", gw.url.as_str(), "--quiet", "--out"]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        args.push(dir.path.join(out).to_string_lossy().into_owned());
+        args.extend(source.iter().map(|a| (*a).to_owned()));
+        if let Some(e) = expect {
+            args.extend(["--expect-path".to_owned(), e.to_owned()]);
+        }
+        if let Some(key) = &gw.api_key {
+            args.extend(["--api-key".to_owned(), key.clone()]);
+        }
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            infergate(&args, Duration::from_secs(30)).await
+        }
+    };
+    let workload_s = workload.to_string_lossy().into_owned();
+    let recorded = bench(["--workload", workload_s.as_str()], None, "recorded.json").await;
+    recorded.ok("bench two-classes");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path.join("recorded.json")).unwrap())
+            .unwrap();
+    let sent = uint(&report, "requests");
+    let long = uint(&report["by_class"]["long"], "requests");
+    assert!(long > 0 && sent > long, "{report}");
+
+    // Every request leaves its line, named by the class routing.yaml put it in.
+    let trace = dir.path.join("trace.jsonl");
+    let lines: Vec<Value> = common::eventually(
+        "a trace line per request",
+        Duration::from_secs(10),
+        || async {
+            let lines: Vec<Value> = std::fs::read_to_string(&trace)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            (lines.len() as u64 == sent).then_some(lines)
+        },
+    )
+    .await;
+    let named = |c: &str| lines.iter().filter(|l| l["class"] == c).count() as u64;
+    assert_eq!(
+        named("long-prompt"),
+        long,
+        "the long prompts, by the gateway's estimate"
+    );
+    assert_eq!(named("unclassified"), sent - long);
+
+    let trace_s = trace.to_string_lossy().into_owned();
+    let replay = ["--replay", trace_s.as_str()];
+    let run = bench(replay, Some("long-prompt=mixed"), "replayed.json").await;
+    let text = run.ok("bench --replay --expect-path long-prompt=mixed");
+    assert!(
+        text.contains("expect-path long-prompt=mixed: ok — 100.0% of"),
+        "{text}"
+    );
+    let replayed: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path.join("replayed.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        uint(&replayed["by_class"]["long-prompt"], "ok"),
+        long,
+        "{replayed}"
+    );
+    assert_eq!(
+        uint(&replayed["by_class"]["unclassified"], "requests"),
+        sent - long
+    );
+
+    let run = bench(replay, Some("long-prompt=graph"), "missed.json").await;
+    assert_ne!(run.code, Some(0), "an impossible path must fail the replay");
+    assert!(
+        run.stdout
+            .contains("expect-path long-prompt=graph: MISSED — 0.0% of"),
+        "{}",
+        run.stdout
+    );
+    // A class the trace does not name is refused before anything is sent.
+    let run = bench(replay, Some("chat=graph"), "unknown.json").await;
+    assert_ne!(run.code, Some(0));
+    assert!(run.stderr.contains("chat"), "{}", run.stderr);
 }
 
 /// `infergate sim` on the shipped scenario's config with `--engine-args-from-config`: its
@@ -342,7 +458,7 @@ async fn sizes_proposed_from_a_sim_trace_keep_a_burst_on_the_graph_path() {
         .join(",");
     // With as many sequences and tokens a step as the largest size (lever.yaml's rule), no step
     // can outgrow the captured sizes.
-    let args = sim(joined, largest, after_out.clone(), None);
+    let args = sim(joined.clone(), largest, after_out.clone(), None);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     infergate(&args, Duration::from_secs(60))
         .await
@@ -361,4 +477,29 @@ async fn sizes_proposed_from_a_sim_trace_keep_a_burst_on_the_graph_path() {
         a * 2.0 < b,
         "TPOT p99 with the burst's steps captured: {b} -> {a}"
     );
+
+    // The trace is also a workload (how the lever is replayed live): replayed (as completions,
+    // like the run that wrote it), the same traffic on the proposed sizes decodes as the
+    // workload did, every request under its workload class.
+    let replay_out = s(&dir.path.join("replayed.json"));
+    let mut args = sim(joined, largest, replay_out.clone(), None);
+    let at = args.iter().position(|a| a == "--workload").unwrap();
+    args.splice(
+        at..at + 2,
+        ["--replay", &trace_s].map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    infergate(&args, Duration::from_secs(60))
+        .await
+        .ok("sim --replay of the sim's trace");
+    let replayed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&replay_out).unwrap()).unwrap();
+    assert_eq!(
+        uint(&replayed["by_class"]["default"], "ok"),
+        uint(&after, "requests"),
+        "{}",
+        replayed["by_class"]
+    );
+    let r = float(&replayed["tpot"], "p99");
+    assert!((r - a).abs() <= 0.05 * a, "TPOT p99 replayed {r} against {a}");
 }
