@@ -63,6 +63,11 @@ pub struct EngineArgs {
     /// Never use CUDA graphs: every step runs eagerly.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Which steps replay graphs: `full-decode-only` (decode-only batches; steps with prefill
+    /// run eagerly) or `full-and-piecewise` (also steps with prefill up to the largest size, in
+    /// tokens, as vLLM V1 runs them). Sim only: cuda captures decode graphs alone.
+    #[arg(long, value_enum, default_value_t = crate::exec_path::CudagraphMode::FullDecodeOnly)]
+    pub cudagraph_mode: crate::exec_path::CudagraphMode,
     /// Context length (default: the model's).
     #[arg(long)]
     pub max_model_len: Option<usize>,

@@ -59,6 +59,21 @@ pub struct CaptureCost {
     pub kv_tokens: u64,
 }
 
+impl CaptureCost {
+    /// Two graphs of every size (vLLM V1's full decode graph and piecewise graph).
+    pub fn twice(mut self) -> Self {
+        for c in &mut self.sizes {
+            c.bytes = c.bytes.saturating_mul(2);
+            c.seconds *= 2.0;
+        }
+        self.bytes = self.bytes.saturating_mul(2);
+        self.seconds *= 2.0;
+        self.gpu_memory_share *= 2.0;
+        self.kv_tokens = self.kv_tokens.saturating_mul(2);
+        self
+    }
+}
+
 /// The capture-cost model of one model preset on one GPU preset.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CaptureCostModel {

@@ -4,8 +4,11 @@
 //! `infergate_engine_steps_total{path}` mean the same on both.
 //!
 //! As in vLLM, a decode-only batch of `b` sequences replays the graph of the smallest capture
-//! size `>= b`, padded with empty slots; any step with prefill tokens, or more sequences than
-//! the largest capture size, runs eagerly.
+//! size `>= b`, padded with empty slots; a step with more sequences than the largest capture
+//! size runs eagerly. A step with prefill tokens runs eagerly too (`--cudagraph-mode
+//! full-decode-only`, the default), or, with `full-and-piecewise` (vLLM V1's default), replays
+//! piecewise graphs padded to the smallest capture size `>=` its tokens while those fit the
+//! largest: everything but attention captured, attention launched between the pieces.
 
 use crate::roofline::BatchShape;
 
@@ -32,9 +35,23 @@ impl ExecPath {
 }
 
 /// The batch sizes that have a captured graph, ascending and distinct; empty means every step
-/// runs eagerly (`--enforce-eager`).
+/// runs eagerly (`--enforce-eager`). `piecewise`: steps with prefill within the largest size
+/// replay piecewise graphs (`--cudagraph-mode full-and-piecewise`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureSizes(Vec<usize>);
+pub struct CaptureSizes {
+    sizes: Vec<usize>,
+    piecewise: bool,
+}
+
+/// `--cudagraph-mode`: which steps replay graphs (vLLM's `cudagraph_mode` names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CudagraphMode {
+    /// Full graphs for decode-only batches; every step with prefill runs eagerly (vLLM V0).
+    #[default]
+    FullDecodeOnly,
+    /// Also piecewise graphs for steps with prefill within the largest size (vLLM V1).
+    FullAndPiecewise,
+}
 
 impl CaptureSizes {
     /// vLLM's default: 1, 2, 4, then multiples of 8 up to `max_num_seqs` rounded up to 8
@@ -47,12 +64,18 @@ impl CaptureSizes {
             .min(MAX_CAPTURE_SIZE);
         let mut sizes = vec![1, 2, 4];
         sizes.extend((8..=limit).step_by(8));
-        Self(sizes)
+        Self {
+            sizes,
+            piecewise: false,
+        }
     }
 
     /// No graphs: every step eager.
     pub fn none() -> Self {
-        Self(Vec::new())
+        Self {
+            sizes: Vec::new(),
+            piecewise: false,
+        }
     }
 
     /// The sizes of `--cuda-graph-sizes` (empty: [`vllm_default`](Self::vllm_default)), or none
@@ -87,25 +110,45 @@ impl CaptureSizes {
                 "--cuda-graph-sizes: every size is above --max-num-seqs {max_num_seqs}; give one at most that, or --enforce-eager"
             ));
         }
-        Ok(Self(v))
+        Ok(Self {
+            sizes: v,
+            piecewise: false,
+        })
+    }
+
+    /// These sizes under `mode`: piecewise graphs for prefill steps too, or not.
+    pub fn with_mode(mut self, mode: CudagraphMode) -> Self {
+        self.piecewise = mode == CudagraphMode::FullAndPiecewise;
+        self
+    }
+
+    /// Whether steps with prefill replay piecewise graphs within the largest size.
+    pub fn is_piecewise(&self) -> bool {
+        self.piecewise && !self.sizes.is_empty()
     }
 
     /// The sizes, ascending.
     pub fn as_slice(&self) -> &[usize] {
-        &self.0
+        &self.sizes
     }
 
     /// The largest size, 0 when there are none.
     pub fn largest(&self) -> usize {
-        self.0.last().copied().unwrap_or(0)
+        self.sizes.last().copied().unwrap_or(0)
     }
 
     /// The path of a step of `shape` and the batch size its linear layers run at: the capture
-    /// size it is padded to on the graph path, else its own sequence count.
+    /// size it is padded to on the graph path (in sequences for a decode-only step, in tokens
+    /// for a piecewise one), else its own sequence count.
     pub fn pick(&self, shape: &BatchShape) -> (ExecPath, usize) {
+        let fitting = |n: usize| {
+            let i = self.sizes.partition_point(|&s| s < n);
+            self.sizes.get(i).copied()
+        };
         let graph_size = if shape.is_decode_only() {
-            let i = self.0.partition_point(|&s| s < shape.num_seqs);
-            self.0.get(i).copied()
+            fitting(shape.num_seqs)
+        } else if self.piecewise && shape.num_seqs > 0 {
+            fitting(shape.new_tokens.max(shape.num_seqs))
         } else {
             None
         };
@@ -199,6 +242,37 @@ mod tests {
         };
         assert_eq!(s.pick(&mixed), (ExecPath::Eager, 3));
         assert_eq!(s.pick(&BatchShape::default()), (ExecPath::Eager, 0));
+    }
+
+    #[test]
+    fn piecewise_graphs_take_prefill_steps_within_the_largest_size_by_tokens() {
+        let s = CaptureSizes::from_flags(&[8, 16, 64], false, 64)
+            .unwrap()
+            .with_mode(CudagraphMode::FullAndPiecewise);
+        assert!(s.is_piecewise());
+        let mixed = BatchShape {
+            num_seqs: 5,
+            num_decode_seqs: 4,
+            new_tokens: 40,
+            kv_tokens_read: 400,
+            attn_token_pairs: 4_000,
+        };
+        // Padded to the size that holds its 40 tokens, not its 5 sequences.
+        assert_eq!(s.pick(&mixed), (ExecPath::Graph, 64));
+        let big = BatchShape {
+            new_tokens: 65,
+            ..mixed
+        };
+        assert_eq!(s.pick(&big), (ExecPath::Eager, 5), "past the largest size");
+        // Decode-only steps are padded by sequences, as without the mode.
+        assert_eq!(s.pick(&decode(9)), (ExecPath::Graph, 16));
+        assert_eq!(s.pick(&decode(65)), (ExecPath::Eager, 65));
+        // The default mode keeps every prefill step eager; no sizes, no graphs at all.
+        let plain = CaptureSizes::from_flags(&[8, 16, 64], false, 64).unwrap();
+        assert_eq!(plain.pick(&mixed), (ExecPath::Eager, 5));
+        let none = CaptureSizes::none().with_mode(CudagraphMode::FullAndPiecewise);
+        assert!(!none.is_piecewise());
+        assert_eq!(none.pick(&mixed), (ExecPath::Eager, 5));
     }
 
     #[test]

@@ -16,8 +16,8 @@ pub const FLIGHT_HEADER: &str = "x-infergate-flight";
 /// Start of the SSE comment line carrying the record of a stream.
 pub const SSE_PREFIX: &str = ": flight ";
 /// Format version, in the record's `v` (2: `batch_hist` added; 3: `eager_shared` added, so
-/// a reader can tell "none" from "not counted"; 4: `off_path` added).
-pub const FORMAT_VERSION: u32 = 4;
+/// a reader can tell "none" from "not counted"; 4: `off_path` added; 5: `piecewise` added).
+pub const FORMAT_VERSION: u32 = 5;
 /// Most capture sizes a record lists (vLLM's default has at most 67): keeps the record small.
 pub const MAX_CAPTURE_LISTED: usize = 80;
 /// Upper bound of one serialized record, in bytes; what the gateway accepts (a record past it
@@ -36,6 +36,11 @@ pub struct FlightRecord {
     pub backend: String,
     /// CUDA-graph capture sizes, ascending (empty: every step eager).
     pub capture: Vec<u32>,
+    /// Steps with prefill within the largest size replay piecewise graphs
+    /// (`--cudagraph-mode full-and-piecewise`), so graph steps may carry prefill. Format 5;
+    /// absent (false) otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub piecewise: bool,
     /// Steps by execution path, summed over the request's sequences.
     pub steps: PathSteps,
     /// Of the eager steps, those in which the request only decoded while the step went past
@@ -175,6 +180,8 @@ pub struct EngineInfo {
     pub backend: &'static str,
     /// Capture sizes (at most [`MAX_CAPTURE_LISTED`]).
     pub capture: Vec<u32>,
+    /// Piecewise graphs for steps with prefill (`--cudagraph-mode full-and-piecewise`).
+    pub piecewise: bool,
 }
 
 impl EngineInfo {
@@ -185,7 +192,17 @@ impl EngineInfo {
             .take(MAX_CAPTURE_LISTED)
             .map(|&s| u32::try_from(s).unwrap_or(u32::MAX))
             .collect();
-        Self { backend, capture }
+        Self {
+            backend,
+            capture,
+            piecewise: false,
+        }
+    }
+
+    /// This info with piecewise graphs for steps with prefill, or not.
+    pub fn with_piecewise(mut self, on: bool) -> Self {
+        self.piecewise = on;
+        self
     }
 }
 
@@ -211,6 +228,7 @@ impl FlightRecord {
             engine: env!("CARGO_PKG_VERSION").to_owned(),
             backend: engine.backend.to_owned(),
             capture: engine.capture.clone(),
+            piecewise: engine.piecewise,
             features,
             tokens: TokenCounts {
                 prompt: prompt_tokens,

@@ -13,7 +13,7 @@ use crate::block_manager::BlockManager;
 use crate::clock::RealClock;
 use crate::core::{EngineCore, run_engine_loop, warm_up_then_run};
 use crate::embeddings::Embedder;
-use crate::exec_path::CaptureSizes;
+use crate::exec_path::{CaptureSizes, CudagraphMode};
 use crate::host_time::HostCost;
 use crate::kv_events::KvEventHub;
 use crate::metrics::{CacheSettings, EngineMetrics};
@@ -233,13 +233,23 @@ fn serving_clock(args: &EngineArgs) -> Result<RealClock, String> {
     Ok(RealClock::slowed(k))
 }
 
-/// The CUDA-graph capture sizes of `--cuda-graph-sizes` and `--enforce-eager`.
+/// The CUDA-graph capture sizes of `--cuda-graph-sizes` and `--enforce-eager`, under
+/// `--cudagraph-mode` (piecewise graphs are modelled by the sim backend alone).
 fn capture_sizes(args: &EngineArgs) -> Result<CaptureSizes, String> {
-    CaptureSizes::from_flags(
+    if args.cudagraph_mode != CudagraphMode::FullDecodeOnly
+        && !matches!(args.backend, BackendKind::Sim)
+    {
+        return Err(
+            "--cudagraph-mode full-and-piecewise is modelled by --backend sim only (cuda captures decode graphs alone)"
+                .into(),
+        );
+    }
+    Ok(CaptureSizes::from_flags(
         &args.cuda_graph_sizes,
         args.enforce_eager,
         args.max_num_seqs,
-    )
+    )?
+    .with_mode(args.cudagraph_mode))
 }
 
 /// A real model loaded for the cpu or cuda backend, with its context length and template.
@@ -500,10 +510,10 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         BackendKind::Cpu => ("cpu", CaptureSizes::none()),
         BackendKind::Cuda => ("cuda", capture_sizes(args)?),
     };
-    let flight = Arc::new(crate::flight::EngineInfo::new(
-        backend_name,
-        captured.as_slice(),
-    ));
+    let flight = Arc::new(
+        crate::flight::EngineInfo::new(backend_name, captured.as_slice())
+            .with_piecewise(captured.is_piecewise()),
+    );
     let (submit, requests) = mpsc::channel();
     let warmup = Arc::new(WarmupState::new());
     let (plan, state) = (parts.warmup, warmup.clone());
@@ -552,4 +562,45 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
         flight,
         warmup,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The engine's flags, as a command line parses them.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EngineArgs,
+    }
+
+    fn args(flags: &[&str]) -> EngineArgs {
+        Cli::try_parse_from(std::iter::once("engine").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn the_sim_only_flags_are_refused_on_real_backends() {
+        let sim = args(&["--cudagraph-mode", "full-and-piecewise"]);
+        assert!(capture_sizes(&sim).unwrap().is_piecewise());
+        assert!(!capture_sizes(&args(&[])).unwrap().is_piecewise());
+        let cuda = args(&[
+            "--backend",
+            "cuda",
+            "--cudagraph-mode",
+            "full-and-piecewise",
+        ]);
+        assert!(capture_sizes(&cuda).unwrap_err().contains("sim only"));
+
+        assert!(serving_clock(&args(&["--sim-slowdown", "4"])).is_ok());
+        let cpu = args(&["--backend", "cpu", "--sim-slowdown", "4"]);
+        assert!(serving_clock(&cpu).unwrap_err().contains("sim only"));
+        for bad in ["0", "-1", "NaN"] {
+            let a = args(&[&format!("--sim-slowdown={bad}")]);
+            assert!(serving_clock(&a).unwrap_err().contains("> 0"), "{bad}");
+        }
+    }
 }

@@ -19,6 +19,9 @@ const EAGER_KERNEL_LAUNCH_S: f64 = 5e-6;
 /// Kernels per decoder layer in eager mode: 2 norms, QKV GEMM, rotary, KV-cache write, attention,
 /// O GEMM, gate-up GEMM, activation, down GEMM, 2 residual adds.
 const EAGER_KERNELS_PER_LAYER: f64 = 12.0;
+/// Launches per decoder layer of a piecewise-graph step: the layer's captured piece, and its
+/// attention, which runs outside the graphs (vLLM V1's `full-and-piecewise`).
+const PIECEWISE_LAUNCHES_PER_LAYER: f64 = 2.0;
 /// Extra host work of a step that contains prefill (building attention metadata for ragged
 /// sequences, slot mappings and sampling inputs), in seconds. Decode-only steps reuse most of it.
 const PREFILL_PREP_S: f64 = 1e-3;
@@ -174,9 +177,20 @@ impl RooflineModel {
         self.capture_sizes.as_slice()
     }
 
-    /// Memory and start-up time of capturing [`capture_sizes`](Self::capture_sizes).
+    /// Memory and start-up time of capturing [`capture_sizes`](Self::capture_sizes): twice
+    /// over with piecewise graphs (a full decode graph and a piecewise one of each size).
     pub fn capture_cost(&self) -> CaptureCost {
-        self.capture_cost.of(self.capture_sizes.as_slice())
+        let cost = self.capture_cost.of(self.capture_sizes.as_slice());
+        if self.capture_sizes.is_piecewise() {
+            cost.twice()
+        } else {
+            cost
+        }
+    }
+
+    /// Whether steps with prefill replay piecewise graphs (`--cudagraph-mode`).
+    pub fn is_piecewise(&self) -> bool {
+        self.capture_sizes.is_piecewise()
     }
 
     /// This model with `sizes` as its capture sizes (`--cuda-graph-sizes`, `--enforce-eager`).
@@ -195,14 +209,20 @@ impl RooflineModel {
             };
         }
         let (path, padded_batch) = self.capture_sizes.pick(shape);
+        let piecewise = path == ExecPath::Graph && !shape.is_decode_only();
         // On the graph path the linear layers run over the padded batch; padding slots have no
         // context, so attention and KV traffic stay those of the real sequences.
         let linear_tokens = match path {
             ExecPath::Graph => padded_batch.max(shape.new_tokens),
             ExecPath::Eager => shape.new_tokens,
         } as f64;
-        // Logits are only computed for each sequence's last token.
-        let logit_rows = padded_batch as f64;
+        // Logits are only computed for each sequence's last token (a piecewise step's padding
+        // is in tokens, not sequences).
+        let logit_rows = if piecewise {
+            shape.num_seqs
+        } else {
+            padded_batch
+        } as f64;
 
         let flops = 2.0 * self.body_params * linear_tokens
             + 2.0 * self.lm_head_params * logit_rows
@@ -211,16 +231,20 @@ impl RooflineModel {
         let bytes = self.weight_read_bytes + self.kv_bytes_per_token * kv_tokens;
         let gpu_s = (flops / self.flops_per_s).max(bytes / self.bytes_per_s);
 
+        let prep = if shape.num_decode_seqs < shape.num_seqs {
+            PREFILL_PREP_S
+        } else {
+            0.0
+        };
         let overhead_s = match path {
+            ExecPath::Graph if piecewise => {
+                GRAPH_LAUNCH_S
+                    + EAGER_KERNEL_LAUNCH_S * PIECEWISE_LAUNCHES_PER_LAYER * self.num_layers
+                    + prep
+            }
             ExecPath::Graph => GRAPH_LAUNCH_S,
             ExecPath::Eager => {
-                let launches = EAGER_KERNEL_LAUNCH_S * EAGER_KERNELS_PER_LAYER * self.num_layers;
-                let prep = if shape.num_decode_seqs < shape.num_seqs {
-                    PREFILL_PREP_S
-                } else {
-                    0.0
-                };
-                launches + prep
+                EAGER_KERNEL_LAUNCH_S * EAGER_KERNELS_PER_LAYER * self.num_layers + prep
             }
         };
 
@@ -566,6 +590,41 @@ mod tests {
         eager_shape.num_decode_seqs = 7; // one sequence counted as prefill forces the eager path
         let eager = m.step_cost(&eager_shape).seconds;
         assert!(eager > graph + 1.5e-3, "eager {eager} graph {graph}");
+    }
+
+    #[test]
+    fn a_piecewise_prefill_step_costs_between_a_decode_graph_and_an_eager_step() {
+        use crate::exec_path::CudagraphMode;
+        let sizes = CaptureSizes::from_flags(&[8, 16, 32, 64], false, 64).unwrap();
+        let eager = llama8b_h100(RooflineConfig::default()).with_capture_sizes(sizes.clone());
+        let pw = llama8b_h100(RooflineConfig::default())
+            .with_capture_sizes(sizes.with_mode(CudagraphMode::FullAndPiecewise));
+        // Eight decodes beside a 24-token prefill chunk: 32 tokens.
+        let mixed = BatchShape {
+            num_seqs: 9,
+            num_decode_seqs: 8,
+            new_tokens: 32,
+            kv_tokens_read: 8 * 512 + 24,
+            attn_token_pairs: 8 * 512 + 24 * 24,
+        };
+        let (e, p) = (eager.step_cost(&mixed), pw.step_cost(&mixed));
+        assert_eq!((e.path, p.path), (ExecPath::Eager, ExecPath::Graph));
+        assert_eq!(p.padded_batch, 32);
+        let d = pw.step_cost(&decode(8, 512)).seconds;
+        assert!(
+            d < p.seconds && p.seconds + 1e-3 < e.seconds,
+            "{d} {p:?} {e:?}"
+        );
+        // Past the largest size it is eager in both modes.
+        let big = BatchShape {
+            new_tokens: 200,
+            ..mixed
+        };
+        assert_eq!(pw.step_cost(&big).path, ExecPath::Eager);
+        // Capturing both graphs of each size costs twice the memory and start-up.
+        let (one, two) = (eager.capture_cost(), pw.capture_cost());
+        assert_eq!(two.bytes, 2 * one.bytes);
+        assert!((two.seconds - 2.0 * one.seconds).abs() < 1e-9);
     }
 
     #[test]

@@ -115,7 +115,8 @@ fn check(r: &FlightRecord) -> Result<(), &'static str> {
 }
 
 /// The histogram agrees with the counts beside it: the same steps (a record of format 2 or
-/// later must carry it; an older engine's may not), no more graph steps than decode-only ones,
+/// later must carry it; an older engine's may not), no more graph steps than decode-only ones
+/// (unless steps with prefill replay piecewise graphs),
 /// every bin within `batch.min..=batch.max` and the mean within what the bins allow. Its own
 /// shape (bins, widths, order) was checked as it parsed.
 fn check_hist(r: &FlightRecord) -> Result<(), &'static str> {
@@ -124,7 +125,8 @@ fn check_hist(r: &FlightRecord) -> Result<(), &'static str> {
         return Ok(());
     }
     let steps = u64::from(r.steps.graph) + u64::from(r.steps.eager);
-    if h.steps() != steps || u64::from(r.steps.graph) > h.decode.steps() {
+    let graph_ok = r.piecewise || u64::from(r.steps.graph) <= h.decode.steps();
+    if h.steps() != steps || !graph_ok {
         return Err("batch_hist steps");
     }
     let (min, max) = (u64::from(r.batch.min), u64::from(r.batch.max));
@@ -195,6 +197,21 @@ mod tests {
         let r = good();
         assert_eq!(parse(r.to_json().as_bytes()), Flight::Valid(Box::new(r)));
         assert_eq!(parse(b"{\"v\":1}").label(), "ok", "missing members default");
+    }
+
+    #[test]
+    fn graph_steps_with_prefill_are_kept_only_from_a_piecewise_engine() {
+        // Six graph steps, one of them its prefill: more than its five decode-only steps.
+        let mut r = good();
+        r.steps = PathSteps { graph: 6, eager: 0 };
+        assert_eq!(check(&r), Err("batch_hist steps"));
+        r.piecewise = true;
+        assert_eq!(
+            parse(r.to_json().as_bytes()),
+            Flight::Valid(Box::new(r.clone()))
+        );
+        assert!(r.to_json().contains("\"piecewise\":true"));
+        assert!(!good().to_json().contains("piecewise"), "absent when false");
     }
 
     #[test]

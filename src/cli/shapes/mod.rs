@@ -150,6 +150,9 @@ pub struct ProposeReport {
     pub proposed: SizeSet,
     /// The sizes the trace's engines ran with, on the same windows.
     pub current: SizeSet,
+    /// Most of the trace's engines ran piecewise graphs too (`--cudagraph-mode
+    /// full-and-piecewise`): each size is priced as two graphs.
+    pub piecewise: bool,
 }
 
 /// Runs `infergate shapes`.
@@ -210,6 +213,7 @@ pub fn propose_report(args: &ShapesArgs, trace: &trace::Trace) -> Result<Propose
         )
     })?;
     let cost_model = CaptureCostModel::new(gpu, model, args.tensor_parallel_size);
+    let piecewise = trace.piecewise * 2 > trace.requests.len() as u64;
     let (train, later) = propose::split(&trace.requests, train_until);
     let train_steps = dist::decode_steps(train);
     let later_steps = args.holdout.then(|| dist::decode_steps(later));
@@ -217,7 +221,12 @@ pub fn propose_report(args: &ShapesArgs, trace: &trace::Trace) -> Result<Propose
     let set = |sizes: Vec<u32>| {
         let as_usize: Vec<usize> = sizes.iter().map(|&s| s as usize).collect();
         SizeSet {
-            cost: cost_model.of(&as_usize).into(),
+            cost: if piecewise {
+                cost_model.of(&as_usize).twice()
+            } else {
+                cost_model.of(&as_usize)
+            }
+            .into(),
             train: propose::coverage(&train_steps, &sizes, train.len()),
             holdout: later_steps
                 .as_ref()
@@ -245,6 +254,7 @@ pub fn propose_report(args: &ShapesArgs, trace: &trace::Trace) -> Result<Propose
         flag,
         proposed: set(proposal.sizes),
         current: set(trace.usual_capture().to_vec()),
+        piecewise,
     })
 }
 

@@ -161,6 +161,9 @@ pub fn proposal(r: &ProposeReport) -> String {
         r.preset.gpu,
         r.preset.tensor_parallel_size
     );
+    if r.piecewise {
+        out += "  (the trace's engines ran piecewise graphs too: each size costs two graphs)\n";
+    }
     let mut rows = size_set("proposed", &r.proposed);
     rows.extend(size_set("current", &r.current));
     out += &key_values(&rows, 2);

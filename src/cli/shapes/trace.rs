@@ -48,6 +48,8 @@ pub struct Trace {
     pub without_record: u64,
     /// Capture-size sets seen, each with its request count, most requests first.
     pub captures: Vec<(Vec<u32>, u64)>,
+    /// Requests whose engine ran piecewise graphs for steps with prefill.
+    pub piecewise: u64,
 }
 
 /// The members of a trace line `shapes` reads.
@@ -61,8 +63,9 @@ struct Line<'a> {
 /// What one line holds.
 #[derive(Debug, PartialEq)]
 pub enum Parsed {
-    /// A request with a valid record, and the capture sizes of its engine.
-    Request(Box<Request>, Vec<u32>),
+    /// A request with a valid record, the capture sizes of its engine and whether it ran
+    /// piecewise graphs.
+    Request(Box<Request>, Vec<u32>, bool),
     /// A trace line without a record.
     NoRecord,
     /// Not a trace line, or a record that fails the checks.
@@ -92,7 +95,7 @@ pub fn parse_line(line: &str) -> Parsed {
         hist: r.batch_hist,
         largest_capture: r.capture.last().copied().unwrap_or(0),
     };
-    Parsed::Request(Box::new(request), r.capture)
+    Parsed::Request(Box::new(request), r.capture, r.piecewise)
 }
 
 impl Trace {
@@ -105,8 +108,9 @@ impl Trace {
             }
             self.lines += 1;
             match parse_line(&line) {
-                Parsed::Request(r, capture) => {
+                Parsed::Request(r, capture, piecewise) => {
                     self.note_capture(capture);
+                    self.piecewise += u64::from(piecewise);
                     self.requests.push(*r);
                 }
                 Parsed::NoRecord => self.without_record += 1,

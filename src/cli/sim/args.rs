@@ -113,6 +113,11 @@ pub struct SimArgs {
     /// Never use CUDA graphs: every step runs eagerly, as the engine's flag.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Which steps replay graphs, as the engine's flag: `full-and-piecewise` also runs steps
+    /// with prefill as piecewise graphs up to the largest size (vLLM V1). Default: the
+    /// engines' (`full-decode-only`, or a spawn entry's flag with --engine-args-from-config).
+    #[arg(long, value_enum)]
+    pub cudagraph_mode: Option<infergate_engine::exec_path::CudagraphMode>,
     /// Take the engines from the --gateway-config pool's sim `spawn` entries, as `infergate up`
     /// would start them: their count is --workers and their flags (--gpu, --model,
     /// --max-num-seqs, --max-num-batched-tokens, --no-chunked-prefill, --no-prefix-caching,
@@ -220,6 +225,9 @@ impl SimArgs {
             c.cuda_graph_sizes.clone_from(&self.cuda_graph_sizes);
         }
         c.enforce_eager |= self.enforce_eager;
+        if let Some(mode) = self.cudagraph_mode {
+            c.cudagraph_mode = mode;
+        }
         if self.num_gpu_blocks_override.is_some() {
             c.num_gpu_blocks_override = self.num_gpu_blocks_override;
         }

@@ -112,6 +112,8 @@ pub struct SimConfig {
     pub cuda_graph_sizes: Vec<usize>,
     /// Every step eager, as the engine's `--enforce-eager`.
     pub enforce_eager: bool,
+    /// Which steps replay graphs, as the engine's `--cudagraph-mode`.
+    pub cudagraph_mode: infergate_engine::exec_path::CudagraphMode,
     /// Keep each finished request's engine flight record as a trace line
     /// ([`SimResult::trace`]), for `infergate shapes`. Default false.
     pub record_flights: bool,
@@ -147,6 +149,7 @@ impl Default for SimConfig {
             host_cost: HostCost::default(),
             cuda_graph_sizes: Vec::new(),
             enforce_eager: false,
+            cudagraph_mode: Default::default(),
             record_flights: false,
         }
     }

@@ -71,6 +71,7 @@ pub(super) fn apply(cfg: &mut SimConfig, workers: usize, e: &EngineArgs) {
     cfg.latency_multiplier = e.fault_latency_multiplier;
     cfg.cuda_graph_sizes.clone_from(&e.cuda_graph_sizes);
     cfg.enforce_eager = e.enforce_eager;
+    cfg.cudagraph_mode = e.cudagraph_mode;
     cfg.host_cost = HostCost::from_micros(
         e.sim_host_us_per_step,
         e.sim_host_us_per_seq,
@@ -111,6 +112,8 @@ mod tests {
             "20000",
             "--cuda-graph-sizes",
             "1,2,8",
+            "--cudagraph-mode",
+            "full-and-piecewise",
         ];
         let p = pool(vec![
             spawn(2, &args),
@@ -129,6 +132,10 @@ mod tests {
         assert_eq!(
             (cfg.cuda_graph_sizes.as_slice(), cfg.enforce_eager),
             (&[1, 2, 8][..], false)
+        );
+        assert_eq!(
+            cfg.cudagraph_mode,
+            infergate_engine::exec_path::CudagraphMode::FullAndPiecewise
         );
     }
 

@@ -101,11 +101,10 @@ impl WorkerSpec {
                 ..RooflineConfig::default()
             },
         )
-        .with_capture_sizes(CaptureSizes::from_flags(
-            &cfg.cuda_graph_sizes,
-            cfg.enforce_eager,
-            cfg.max_num_seqs,
-        )?);
+        .with_capture_sizes(
+            CaptureSizes::from_flags(&cfg.cuda_graph_sizes, cfg.enforce_eager, cfg.max_num_seqs)?
+                .with_mode(cfg.cudagraph_mode),
+        );
         cfg.host_cost.check()?;
         let tokenizer = SimTokenizer::shared()?;
         Ok(Self {
@@ -133,6 +132,7 @@ impl WorkerSpec {
     /// The engine-wide part of every flight record these workers would send.
     pub(super) fn engine_info(&self) -> EngineInfo {
         EngineInfo::new("sim", self.roofline.capture_sizes())
+            .with_piecewise(self.roofline.is_piecewise())
     }
 }
 

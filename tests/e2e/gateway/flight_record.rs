@@ -71,7 +71,7 @@ async fn whole(url: &str, id: &str, tokens: u64) -> HeaderMap {
 fn check_engine_record(line: &Value, tokens: u64, stream: bool, engines: &[&str]) {
     assert_eq!(line["flight_status"], "ok", "{line}");
     let f = &line["flight"];
-    assert_eq!(f["v"], 4);
+    assert_eq!(f["v"], infergate_engine::flight::FORMAT_VERSION);
     assert_eq!(f["backend"], "sim");
     assert!(!f["capture"].as_array().unwrap().is_empty(), "{f}");
     let (graph, eager) = (

@@ -484,10 +484,7 @@ async fn sizes_proposed_from_a_sim_trace_keep_a_burst_on_the_graph_path() {
     let replay_out = s(&dir.path.join("replayed.json"));
     let mut args = sim(joined, largest, replay_out.clone(), None);
     let at = args.iter().position(|a| a == "--workload").unwrap();
-    args.splice(
-        at..at + 2,
-        ["--replay", &trace_s].map(str::to_owned),
-    );
+    args.splice(at..at + 2, ["--replay", &trace_s].map(str::to_owned));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     infergate(&args, Duration::from_secs(60))
         .await
@@ -501,5 +498,8 @@ async fn sizes_proposed_from_a_sim_trace_keep_a_burst_on_the_graph_path() {
         replayed["by_class"]
     );
     let r = float(&replayed["tpot"], "p99");
-    assert!((r - a).abs() <= 0.05 * a, "TPOT p99 replayed {r} against {a}");
+    assert!(
+        (r - a).abs() <= 0.05 * a,
+        "TPOT p99 replayed {r} against {a}"
+    );
 }
