@@ -91,20 +91,26 @@ classes:
 slo: {ttft: 2s, itl: 500ms}
 ";
 
-#[tokio::test]
-async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
-    let _machine = tools_support::shared_machine().await;
-    let engine = Engine::start(&[
+/// A sim engine capturing batches up to 8, in steps of at most 512 tokens: `TWO_CLASSES`' long
+/// prompts take several eager chunks (`mixed`), its short ones decode on graphs.
+async fn small_capture_engine() -> Engine {
+    Engine::start(&[
         "--cuda-graph-sizes",
         "1,2,4,8",
         "--max-num-seqs",
         "8",
         "--max-num-batched-tokens",
         "512",
-        // The second run sends the same prompts: no cached prefix may shorten their prefill.
+        // Runs send the same prompts again: no cached prefix may shorten their prefill.
         "--no-prefix-caching",
     ])
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
+    let _machine = tools_support::shared_machine().await;
+    let engine = small_capture_engine().await;
     let dir = TempDir::new("rare-shapes-bench");
     // The test config sets `debug_headers: true`: the flight record reaches the client.
     dir.write_config(&config_yaml(&[engine.url.as_str()], ""));
@@ -179,16 +185,7 @@ async fn bench_expect_path_passes_a_path_taken_and_fails_one_missed() {
 #[tokio::test]
 async fn a_replayed_gateway_trace_is_checked_by_its_shape_classes() {
     let _machine = tools_support::shared_machine().await;
-    let engine = Engine::start(&[
-        "--cuda-graph-sizes",
-        "1,2,4,8",
-        "--max-num-seqs",
-        "8",
-        "--max-num-batched-tokens",
-        "512",
-        "--no-prefix-caching",
-    ])
-    .await;
+    let engine = small_capture_engine().await;
     let dir = TempDir::new("rare-shapes-replay");
     dir.write_config(&config_yaml(
         &[engine.url.as_str()],
