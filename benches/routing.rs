@@ -97,7 +97,9 @@ struct Scenario {
     policies: &'static [&'static str],
 }
 
-/// Every policy: `prefix` on our engines' KV events (precise mode), `prefix_approx` the same
+/// Every policy: `prefix` on our engines' KV events (precise mode), `prefix_vllm` precise mode
+/// fed instead by the engines' vLLM-format events over ZMQ (`--kv-events-zmq`, token ids the
+/// gateway decodes and hashes itself, as in front of vLLM), `prefix_approx` the same
 /// policy with the engines' events off (`--no-kv-events`, the approximate index, as in front of
 /// vLLM), `hash`, each group pinned to the worker its name hashes to (a consistent hash of the
 /// group that every replica computes alike, knowing nothing of popularity or load), and
@@ -107,6 +109,7 @@ struct Scenario {
 /// oracle is the same whatever ports the run's workers get).
 const ALL: &[&str] = &[
     "prefix",
+    "prefix_vllm",
     "prefix_approx",
     "round_robin",
     "least_load",
@@ -151,7 +154,7 @@ const SCENARIOS: [Scenario; 7] = [
         max_tokens: 16,
         hot: None,
         replicas: 1,
-        policies: &["prefix", "prefix_approx", "hash", "oracle"],
+        policies: &["prefix", "prefix_vllm", "prefix_approx", "hash", "oracle"],
     },
     Scenario {
         name: "saturated (384 blocks, 32 clients)",
@@ -570,14 +573,43 @@ async fn run_policy(
     .map(String::from)
     .to_vec();
     engine_args.extend(scenario.engine_args.iter().map(|s| s.to_string()));
-    if policy == "prefix_approx" {
+    if matches!(policy, "prefix_approx" | "prefix_vllm") {
         engine_args.push("--no-kv-events".into());
     }
     let mut engines = Vec::new();
+    let mut zmq_ports = Vec::new();
     for _ in 0..WORKERS {
-        engines.push(Proc::start(bin, &engine_args, Some("infergate engine listening on ")).await?);
+        let mut args = engine_args.clone();
+        if policy == "prefix_vllm" {
+            let port = common::free_port();
+            zmq_ports.push(port);
+            args.extend(
+                [
+                    "--kv-events-zmq",
+                    &format!("tcp://127.0.0.1:{port}"),
+                    "--kv-events-topic",
+                    "kv",
+                ]
+                .map(String::from),
+            );
+        }
+        engines.push(Proc::start(bin, &args, Some("infergate engine listening on ")).await?);
     }
     let urls: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
+    // `prefix_vllm`: the pool reads the engines' vLLM-format events (token ids, decoded with
+    // the built-in cl100k the sim engines tokenize with; chat prompts hashed as ChatML).
+    let kv_yaml = match policy {
+        "prefix_vllm" => {
+            let mut y = String::from(
+                "    kv_events:\n      topic: kv\n      tokenizer: builtin:cl100k\n      chat_template: chatml\n      endpoints:\n",
+            );
+            for (url, port) in urls.iter().zip(&zmq_ports) {
+                y.push_str(&format!("        \"{url}\": \"tcp://127.0.0.1:{port}\"\n"));
+            }
+            y
+        }
+        _ => String::new(),
+    };
     for e in &engines {
         common::wait_ok(&format!("{}/health", e.url), Duration::from_secs(20))
             .await
@@ -597,17 +629,20 @@ async fn run_policy(
     };
     let gw_policy = match policy {
         "oracle" | "hash" => "session",
-        "prefix_approx" => "prefix",
+        "prefix_approx" | "prefix_vllm" => "prefix",
         p => p,
     };
     let (mut gateways, mut dirs) = (Vec::new(), Vec::new());
     for r in 0..scenario.replicas {
         let dir = TempDir::new(&format!("routing-r{r}"));
-        let gw = start_gateway(bin, &dir, &urls, gw_policy).await?;
+        let gw = start_gateway(bin, &dir, &urls, gw_policy, &kv_yaml).await?;
         dirs.push(dir);
-        if policy == "prefix" {
+        if matches!(policy, "prefix" | "prefix_vllm") {
             // Precise mode from the first request: wait for every worker's event stream.
             wait_kv_events(&gw.url, WORKERS).await?;
+        }
+        if policy == "prefix_vllm" {
+            join_vllm_events(&client, &gw.url, &urls).await?;
         }
         gateways.push(gw);
     }
@@ -837,6 +872,40 @@ async fn wait_kv_events(gateway: &str, workers: usize) -> Result<(), BoxError> {
     }
 }
 
+/// ZMQ drops what a publisher sends before a subscription reaches it: sends each engine small
+/// completions straight (each caches a block) until the gateway has applied one of its batches.
+async fn join_vllm_events(
+    client: &HttpClient,
+    gateway: &str,
+    engines: &[String],
+) -> Result<(), BoxError> {
+    let batches = |text: &str| metric_sum(text, "infergate_routing_vllm_kv_batches_total");
+    for (i, url) in engines.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for n in 0.. {
+            let before = batches(&common::get(&format!("{gateway}/metrics")).await?.1);
+            let prompt = format!("join {i} {n} ") + &"words to fill a block ".repeat(8);
+            let body = json!({"model": "llama-3-8b", "prompt": prompt, "max_tokens": 1});
+            let req = post(&format!("{url}/v1/completions"), body.to_string().into())?;
+            client.request(req).await?.into_body().collect().await?;
+            let wait = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < wait {
+                if batches(&common::get(&format!("{gateway}/metrics")).await?.1) > before {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if batches(&common::get(&format!("{gateway}/metrics")).await?.1) > before {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no KV-event batch of {url} reached the gateway").into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One streamed request read to `[DONE]`: TTFT (first `data:` event) and the serving worker.
 async fn one_stream(
     client: &HttpClient,
@@ -914,8 +983,10 @@ async fn start_gateway(
     dir: &TempDir,
     urls: &[String],
     policy: &str,
+    pool_extra: &str,
 ) -> Result<Proc, BoxError> {
-    let workers: String = urls.iter().map(|u| format!("      - url: {u}\n")).collect();
+    let mut workers: String = urls.iter().map(|u| format!("      - url: {u}\n")).collect();
+    workers.push_str(pool_extra);
     let config = dir.write(
         "infergate.yaml",
         &format!(

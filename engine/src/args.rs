@@ -84,6 +84,13 @@ pub struct EngineArgs {
     /// Do not serve `GET /kv/events` (routers fall back to their approximate index).
     #[arg(long)]
     pub no_kv_events: bool,
+    /// Also publish KV-cache events as vLLM does (`--kv-events-config` with the zmq publisher):
+    /// a ZMQ PUB socket bound at this `tcp://HOST:PORT` (port 0: any free port, logged).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events_zmq: Option<String>,
+    /// Topic of the `--kv-events-zmq` messages (vLLM's `KVEventsConfig.topic`).
+    #[arg(long, default_value = "", value_name = "TOPIC")]
+    pub kv_events_topic: String,
     /// Use exactly this many KV blocks instead of the memory-derived budget.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::kv_events::{KvEventBatch, KvEventLog};
+use crate::vllm_kv_events::{VllmEvent, VllmEventLog};
 
 /// Index of one KV block in the cache.
 pub type BlockId = u32;
@@ -84,6 +85,8 @@ pub struct BlockManager {
     stats: CacheStats,
     /// Router keys anchored on cached blocks, when KV events are on.
     events: Option<KvEventLog>,
+    /// Cached and evicted blocks in vLLM's terms, when `--kv-events-zmq` is on.
+    vllm_events: Option<VllmEventLog>,
 }
 
 /// Chained content hashes of every full block of `tokens`: block i hashes block i-1's hash
@@ -139,6 +142,7 @@ impl BlockManager {
             prefix_caching,
             stats: CacheStats::default(),
             events: None,
+            vllm_events: None,
         };
         for id in 0..num_blocks as u32 {
             m.push_back(List::Probation, id);
@@ -177,6 +181,22 @@ impl BlockManager {
         {
             log.attach(hash, key);
         }
+    }
+
+    /// Turns on vLLM-format events: cached and evicted blocks with their tokens, read with
+    /// [`take_vllm_events`](Self::take_vllm_events).
+    pub fn enable_vllm_events(&mut self) {
+        if self.prefix_caching {
+            self.vllm_events = Some(VllmEventLog::default());
+        }
+    }
+
+    /// vLLM-format events since the last call (empty when they are off).
+    pub fn take_vllm_events(&mut self) -> Vec<VllmEvent> {
+        self.vllm_events
+            .as_mut()
+            .map(VllmEventLog::take)
+            .unwrap_or_default()
     }
 
     /// Net change of resident router keys since the last call (empty when events are off).
@@ -286,6 +306,9 @@ impl BlockManager {
                     if let Some(log) = &mut self.events {
                         log.evicted(h);
                     }
+                    if let Some(log) = &mut self.vllm_events {
+                        log.removed(h);
+                    }
                 }
                 self.stats.evictions += 1;
             }
@@ -298,9 +321,23 @@ impl BlockManager {
     /// Registers the blocks `table[from..to]`, now full and computed, under `hashes[from..to]`.
     /// A hash already cached by another block leaves this block unregistered.
     pub fn cache_full_blocks(&mut self, table: &[BlockId], hashes: &[u64], from: usize, to: usize) {
+        self.cache_full_blocks_of(table, hashes, &[], from, to);
+    }
+
+    /// [`cache_full_blocks`](Self::cache_full_blocks) for a sequence of `tokens`, which the
+    /// vLLM-format events of the newly cached blocks carry.
+    pub fn cache_full_blocks_of(
+        &mut self,
+        table: &[BlockId],
+        hashes: &[u64],
+        tokens: &[u32],
+        from: usize,
+        to: usize,
+    ) {
         if !self.prefix_caching {
             return;
         }
+        let bs = self.block_size;
         let to = to.min(table.len()).min(hashes.len());
         for i in from..to {
             let id = table[i];
@@ -311,6 +348,12 @@ impl BlockManager {
             if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hashes[i]) {
                 e.insert(id);
                 block.hash = Some(hashes[i]);
+                if let Some(log) = &mut self.vllm_events
+                    && let Some(block_tokens) = tokens.get(i * bs..(i + 1) * bs)
+                {
+                    let parent = i.checked_sub(1).map(|p| hashes[p]);
+                    log.stored(hashes[i], parent, block_tokens);
+                }
             }
         }
     }

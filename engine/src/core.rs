@@ -50,6 +50,8 @@ pub struct EngineCore {
     /// Busy and host time of the steps, for the metrics.
     timing: StepAccounting,
     kv_events: Option<Arc<KvEventHub>>,
+    /// vLLM-format KV events' publisher (`--kv-events-zmq`).
+    vllm_events: Option<crate::vllm_kv_events::VllmPublisher>,
     /// Clock time of each unfinished sequence's first token, by id (prefill and decode times).
     first_token_at: HashMap<u64, f64>,
     /// Group (its first sequence's id) of each unfinished sequence submitted with siblings.
@@ -93,6 +95,7 @@ impl EngineCore {
             last_end: None,
             timing: StepAccounting::default(),
             kv_events: None,
+            vllm_events: None,
             first_token_at: HashMap::new(),
             group_of: HashMap::new(),
             groups: HashMap::new(),
@@ -111,6 +114,12 @@ impl EngineCore {
     /// Publishes the scheduler's KV events (router key residency) to `hub` after every step.
     pub fn publish_kv_events(&mut self, hub: Arc<KvEventHub>) {
         self.kv_events = Some(hub);
+    }
+
+    /// Publishes the cache's blocks in vLLM's format through `publisher` after every step.
+    pub fn publish_vllm_events(&mut self, publisher: crate::vllm_kv_events::VllmPublisher) {
+        self.sched.kv.enable_vllm_events();
+        self.vllm_events = Some(publisher);
     }
 
     /// The scheduler (read-only: tests, simulator reports).
@@ -451,6 +460,9 @@ impl EngineCore {
         self.last_stats = stats;
         if let Some(hub) = &self.kv_events {
             hub.publish(self.sched.kv.take_events());
+        }
+        if let Some(publisher) = &mut self.vllm_events {
+            publisher.publish(self.sched.kv.take_vllm_events());
         }
     }
 }

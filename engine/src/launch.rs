@@ -504,6 +504,18 @@ pub fn build_engine(args: &EngineArgs) -> Result<Engine, String> {
     if let Some(hub) = &kv_events {
         core.publish_kv_events(hub.clone());
     }
+    if let Some(endpoint) = &args.kv_events_zmq {
+        if args.no_prefix_caching {
+            return Err("--kv-events-zmq needs prefix caching (drop --no-prefix-caching)".into());
+        }
+        let (publisher, bound) = crate::vllm_kv_events::VllmPublisher::start(
+            endpoint,
+            &args.kv_events_topic,
+            args.block_size,
+        )?;
+        tracing::info!(endpoint = %bound, topic = %args.kv_events_topic, "kv events published in vLLM's format");
+        core.publish_vllm_events(publisher);
+    }
     // The cpu backend runs every step eagerly, whatever the flags say.
     let (backend_name, captured) = match args.backend {
         BackendKind::Sim => ("sim", capture_sizes(args)?),

@@ -54,4 +54,5 @@ pub mod scheduler;
 pub mod sequence;
 pub mod server;
 pub mod tokenizer;
+pub mod vllm_kv_events;
 pub mod warmup;

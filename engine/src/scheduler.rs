@@ -259,9 +259,10 @@ impl Scheduler {
             seq.num_computed += s.num_tokens;
             let full = seq.num_computed / bs;
             if full > seq.num_registered_blocks {
-                self.kv.cache_full_blocks(
+                self.kv.cache_full_blocks_of(
                     &seq.block_table,
                     &seq.block_hashes,
+                    &seq.tokens,
                     seq.num_registered_blocks,
                     full,
                 );

@@ -270,6 +270,33 @@ fn vllm_kv_events_faults_report_their_lines() {
         errs[1].2.contains("kv_events.endpoints must be"),
         "{errs:#?}"
     );
+    one_error(
+        &pool(
+            "      zmq: \"tcp://x:1\"\n      tokenizer: builtin:cl100k\n      chat_template: llama3\n",
+        ),
+        10,
+        "kv_events.chat_template must be `chatml`",
+    );
+}
+
+#[test]
+fn vllm_kv_events_with_the_builtin_vocabulary_and_chatml() {
+    let dir = std::env::temp_dir().join(format!("infergate-kv-builtin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("routing.yaml"), "").expect("write");
+    let config = format!(
+        "policies: .\n{MINIMAL}    kv_events:\n      zmq: \"tcp://{{host}}:5557\"\n      \
+         tokenizer: builtin:cl100k\n      chat_template: chatml\n"
+    );
+    std::fs::write(dir.join("infergate.yaml"), config).expect("write");
+    let snap = super::load(&dir.join("infergate.yaml"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snap = snap.expect("valid");
+    let kv = snap.pools[0].kv_events.as_ref().expect("kv_events");
+    assert!(kv.vocab.len() > 100_000);
+    let chat = kv.chat.as_ref().expect("chatml");
+    let text = chat.render(&crate::routing::features::canonical_chat(&[("user", "hi")]));
+    assert!(text.starts_with(b"<|im_start|>user\nhi<|im_end|>"));
 }
 
 #[test]

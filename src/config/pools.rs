@@ -315,11 +315,19 @@ fn kv_events(
         sink.at(&t.referenced, msg);
         ok = false;
     }
+    use crate::workers::vllm_events::vocab::{BUILTIN_CL100K, Vocab};
+    let builtin = raw.tokenizer.value.trim() == BUILTIN_CL100K;
     let joined = base.join(&raw.tokenizer.value);
-    let path = std::path::absolute(&joined).unwrap_or(joined);
-    let vocab = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-        .and_then(|text| crate::workers::vllm_events::vocab::Vocab::from_tokenizer_json(&text));
+    let path = match builtin {
+        true => std::path::PathBuf::from(BUILTIN_CL100K),
+        false => std::path::absolute(&joined).unwrap_or(joined),
+    };
+    let vocab = match builtin {
+        true => Vocab::cl100k(),
+        false => std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .and_then(|text| Vocab::from_tokenizer_json(&text)),
+    };
     let vocab = match vocab {
         Ok(v) => v,
         Err(e) => {
@@ -330,12 +338,30 @@ fn kv_events(
             return None;
         }
     };
+    let chat = match raw.chat_template.as_ref() {
+        None => None,
+        Some(t) if t.value.trim() == "chatml" => {
+            Some(crate::routing::chat_keys::ChatMarkup::chatml(&vocab))
+        }
+        Some(t) => {
+            sink.at(
+                &t.referenced,
+                format!(
+                    "pool `{pool}`: kv_events.chat_template must be `chatml` (the only template the gateway writes), not `{}`",
+                    t.value
+                ),
+            );
+            ok = false;
+            None
+        }
+    };
     ok.then(|| VllmKvEventsSpec {
         endpoint,
         endpoints,
         topic,
         tokenizer: path,
         vocab: std::sync::Arc::new(vocab),
+        chat,
     })
 }
 

@@ -296,6 +296,7 @@ pub(super) struct RawKvEvents {
     pub endpoints: Option<HashMap<Text, Text>>,
     pub topic: Option<Text>,
     pub tokenizer: Text,
+    pub chat_template: Option<Text>,
 }
 
 /// A pool's `admission:` section.

@@ -329,6 +329,10 @@ pub struct VllmKvEventsSpec {
     pub tokenizer: std::path::PathBuf,
     /// Its vocabulary, loaded at compile time.
     pub vocab: std::sync::Arc<crate::workers::vllm_events::vocab::Vocab>,
+    /// The workers' chat template (`chat_template: chatml`), so chat prompts are hashed as the
+    /// workers cache them. Default `None`: chat prompts keep the canonical form, whose keys
+    /// the events rarely match.
+    pub chat: Option<crate::routing::chat_keys::ChatMarkup>,
 }
 
 impl VllmKvEventsSpec {

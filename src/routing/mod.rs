@@ -19,6 +19,7 @@
 
 use serde::Deserialize;
 
+pub mod chat_keys;
 pub mod cold_home;
 pub mod demand;
 pub mod features;

@@ -405,6 +405,19 @@ fn validate_fields<M: ChatMessages>(
             }
         },
     };
+    // A pool whose workers report their cache as token ids (vLLM's KV events) hashes chat
+    // prompts as their chat template writes them, so the keys rebuilt from the events match.
+    let chat_markup = snapshot
+        .pools
+        .get(route.pool)
+        .and_then(|p| p.kv_events.as_ref())
+        .and_then(|k| k.chat.as_ref());
+    let canonical = match (endpoint, chat_markup) {
+        (Endpoint::ChatCompletions | Endpoint::Responses, Some(markup)) => {
+            markup.render(&canonical)
+        }
+        _ => canonical,
+    };
     let session_id = headers
         .get(SESSION_ID)
         .and_then(|v| v.to_str().ok())

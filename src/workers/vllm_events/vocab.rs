@@ -19,7 +19,15 @@ pub struct Vocab {
     /// Sentencepiece vocabularies write the space a prompt's first word is given (`▁Hello`);
     /// decoding drops it, as Hugging Face's decoders do.
     strip_first_space: bool,
+    /// Contents of the special added tokens (`<|im_start|>`, BOS, ...), which decode to nothing.
+    specials: Vec<String>,
 }
+
+/// Name of the built-in vocabulary: OpenAI's cl100k, the sim engine's tokenizer.
+pub const BUILTIN_CL100K: &str = "builtin:cl100k";
+/// cl100k's ordinary ids are `0..CL100K_ORDINARY`; its special ones lie below `CL100K_END`.
+const CL100K_ORDINARY: u32 = 100_256;
+const CL100K_END: u32 = 100_277;
 
 impl Vocab {
     /// The bytes of token `id`; `None` for an id the vocabulary lacks.
@@ -30,6 +38,42 @@ impl Vocab {
     /// Whether the space opening a prompt's text is dropped (sentencepiece vocabularies).
     pub fn strips_first_space(&self) -> bool {
         self.strip_first_space
+    }
+
+    /// Whether `text` is one of the vocabulary's special tokens (decoded to nothing).
+    pub fn is_special(&self, text: &str) -> bool {
+        self.specials.iter().any(|s| s == text)
+    }
+
+    /// OpenAI's cl100k (embedded in the binary): the sim engine's tokenizer, which encodes every
+    /// prompt as ordinary text, so no id decodes to nothing.
+    pub fn cl100k() -> Result<Self, String> {
+        let bpe = tiktoken_rs::cl100k_base_singleton();
+        let (mut pieces, mut specials) = (Vec::with_capacity(CL100K_END as usize), Vec::new());
+        for id in 0..CL100K_END {
+            let piece = bpe.decode_bytes(&[id]).ok().map(|bytes| {
+                if id < CL100K_ORDINARY {
+                    bytes.into_boxed_slice()
+                } else {
+                    // `<|endoftext|>` and the like: special, as in a tokenizer.json.
+                    specials.push(String::from_utf8_lossy(&bytes).into_owned());
+                    Box::default()
+                }
+            });
+            pieces.push(piece);
+        }
+        if pieces
+            .iter()
+            .take(CL100K_ORDINARY as usize)
+            .any(Option::is_none)
+        {
+            return Err("the built-in cl100k tokenizer has holes".into());
+        }
+        Ok(Self {
+            pieces,
+            strip_first_space: false,
+            specials,
+        })
     }
 
     /// Number of ids (including holes).
@@ -51,6 +95,7 @@ impl Vocab {
             .get("decoder")
             .is_some_and(|d| d.to_string().contains("\"ByteLevel\""));
         let mut pieces: Vec<Option<Box<[u8]>>> = Vec::new();
+        let mut specials = Vec::new();
         let mut put = |id: u64, bytes: Vec<u8>| -> Result<(), String> {
             let id = usize::try_from(id)
                 .ok()
@@ -98,6 +143,9 @@ impl Vocab {
                 .get("special")
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
+            if special {
+                specials.push(content.to_string());
+            }
             put(
                 id,
                 if special {
@@ -113,6 +161,7 @@ impl Vocab {
         Ok(Self {
             pieces,
             strip_first_space: !byte_level,
+            specials,
         })
     }
 }
@@ -219,6 +268,24 @@ mod tests {
         assert_eq!(v.bytes(3), None, "a hole");
         assert_eq!(v.bytes(99), None);
         assert_eq!(v.len(), 7);
+        assert!(v.is_special("<|begin_of_text|>"));
+        assert!(!v.is_special("plain"));
+    }
+
+    #[test]
+    fn builtin_cl100k_decodes_what_the_sim_engine_encodes() {
+        let v = Vocab::cl100k().unwrap();
+        let bpe = tiktoken_rs::cl100k_base_singleton();
+        let text = "<|im_start|>system\nYou are terse.<|im_end|>\n";
+        let ids = bpe.encode_ordinary(text);
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| v.bytes(i).unwrap().to_vec())
+            .collect();
+        assert_eq!(bytes, text.as_bytes());
+        assert!(!v.is_special("<|im_start|>"));
+        assert!(v.is_special("<|endoftext|>"));
+        assert_eq!(v.bytes(100_257), Some(&b""[..]), "EOS decodes to nothing");
     }
 
     #[test]

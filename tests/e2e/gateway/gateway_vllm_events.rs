@@ -317,3 +317,139 @@ async fn an_absent_publisher_keeps_the_approximate_index_until_it_comes() {
     .await;
     joined(&gw, &mut publisher).await;
 }
+
+/// A free loopback port (bound, then released) for an engine's `--kv-events-zmq`.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn chat(system: &str, question: &str) -> Value {
+    json!({"model": MODEL, "max_tokens": 2, "ignore_eos": true, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question}]})
+}
+
+/// Sends `body` straight to `engine`'s chat endpoint (so only that worker caches it) and waits
+/// until the gateway has applied a KV-event batch published after it was sent.
+async fn warm_chat(gw: &Gateway, engine: &str, body: &Value) {
+    let before = gw.metric(BATCHES).await;
+    let (status, _, res) = post_json(&format!("{engine}/v1/chat/completions"), body).await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    gw.wait_metric(BATCHES, |v| v > before).await;
+}
+
+#[tokio::test]
+async fn our_engine_in_vllm_format_feeds_precise_chat_routing() {
+    // Two engines without their own events, each publishing vLLM's ZMQ events; the gateway
+    // reads them with the built-in cl100k vocabulary and hashes chat prompts as ChatML, as the
+    // engines' default template writes them.
+    let ports = [free_port(), free_port()];
+    let mut engines = Vec::new();
+    for port in ports {
+        let endpoint = format!("tcp://127.0.0.1:{port}");
+        let args = [
+            "--gpu",
+            "h100",
+            "--no-kv-events",
+            "--kv-events-zmq",
+            endpoint.as_str(),
+            "--kv-events-topic",
+            TOPIC,
+        ];
+        engines.push(Engine::start(&args).await);
+    }
+    let urls: Vec<&str> = engines.iter().map(|e| e.url.as_str()).collect();
+    let dir = TempDir::new("vllm-zmq-engine");
+    let mut config = config_yaml(&urls, "");
+    config.push_str(&format!(
+        "    kv_events:\n      topic: {TOPIC}\n      tokenizer: builtin:cl100k\n      chat_template: chatml\n      endpoints:\n\
+         \x20       \"{}\": \"tcp://127.0.0.1:{}\"\n        \"{}\": \"tcp://127.0.0.1:{}\"\n",
+        urls[0], ports[0], urls[1], ports[1]
+    ));
+    dir.write_config(&config);
+    dir.write_routing(&routing_yaml("prefix", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    for url in &urls {
+        eventually("vLLM KV events live", Duration::from_secs(10), || async {
+            (live(&gw, url).await == 1.0).then_some(())
+        })
+        .await;
+    }
+    // ZMQ drops what is published before a subscription arrives: warm each engine with
+    // throwaway chats until one of its batches is applied.
+    for (i, url) in urls.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut n = 0;
+        loop {
+            let before = gw.metric(BATCHES).await;
+            let body = chat(&random_text(600, 900 + i as u64 * 100 + n), "join");
+            let (status, _, res) = post_json(&format!("{url}/v1/chat/completions"), &body).await;
+            assert_eq!(status, StatusCode::OK, "{res}");
+            let applied = eventually_within(Duration::from_millis(500), || async {
+                (gw.metric(BATCHES).await > before).then_some(())
+            })
+            .await;
+            if applied.is_some() {
+                break;
+            }
+            n += 1;
+            assert!(
+                Instant::now() < deadline,
+                "no batch applied: {}",
+                gw.stderr()
+            );
+        }
+    }
+
+    // Each system prompt is cached on one engine only, by a request straight to it; the same
+    // conversation opening with another question, through the gateway, goes to that engine,
+    // which routing predicted to hold about the system prompt's tokens.
+    for round in 0..6u64 {
+        let holder = urls[(round % 2) as usize];
+        let system = random_text(3000, 500 + round);
+        warm_chat(&gw, holder, &chat(&system, "What is first?")).await;
+        let (status, headers, res) = post_json(
+            &gw.at("/v1/chat/completions"),
+            &chat(&system, "And what comes next?"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{res}");
+        assert_eq!(worker_of(&headers), holder, "round {round}: the holder");
+        let cached = headers
+            .get("x-infergate-route-cached")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let predicted: u64 = cached
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("predicted="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(predicted >= 300, "round {round}: predicted {cached}");
+        // The engine itself reports the prefix as cached.
+        let usage_cached = res["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(usage_cached >= 300, "round {round}: engine cached {res}");
+    }
+    assert_eq!(gw.metric(&rejected("vocab")).await, 0.0);
+}
+
+/// `Some` once `probe` gives one within `limit`, else `None` (polling).
+async fn eventually_within<F, Fut>(limit: Duration, mut probe: F) -> Option<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if probe().await.is_some() {
+            return Some(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
