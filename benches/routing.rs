@@ -686,6 +686,15 @@ async fn run_policy(
                 explained[i] += n;
             }
         }
+        // vLLM-format events: batches applied and messages refused (proof precise mode ran).
+        let batches = metric_sum(&gw_metrics, "infergate_routing_vllm_kv_batches_total");
+        if batches > 0.0 {
+            *by_reason.entry("(vLLM event batches)".into()).or_default() += batches;
+            let refused = metric_sum(&gw_metrics, "infergate_routing_vllm_kv_rejected_total");
+            *by_reason
+                .entry("(vLLM messages refused)".into())
+                .or_default() += refused;
+        }
     }
     let decisions = by_reason
         .into_iter()
