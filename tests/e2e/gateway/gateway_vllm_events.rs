@@ -170,6 +170,27 @@ async fn gateway_with_events(dir: &TempDir, engine: &str, port: u16) -> Gateway 
     Gateway::start(&dir.config(), &[]).await
 }
 
+/// A gateway over two workers, each with its own publisher on `ports`, the pool's `kv_events`
+/// given `vocab` (its tokenizer and template lines); returns once both streams are live.
+async fn gateway_per_worker(dir: &TempDir, urls: &[&str], ports: [u16; 2], vocab: &str) -> Gateway {
+    let mut config = config_yaml(urls, "");
+    config.push_str(&format!(
+        "    kv_events:\n      topic: {TOPIC}\n      {vocab}\n      endpoints:\n\
+         \x20       \"{}\": \"tcp://127.0.0.1:{}\"\n        \"{}\": \"tcp://127.0.0.1:{}\"\n",
+        urls[0], ports[0], urls[1], ports[1]
+    ));
+    dir.write_config(&config);
+    dir.write_routing(&routing_yaml("prefix", &[]));
+    let gw = Gateway::start(&dir.config(), &[]).await;
+    for url in urls {
+        eventually("vLLM KV events live", Duration::from_secs(10), || async {
+            (live(&gw, url).await == 1.0).then_some(())
+        })
+        .await;
+    }
+    gw
+}
+
 async fn live(gw: &Gateway, worker: &str) -> f64 {
     gw.metric(&format!(
         "infergate_routing_kv_events_live{{pool=\"{POOL}\",worker=\"{worker}\"}}"
@@ -215,21 +236,8 @@ async fn vllm_kv_events_over_zmq_feed_the_precise_index() {
     let dir = TempDir::new("vllm-zmq");
     dir.write("tokenizer.json", &tokenizer_json());
     let urls: Vec<&str> = engines.iter().map(|e| e.url.as_str()).collect();
-    let mut config = config_yaml(&urls, "");
-    config.push_str(&format!(
-        "    kv_events:\n      topic: {TOPIC}\n      tokenizer: tokenizer.json\n      endpoints:\n\
-         \x20       \"{}\": \"tcp://127.0.0.1:{}\"\n        \"{}\": \"tcp://127.0.0.1:{}\"\n",
-        urls[0], pubs[0].port, urls[1], pubs[1].port
-    ));
-    dir.write_config(&config);
-    dir.write_routing(&routing_yaml("prefix", &[]));
-    let gw = Gateway::start(&dir.config(), &[]).await;
-    for url in &urls {
-        eventually("vLLM KV events live", Duration::from_secs(10), || async {
-            (live(&gw, url).await == 1.0).then_some(())
-        })
-        .await;
-    }
+    let ports = [pubs[0].port, pubs[1].port];
+    let gw = gateway_per_worker(&dir, &urls, ports, "tokenizer: tokenizer.json").await;
     for p in &mut pubs {
         joined(&gw, p).await;
     }
@@ -363,21 +371,8 @@ async fn our_engine_in_vllm_format_feeds_precise_chat_routing() {
     }
     let urls: Vec<&str> = engines.iter().map(|e| e.url.as_str()).collect();
     let dir = TempDir::new("vllm-zmq-engine");
-    let mut config = config_yaml(&urls, "");
-    config.push_str(&format!(
-        "    kv_events:\n      topic: {TOPIC}\n      tokenizer: builtin:cl100k\n      chat_template: chatml\n      endpoints:\n\
-         \x20       \"{}\": \"tcp://127.0.0.1:{}\"\n        \"{}\": \"tcp://127.0.0.1:{}\"\n",
-        urls[0], ports[0], urls[1], ports[1]
-    ));
-    dir.write_config(&config);
-    dir.write_routing(&routing_yaml("prefix", &[]));
-    let gw = Gateway::start(&dir.config(), &[]).await;
-    for url in &urls {
-        eventually("vLLM KV events live", Duration::from_secs(10), || async {
-            (live(&gw, url).await == 1.0).then_some(())
-        })
-        .await;
-    }
+    let vocab = "tokenizer: builtin:cl100k\n      chat_template: chatml";
+    let gw = gateway_per_worker(&dir, &urls, ports, vocab).await;
     // ZMQ drops what is published before a subscription arrives: warm each engine with
     // throwaway chats until one of its batches is applied.
     for (i, url) in urls.iter().enumerate() {
