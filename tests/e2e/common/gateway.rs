@@ -206,9 +206,18 @@ impl Gateway {
             stdout: process::drain(stdout.into_inner()),
             stderr,
         };
-        if gw.url.starts_with("http://") {
+        // Readiness (a worker polled healthy and warm) over plain HTTP: the public listener's,
+        // else, behind TLS, the admin listener's, so no request races the first poll.
+        let ready = if gw.url.starts_with("http://") {
+            Some(gw.at("/readyz"))
+        } else {
+            gw.admin
+                .starts_with("http://")
+                .then(|| gw.admin_at("/readyz"))
+        };
+        if let Some(ready) = ready {
             let within = deadline.saturating_duration_since(Instant::now());
-            if let Err(e) = wait_ok(&gw.at("/readyz"), within).await {
+            if let Err(e) = wait_ok(&ready, within).await {
                 panic!("gateway never became ready ({e}); stderr:\n{}", gw.stderr());
             }
         }
