@@ -898,13 +898,14 @@ async fn join_vllm_events(
             let req = post(&format!("{url}/v1/completions"), body.to_string().into())?;
             client.request(req).await?.into_body().collect().await?;
             let wait = Instant::now() + Duration::from_millis(500);
-            while Instant::now() < wait {
-                if batches(&common::get(&format!("{gateway}/metrics")).await?.1) > before {
-                    break;
+            let mut applied = false;
+            while !applied && Instant::now() < wait {
+                applied = batches(&common::get(&format!("{gateway}/metrics")).await?.1) > before;
+                if !applied {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            if batches(&common::get(&format!("{gateway}/metrics")).await?.1) > before {
+            if applied {
                 break;
             }
             if Instant::now() > deadline {

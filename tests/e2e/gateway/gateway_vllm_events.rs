@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::gateway::{Gateway, MODEL, POOL, TempDir, config_yaml, routing_yaml, worker_of};
 use common::process::{Kept, command, read_until, spawn};
-use common::{Engine, eventually, post_json, random_text};
+use common::{Engine, eventually, post_json, random_text, settle};
 use hyper::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -303,10 +303,7 @@ async fn vllm_kv_events_over_zmq_feed_the_precise_index() {
 async fn an_absent_publisher_keeps_the_approximate_index_until_it_comes() {
     let engine = Engine::start(&["--gpu", "h100", "--no-kv-events"]).await;
     // A port nobody listens on (yet).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let dir = TempDir::new("vllm-zmq-absent");
     let gw = gateway_with_events(&dir, &engine.url, port).await;
     // Several polls, so subscriptions were tried and failed: approximate, and serving.
@@ -383,11 +380,9 @@ async fn our_engine_in_vllm_format_feeds_precise_chat_routing() {
             let body = chat(&random_text(600, 900 + i as u64 * 100 + n), "join");
             let (status, _, res) = post_json(&format!("{url}/v1/chat/completions"), &body).await;
             assert_eq!(status, StatusCode::OK, "{res}");
-            let applied = eventually_within(Duration::from_millis(500), || async {
-                (gw.metric(BATCHES).await > before).then_some(())
-            })
-            .await;
-            if applied.is_some() {
+            let every = Duration::from_millis(20);
+            let read = || gw.metric(BATCHES);
+            if settle(Duration::from_millis(500), every, read, |&v| v > before).await > before {
                 break;
             }
             n += 1;
@@ -416,14 +411,9 @@ async fn our_engine_in_vllm_format_feeds_precise_chat_routing() {
         let cached = headers
             .get("x-infergate-route-cached")
             .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        let predicted: u64 = cached
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("predicted="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        assert!(predicted >= 300, "round {round}: predicted {cached}");
+            .and_then(infergate_cli::bench::parse_route_cached);
+        let predicted = cached.map_or(0, |(predicted, _)| predicted);
+        assert!(predicted >= 300, "round {round}: predicted {cached:?}");
         // The engine itself reports the prefix as cached.
         let usage_cached = res["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
@@ -431,20 +421,4 @@ async fn our_engine_in_vllm_format_feeds_precise_chat_routing() {
         assert!(usage_cached >= 300, "round {round}: engine cached {res}");
     }
     assert_eq!(gw.metric(&rejected("vocab")).await, 0.0);
-}
-
-/// `Some` once `probe` gives one within `limit`, else `None` (polling).
-async fn eventually_within<F, Fut>(limit: Duration, mut probe: F) -> Option<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<()>>,
-{
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if probe().await.is_some() {
-            return Some(());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
