@@ -233,6 +233,10 @@ async fn serve_gateway(
         };
         println!("tenant limits: {state}");
     }
+    if let Some(homes) = &gw.prefix_homes {
+        let weak = Arc::downgrade(&gw);
+        homes.start(move || weak.upgrade().map(|gw| gw.live().pools.clone()));
+    }
     gw.keep_listen_overrides(overrides);
     let listeners = crate::server::bind(&gw).await?;
     let public = listeners.public.local_addr().map_err(|e| e.to_string())?;

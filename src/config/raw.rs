@@ -55,6 +55,7 @@ pub(super) struct RawRedis {
     pub replicas: Option<Spanned<u32>>,
     pub fail_closed: Option<bool>,
     pub lease: Option<RawLease>,
+    pub prefix_homes: Option<bool>,
 }
 
 /// `state.redis.lease:` (quota leasing).

@@ -567,6 +567,7 @@ pub(super) fn redis(
         replicas: raw.replicas.as_ref().map(|r| r.value.max(1)),
         fail_closed: raw.fail_closed.unwrap_or(false),
         lease: raw.lease.as_ref().map(|l| lease(sink, l)),
+        prefix_homes: raw.prefix_homes.unwrap_or(false),
     })
 }
 

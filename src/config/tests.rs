@@ -247,6 +247,24 @@ fn quota_leasing_is_off_unless_asked_for_and_its_blocks_are_checked() {
 }
 
 #[test]
+fn the_shared_prefix_directory_is_off_unless_asked_for() {
+    let with = |extra: &str| format!("{extra}{MINIMAL}");
+    let load = |extra: &str| load_str(&with(extra), Path::new(CONFIG), None).expect("valid");
+    let off = load("state: {redis: {url: \"redis://r:6379/\"}}\n");
+    assert_eq!(off.redis.map(|r| r.prefix_homes), Some(false));
+    let on = load("state: {redis: {url: \"redis://r:6379/\", prefix_homes: true}}\n");
+    assert_eq!(on.redis.map(|r| r.prefix_homes), Some(true));
+    assert!(
+        load_str(
+            &with("state: {redis: {url: \"redis://r/\", prefix_homes: 3}}\n"),
+            Path::new(CONFIG),
+            None
+        )
+        .is_err()
+    );
+}
+
+#[test]
 fn spawn_paths_resolve_against_the_config_directory() {
     let dir = std::env::temp_dir().join(format!("infergate-spawn-paths-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("models/m")).unwrap();

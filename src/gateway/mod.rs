@@ -121,6 +121,8 @@ pub struct Gateway {
     pub budgets: Arc<crate::budgets::BudgetBook>,
     /// Fleet mode: tenant limits shared through Redis (`state.redis`).
     pub shared: Option<Arc<crate::limits::SharedLimiter>>,
+    /// Fleet mode: the shared directory of prefix homes (`state.redis.prefix_homes`).
+    pub prefix_homes: Option<Arc<crate::workers::prefix_homes::PrefixHomes>>,
     extra_tenants: Vec<TenantSpec>,
     draining: AtomicBool,
     /// Set when the drain's grace is over: streams and requests still waiting end now.
@@ -206,6 +208,10 @@ impl Gateway {
             otlp,
             quality,
             budgets,
+            prefix_homes: shared
+                .as_ref()
+                .filter(|s| s.settings().prefix_homes)
+                .map(|s| crate::workers::prefix_homes::PrefixHomes::new(s.clone())),
             shared,
             extra_tenants,
             draining: AtomicBool::new(false),

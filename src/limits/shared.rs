@@ -46,6 +46,8 @@ pub struct RedisSettings {
     pub fail_closed: bool,
     /// Quota leasing (`lease:`); `None` keeps one script per admission (exact).
     pub lease: Option<LeaseSettings>,
+    /// Share a directory of prefix homes (`prefix_homes:`, see `workers::prefix_homes`).
+    pub prefix_homes: bool,
 }
 
 /// Admission: concurrency slot, then both GCRA cells, all or nothing. Times in microseconds of
@@ -284,6 +286,22 @@ impl SharedLimiter {
 
     fn key(&self, tenant: &str, what: &str) -> String {
         format!("{}:tenant:{{{tenant}}}:{what}", self.settings.key_prefix)
+    }
+
+    /// The fleet's Redis connection while Redis answers, for other fleet state (the shared
+    /// prefix directory, `workers::prefix_homes`).
+    pub fn healthy_connection(&self) -> Option<MultiplexedConnection> {
+        self.connection().filter(|_| self.is_healthy())
+    }
+
+    /// Key prefix and call timeout of `state.redis`.
+    pub fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
+    /// Counts a failed call made on [`Self::healthy_connection`] and marks Redis down.
+    pub fn call_failed(&self, what: &str, error: &str) {
+        self.failed(what, error);
     }
 
     fn connection(&self) -> Option<MultiplexedConnection> {
@@ -529,6 +547,7 @@ mod tests {
             replicas: Some(3),
             fail_closed: false,
             lease: None,
+            prefix_homes: false,
         };
         let l = SharedLimiter::new(settings, Duration::from_secs(60)).expect("limiter");
         let share = l.local_share(&TierLimits {

@@ -67,6 +67,18 @@ pub fn home(
     .or_else(|| hash_ring::first(ask.key, workers, |w| w.healthy))
 }
 
+/// Keys of the healthy workers within the load bound, in `key`'s rendezvous order: the workers
+/// a fleet's shared directory may make the prefix's home (see `directory`).
+pub fn candidates(key: u64, workers: &[WorkerView], tolerance: f64) -> Vec<u64> {
+    let bound = load_bound(workers, tolerance);
+    hash_ring::candidates(key, workers, workers.len())
+        .into_iter()
+        .map(|i| &workers[i])
+        .filter(|w| w.healthy && w.polled_load() <= bound)
+        .map(|w| w.key)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +158,23 @@ mod tests {
             w.kv_usage = 0.99;
         }
         assert_eq!(home(ask(key), &ws, |_| true), Some(order[0]));
+    }
+
+    #[test]
+    fn directory_candidates_are_the_light_healthy_workers_in_hash_order() {
+        let mut ws = workers(4);
+        let key = 42;
+        let order: Vec<u64> = hash_ring::candidates(key, &ws, 4)
+            .into_iter()
+            .map(|i| ws[i].key)
+            .collect();
+        assert_eq!(candidates(key, &ws, 0.25), order);
+        let (hot, sick) = (order[0], order[2]);
+        for w in &mut ws {
+            w.running = if w.key == hot { 40.0 } else { 2.0 };
+            w.healthy = w.key != sick;
+        }
+        assert_eq!(candidates(key, &ws, 0.25), vec![order[1], order[3]]);
     }
 
     #[test]

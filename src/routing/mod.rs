@@ -22,6 +22,7 @@ use serde::Deserialize;
 pub mod chat_keys;
 pub mod cold_home;
 pub mod demand;
+pub mod directory;
 pub mod features;
 pub mod hash_ring;
 pub mod least_load;
@@ -48,6 +49,9 @@ pub struct RequestFeatures {
     pub prompt_bytes: usize,
     /// Most tokens the answer may take (`max_tokens`): KV the request will add.
     pub max_output_tokens: u32,
+    /// The prefix's home in the fleet's shared directory (a worker key), when the pool shares
+    /// one (see `directory`); set by the route phase, not by validation.
+    pub home: Option<u64>,
 }
 
 /// One worker as routing sees it: identity, health and load.
@@ -272,6 +276,17 @@ pub trait RoutingPolicy: Send + Sync {
     /// Per worker: (key, prefix blocks indexed), for metrics. Empty for cache-oblivious policies.
     fn index_sizes(&self) -> Vec<(u64, usize)> {
         Vec::new()
+    }
+    /// True when the policy homes prefixes by what every replica sees alike instead of the
+    /// workers' KV events (some healthy worker streams none): the pools a fleet's shared
+    /// directory of homes serves (see `directory`). Always false for cache-oblivious policies.
+    fn homes_prefixes_approximately(&self, _workers: &[WorkerView]) -> bool {
+        false
+    }
+    /// The `balance_tolerance` that bounds a new prefix's home (see `cold_home`); 0 for
+    /// cache-oblivious policies.
+    fn home_tolerance(&self) -> f64 {
+        0.0
     }
 }
 

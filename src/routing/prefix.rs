@@ -219,6 +219,14 @@ impl CacheAware {
 }
 
 impl RoutingPolicy for CacheAware {
+    fn homes_prefixes_approximately(&self, workers: &[WorkerView]) -> bool {
+        !self.all_precise(workers)
+    }
+
+    fn home_tolerance(&self) -> f64 {
+        self.cfg.balance_tolerance
+    }
+
     fn holds_prefix(&self, prefix_hashes: &[u64], workers: &[WorkerView]) -> bool {
         let min_run = self.cfg.min_match_blocks.max(1);
         self.index
@@ -313,7 +321,20 @@ impl RoutingPolicy for CacheAware {
         } else {
             Vec::new()
         };
-        let chosen = if new_prefix && !self.all_precise(workers) {
+        let approximate = !req.prefix_hashes.is_empty() && !self.all_precise(workers);
+        // The fleet's shared directory names this prefix's home (approximate mode behind
+        // several replicas, see `directory`): it wins while healthy and within the load bound
+        // of a new prefix's home, so every replica follows a claim or a move alike.
+        let directed = req.home.filter(|_| approximate).and_then(|home| {
+            let bound = cold_home::load_bound(workers, self.cfg.balance_tolerance);
+            scored
+                .iter()
+                .find(|s| workers[s.index].key == home && workers[s.index].polled_load() <= bound)
+                .copied()
+        });
+        let chosen = if let Some(directed) = directed {
+            directed
+        } else if new_prefix && approximate {
             // Approximate mode: a home every replica computes alike while the caches have room
             // (see `cold_home`); only an overflowing pool makes it follow this index's claims.
             let ask = cold_home::Ask {
@@ -356,6 +377,9 @@ impl RoutingPolicy for CacheAware {
             (cold_reason, None)
         } else if chosen.run >= best_run {
             (RouteReason::PrefixHit, None)
+        } else if directed.is_some() {
+            // Moved by the directory, not lost to load.
+            (RouteReason::PrefixHome, None)
         } else {
             let holder = scored
                 .iter()

@@ -17,6 +17,7 @@ fn chat(system: &str, user: &str) -> RequestFeatures {
         session_key: None,
         prompt_bytes: bytes.len(),
         max_output_tokens: 32,
+        home: None,
     }
 }
 
@@ -759,4 +760,35 @@ fn with_every_cache_claimed_the_hash_order_decides_and_room_wins_again() {
     claim(3, 78);
     let d = p.select(&newcomer, &ws).expect("a worker");
     assert_eq!(d.index, ord[0], "no room anywhere again");
+}
+
+#[test]
+fn a_shared_directory_home_wins_in_approximate_mode_while_healthy_and_light() {
+    let p = policy();
+    let mut ws = workers(4);
+    let req = chat(&system_prompt(31), "q");
+    let held = route(&p, &req, &ws).index;
+    let moved = (held + 1) % 4;
+    let directed = RequestFeatures {
+        home: Some(ws[moved].key),
+        ..req.clone()
+    };
+    // The directory moved the prefix: every replica follows, though this one's index says
+    // another worker holds it; a directed move is no load loss.
+    let d = p.select(&directed, &ws).expect("a worker");
+    assert_eq!(
+        (d.index, d.reason, d.lost),
+        (moved, RouteReason::PrefixHome, None)
+    );
+    // Ejected, or polled far above the pool: the policy decides as without a directory.
+    ws[moved].healthy = false;
+    assert_eq!(p.select(&directed, &ws).map(|d| d.index), Some(held));
+    ws[moved].healthy = true;
+    ws[moved].running = 40.0;
+    assert_eq!(p.select(&directed, &ws).map(|d| d.index), Some(held));
+    ws[moved].running = 0.0;
+    // With every worker's KV events, the events decide, not the directory.
+    precise(&p, &ws);
+    p.residency(ws[held].key, Residency::Stored(&req.prefix_hashes));
+    assert_eq!(p.select(&directed, &ws).map(|d| d.index), Some(held));
 }

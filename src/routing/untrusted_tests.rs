@@ -75,6 +75,7 @@ fn any_request() -> impl Strategy<Value = RequestFeatures> {
                 session_key,
                 prompt_bytes,
                 max_output_tokens,
+                home: None,
             },
         )
 }
@@ -154,6 +155,7 @@ fn a_worker_reporting_nonsense_load_loses_to_an_idle_one() {
                 prefix_hashes: vec![i, i + 1],
                 prompt_bytes: 2_000,
                 max_output_tokens: 16,
+                home: None,
                 ..RequestFeatures::default()
             };
             let d = policy.select(&req, &ws).map(|d| d.index);

@@ -6,6 +6,7 @@ pub mod kv_events;
 pub mod load_metrics;
 pub mod poller;
 pub mod pool;
+pub mod prefix_homes;
 pub mod state;
 pub mod triage_export;
 pub mod vllm_events;

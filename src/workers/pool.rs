@@ -9,6 +9,7 @@ use crate::admission::AdmissionSpec;
 use crate::admission::{AdmissionQueue, QueueConfig};
 use crate::degrade::live::PoolDegradation;
 use crate::metrics::GatewayMetrics;
+use crate::routing::cold_home;
 use crate::routing::least_load::LeastLoad;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
@@ -152,6 +153,23 @@ impl PoolRuntime {
                 .inc();
         }
         Some((worker, decision))
+    }
+
+    /// For a fleet's shared directory of homes: the healthy workers' keys and the candidate
+    /// homes of a new prefix keyed `prefix` (see `cold_home::candidates`), when this pool homes
+    /// prefixes approximately (`prefix` policy, some worker without KV events); else `None`.
+    pub fn home_candidates(&self, prefix: u64) -> Option<(Vec<u64>, Vec<u64>)> {
+        if !matches!(self.policy.config, PolicyConfig::Prefix(_)) {
+            return None;
+        }
+        let views: Vec<WorkerView> = self.workers().iter().map(|w| w.view()).collect();
+        let policy = &self.policy.policy;
+        if !policy.homes_prefixes_approximately(&views) {
+            return None;
+        }
+        let healthy = views.iter().filter(|w| w.healthy).map(|w| w.key).collect();
+        let tolerance = policy.home_tolerance();
+        Some((healthy, cold_home::candidates(prefix, &views, tolerance)))
     }
 
     /// Routes a request among the current workers, skipping those in `exclude` (already tried).

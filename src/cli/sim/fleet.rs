@@ -706,6 +706,7 @@ fn features(req: &PlannedRequest, prompt_tokens: u64) -> RequestFeatures {
         // Four bytes a token, chat template included, as the engine will count the prompt.
         prompt_bytes: usize::try_from(prompt_tokens * 4).unwrap_or(usize::MAX),
         max_output_tokens: req.output_tokens,
+        home: None,
     }
 }
 

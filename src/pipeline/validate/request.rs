@@ -429,6 +429,7 @@ fn validate_fields<M: ChatMessages>(
         session_key: session.as_deref().map(session_hash),
         prompt_bytes: canonical.len(),
         max_output_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
+        home: None,
     };
     let pool = route.pool;
     // The fields the gateway may set upstream, found where they are in the body.
