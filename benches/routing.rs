@@ -102,8 +102,10 @@ struct Scenario {
 /// gateway decodes and hashes itself, as in front of vLLM), `prefix_approx` the same
 /// policy with the engines' events off (`--no-kv-events`, the approximate index, as in front of
 /// vLLM), `hash`, each group pinned to the worker its name hashes to (a consistent hash of the
-/// group that every replica computes alike, knowing nothing of popularity or load), and
-/// `oracle`, a static placement that knows the groups: each group pinned to one
+/// group that every replica computes alike, knowing nothing of popularity or load),
+/// `prefix_shared`, `prefix_approx` with the gateway replicas sharing a directory of prefix homes
+/// in a `redis-server` the run starts (`state.redis.prefix_homes`, fleet mode; replica scenarios
+/// only), and `oracle`, a static placement that knows the groups: each group pinned to one
 /// worker, assigned by popularity so the workers' shares are as even as a static map allows
 /// (`policy: session`, with an `x-session-id` per group chosen to hash to its worker, so the
 /// oracle is the same whatever ports the run's workers get).
@@ -187,7 +189,7 @@ const SCENARIOS: [Scenario; 7] = [
         max_tokens: 16,
         hot: None,
         replicas: 2,
-        policies: &["prefix", "prefix_approx", "oracle"],
+        policies: &["prefix", "prefix_approx", "prefix_shared", "oracle"],
     },
     Scenario {
         name: "four gateway replicas (KV room)",
@@ -198,7 +200,7 @@ const SCENARIOS: [Scenario; 7] = [
         max_tokens: 16,
         hot: None,
         replicas: 4,
-        policies: &["prefix_approx", "prefix", "hash", "oracle"],
+        policies: &["prefix_approx", "prefix_shared", "prefix", "hash", "oracle"],
     },
 ];
 
@@ -573,7 +575,7 @@ async fn run_policy(
     .map(String::from)
     .to_vec();
     engine_args.extend(scenario.engine_args.iter().map(|s| s.to_string()));
-    if matches!(policy, "prefix_approx" | "prefix_vllm") {
+    if matches!(policy, "prefix_approx" | "prefix_vllm" | "prefix_shared") {
         engine_args.push("--no-kv-events".into());
     }
     let mut engines = Vec::new();
@@ -629,13 +631,29 @@ async fn run_policy(
     };
     let gw_policy = match policy {
         "oracle" | "hash" => "session",
-        "prefix_approx" | "prefix_vllm" => "prefix",
+        "prefix_approx" | "prefix_vllm" | "prefix_shared" => "prefix",
         p => p,
     };
+    // `prefix_shared`: the replicas share a directory of prefix homes in a Redis of their own.
+    let redis = match (policy, common::find_program("redis-server")) {
+        ("prefix_shared", Some(bin)) => {
+            let dir = TempDir::new("routing-redis");
+            let (child, port) = common::start_redis(&bin, &dir).await?;
+            Some((Killed(child), port, dir))
+        }
+        ("prefix_shared", None) => return Err("prefix_shared needs redis-server".into()),
+        _ => None,
+    };
+    let state_yaml = redis.as_ref().map_or_else(String::new, |(_, port, _)| {
+        format!(
+            "state: {{redis: {{url: \"redis://127.0.0.1:{port}/\", key_prefix: routing, \
+             timeout: 1s, prefix_homes: true}}}}\n"
+        )
+    });
     let (mut gateways, mut dirs) = (Vec::new(), Vec::new());
     for r in 0..scenario.replicas {
         let dir = TempDir::new(&format!("routing-r{r}"));
-        let gw = start_gateway(bin, &dir, &urls, gw_policy, &kv_yaml).await?;
+        let gw = start_gateway(bin, &dir, &urls, gw_policy, (&kv_yaml, &state_yaml)).await?;
         dirs.push(dir);
         if matches!(policy, "prefix" | "prefix_vllm") {
             // Precise mode from the first request: wait for every worker's event stream.
@@ -686,6 +704,14 @@ async fn run_policy(
                 explained[i] += n;
             }
         }
+        // The shared directory: prefixes claimed for the fleet and homes moved.
+        for (event, n) in
+            common::metric_by_label(&gw_metrics, "infergate_state_prefix_homes_total", "event")
+        {
+            if event != "sync" && n > 0.0 {
+                *by_reason.entry(format!("(homes {event})")).or_default() += n;
+            }
+        }
         // vLLM-format events: batches applied and messages refused (proof precise mode ran).
         let batches = metric_sum(&gw_metrics, "infergate_routing_vllm_kv_batches_total");
         if batches > 0.0 {
@@ -723,7 +749,7 @@ async fn run_policy(
     for gateway in gateways {
         gateway.stop().await;
     }
-    drop(dirs);
+    drop((dirs, redis));
     for e in engines {
         e.stop().await;
     }
@@ -738,6 +764,16 @@ async fn run_policy(
         outcomes,
         explained,
     })
+}
+
+/// A child process killed when dropped (the run's `redis-server`, whatever way the run ends).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -993,7 +1029,7 @@ async fn start_gateway(
     dir: &TempDir,
     urls: &[String],
     policy: &str,
-    pool_extra: &str,
+    (pool_extra, top_extra): (&str, &str),
 ) -> Result<Proc, BoxError> {
     let mut workers: String = urls.iter().map(|u| format!("      - url: {u}\n")).collect();
     workers.push_str(pool_extra);
@@ -1005,6 +1041,7 @@ async fn start_gateway(
              log: {{format: text, level: warn}}\n\
              metrics: {{public: true}}\n\
              debug_headers: true\n\
+             {top_extra}\
              policies: policies\n\
              models:\n  - {{name: llama-3-8b, pool: fleet}}\n\
              pools:\n  - name: fleet\n    dialect: infergate\n    workers:\n{workers}"

@@ -142,6 +142,10 @@ pub struct GatewayMetrics {
     pub state_errors: IntCounter,
     /// `infergate_state_lease_calls_total{call}` (fetch, renew, give, refresh): Redis calls for quota leases.
     pub state_lease_calls: IntCounterVec,
+    /// `infergate_state_prefix_homes_total{event}` (claimed, moved, sync): the shared directory of
+    /// prefix homes (`state.redis.prefix_homes`): new prefixes claimed for the fleet, homes moved
+    /// by this replica's proposals, and directory syncs.
+    pub state_prefix_homes: IntCounterVec,
     /// `infergate_rejections_total{tenant,reason}` (auth, rate, queue_full, queue_timeout, deadline, validation, draining).
     pub rejections: IntCounterVec,
     /// `infergate_queue_depth{pool}`: requests waiting for admission.
@@ -620,6 +624,11 @@ impl GatewayMetrics {
                 "infergate_state_lease_calls_total",
                 "Redis calls for quota leases: fetch (a request waited); renew, give and refresh (background).",
                 &["call"],
+            )?,
+            state_prefix_homes: counter(
+                "infergate_state_prefix_homes_total",
+                "The shared directory of prefix homes: new prefixes claimed for the fleet (claimed), homes moved on this replica's proposal (moved), directory syncs (sync).",
+                &["event"],
             )?,
             rejections: counter(
                 "infergate_rejections_total",

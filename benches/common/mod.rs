@@ -352,3 +352,53 @@ pub fn machine_note() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cpus} CPU core(s), {model}")
 }
+
+/// `name` on `PATH` or in `/usr/sbin` / `/usr/bin`.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    from_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `redis-server` on a free loopback port without persistence; waits until it accepts.
+pub async fn start_redis(
+    bin: &Path,
+    dir: &TempDir,
+) -> Result<(std::process::Child, u16), BoxError> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let data = dir.write("redis/.keep", "");
+    let child = std::process::Command::new(bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(data.parent().unwrap_or(Path::new(".")))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            return Err("redis-server did not start".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((child, port))
+}

@@ -46,6 +46,20 @@ impl Gateway {
                 }
             }
         }
+        if let Some(h) = &self.prefix_homes {
+            use std::sync::atomic::Ordering::Relaxed;
+            let c = &h.counters;
+            for (event, n) in [
+                ("claimed", c.claimed.load(Relaxed)),
+                ("moved", c.moved.load(Relaxed)),
+                ("sync", c.synced.load(Relaxed)),
+            ] {
+                catch_up(
+                    &self.metrics.state_prefix_homes.with_label_values(&[event]),
+                    n,
+                );
+            }
+        }
         for pool in &self.live().pools {
             // Only once a window had two tenants waiting throughout: before that there is
             // nothing to compare, and a 1 would claim a fairness nobody tested.

@@ -45,6 +45,12 @@
 //! what every replica sees alike instead: the first worker in the hash order whose *polled* load
 //! is within the tolerance of the pool's (see `cold_home`), so replicas agree by construction.
 //!
+//! Behind several replicas that share a directory of homes (`state.redis.prefix_homes`, see
+//! `directory`), approximate mode takes the directory's home for the request's prefix
+//! (`RequestFeatures::home`) while that worker is healthy and within the load bound of a new
+//! prefix's home: the fleet places prefixes by their summed demand, and every replica follows a
+//! move at once.
+//!
 //! Graceful overflow, in both modes: a new prefix's home must also have room for it, i.e. the
 //! prefixes already homed there (the index counts each while its leading block is held) plus
 //! this one fit in [`WARM_SHARE`] of the worker's cache. While every cache has room this changes

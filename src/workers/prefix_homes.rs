@@ -14,6 +14,7 @@
 //! Counts of a failed sync are dropped: demand is an estimate.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -90,8 +91,21 @@ struct PoolCopy {
     counted: HashMap<u64, f64>,
 }
 
+/// What the directory did, for `infergate_state_prefix_homes_total{event}`.
+#[derive(Debug, Default)]
+pub struct HomeCounters {
+    /// Prefixes this replica claimed a home for (or learned one by claiming).
+    pub claimed: AtomicU64,
+    /// Moves this replica proposed that Redis applied.
+    pub moved: AtomicU64,
+    /// Syncs that Redis answered.
+    pub synced: AtomicU64,
+}
+
 /// The shared directory of this replica: a copy per pool, synced through the fleet's Redis.
 pub struct PrefixHomes {
+    /// What it did.
+    pub counters: HomeCounters,
     redis: Arc<SharedLimiter>,
     claim: redis::Script,
     tend: redis::Script,
@@ -123,6 +137,7 @@ impl PrefixHomes {
     /// A directory on the fleet's Redis connection (`state.redis`).
     pub fn new(redis: Arc<SharedLimiter>) -> Arc<Self> {
         Arc::new(Self {
+            counters: HomeCounters::default(),
             redis,
             claim: redis::Script::new(CLAIM),
             tend: redis::Script::new(TEND),
@@ -169,7 +184,10 @@ impl PrefixHomes {
             match tokio::time::timeout(timeout, call.invoke_async::<Option<String>>(&mut conn))
                 .await
             {
-                Ok(Ok(Some(h))) => u64::from_str_radix(&h, 16).ok()?,
+                Ok(Ok(Some(h))) => {
+                    self.counters.claimed.fetch_add(1, Ordering::Relaxed);
+                    u64::from_str_radix(&h, 16).ok()?
+                }
                 Ok(Ok(None)) => return None,
                 Ok(Err(e)) => {
                     self.redis.call_failed("prefix home", &e.to_string());
@@ -259,9 +277,11 @@ impl PrefixHomes {
             Ok(Err(e)) => return self.redis.call_failed("prefix homes", &e.to_string()),
             Err(_) => return self.redis.call_failed("prefix homes", "timed out"),
         };
+        self.counters.synced.fetch_add(1, Ordering::Relaxed);
         if moved == 1
             && let Some(m) = proposal
         {
+            self.counters.moved.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 pool = %pool.name,
                 prefix = %hex(m.prefix),

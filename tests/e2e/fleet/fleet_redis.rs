@@ -80,7 +80,7 @@ impl Redis {
     }
 
     /// SIGKILLs it, as a crash would.
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -2,4 +2,5 @@
 
 mod fleet_lease;
 mod fleet_postgres;
+mod fleet_prefix_homes;
 mod fleet_redis;
