@@ -156,7 +156,14 @@ const SCENARIOS: [Scenario; 7] = [
         max_tokens: 16,
         hot: None,
         replicas: 1,
-        policies: &["prefix", "prefix_vllm", "prefix_approx", "hash", "oracle"],
+        policies: &[
+            "prefix",
+            "prefix_vllm",
+            "prefix_approx",
+            "prefix_shared",
+            "hash",
+            "oracle",
+        ],
     },
     Scenario {
         name: "saturated (384 blocks, 32 clients)",

@@ -281,10 +281,8 @@ async fn run<B: RequestBody>(
     // From here on a failure counts against the version that was to serve the request.
     ctx.exit.serving(version.clone());
     let by_load = !endpoint.generates();
-    if let Some(homes) = gw.prefix_homes.as_ref().filter(|_| !by_load)
-        && let Some(&prefix) = valid.features.prefix_hashes.first()
-    {
-        valid.features.home = homes.home(pool, prefix).await;
+    if let Some(homes) = gw.prefix_homes.as_ref().filter(|_| !by_load) {
+        valid.features.home = homes.home(pool, &valid.features).await;
     }
     let Some(first) = route::pick(pool, &valid.features, by_load, &gw.metrics) else {
         return Err(GatewayError::NoHealthyWorker(pool.name.clone()));

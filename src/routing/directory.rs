@@ -87,9 +87,16 @@ impl Directory {
     /// The one move that best evens the homed demand over `workers` (the healthy ones), when the
     /// busiest carries more than `(1 + tolerance) ×` the mean and the fleet has seen at least
     /// `min_demand` requests: the prefix on the busiest whose move to the least loaded leaves
-    /// the lowest maximum, if that takes at least [`MIN_GAIN`] of the mean off it. A worker's
-    /// only prefix never moves (that moves the load, not evens it).
-    pub fn rebalance(&self, workers: &[u64], tolerance: f64, min_demand: f64) -> Option<Move> {
+    /// the lowest maximum, if that takes at least [`MIN_GAIN`] of the mean off it and
+    /// `fits(prefix, worker)` (the target's cache has room for it: a move must not evict a
+    /// prefix homed there). A worker's only prefix never moves (that moves the load, not evens
+    /// it).
+    pub fn rebalance(
+        &self,
+        workers: &[u64],
+        (tolerance, min_demand): (f64, f64),
+        fits: impl Fn(u64, u64) -> bool,
+    ) -> Option<Move> {
         if workers.len() < 2 {
             return None;
         }
@@ -129,6 +136,7 @@ impl Directory {
         // Lowest resulting maximum; equal ones by prefix key, so every replica picks alike.
         let (prefix, after) = on_hi
             .iter()
+            .filter(|&&p| fits(p, workers[lo]))
             .map(|&p| {
                 let d = self.weight(p);
                 (p, (max - d).max(min + d).max(others))
@@ -176,7 +184,7 @@ mod tests {
             (4, 30, 10.0),
             (5, 40, 8.0),
         ]);
-        let m = d.rebalance(&[10, 20, 30, 40], 0.15, 20.0);
+        let m = d.rebalance(&[10, 20, 30, 40], (0.15, 20.0), |_, _| true);
         assert_eq!(
             m,
             Some(Move {
@@ -188,16 +196,41 @@ mod tests {
     }
 
     #[test]
+    fn a_move_goes_only_where_the_prefix_fits() {
+        let d = dir(&[(1, 10, 30.0), (2, 10, 15.0), (3, 20, 10.0), (4, 40, 8.0)]);
+        let ws = [10, 20, 40];
+        assert_eq!(
+            d.rebalance(&ws, (0.15, 20.0), |_, _| true)
+                .map(|m| m.prefix),
+            Some(2)
+        );
+        // The least loaded cache has no room for prefix 2: prefix 1 may still go, if it fits.
+        let m = d.rebalance(&ws, (0.15, 20.0), |p, w| !(p == 2 && w == 40));
+        assert!(m.is_none_or(|m| m.prefix == 1 && m.to == 40), "{m:?}");
+        assert_eq!(d.rebalance(&ws, (0.15, 20.0), |_, _| false), None);
+    }
+
+    #[test]
     fn no_move_within_the_tolerance_before_enough_demand_or_for_a_lone_prefix() {
         let even = dir(&[(1, 10, 11.0), (2, 20, 10.0), (3, 30, 9.0)]);
-        assert_eq!(even.rebalance(&[10, 20, 30], 0.15, 5.0), None);
+        assert_eq!(
+            even.rebalance(&[10, 20, 30], (0.15, 5.0), |_, _| true),
+            None
+        );
         let early = dir(&[(1, 10, 6.0), (2, 10, 5.0), (3, 20, 1.0)]);
-        assert_eq!(early.rebalance(&[10, 20], 0.15, 20.0), None);
-        assert!(early.rebalance(&[10, 20], 0.15, 5.0).is_some());
+        assert_eq!(early.rebalance(&[10, 20], (0.15, 20.0), |_, _| true), None);
+        assert!(
+            early
+                .rebalance(&[10, 20], (0.15, 5.0), |_, _| true)
+                .is_some()
+        );
         // One hot prefix alone on its worker stays: moving it only moves the load.
         let lone = dir(&[(1, 10, 60.0), (2, 20, 10.0), (3, 30, 10.0)]);
-        assert_eq!(lone.rebalance(&[10, 20, 30], 0.15, 5.0), None);
-        assert_eq!(lone.rebalance(&[10], 0.15, 5.0), None);
+        assert_eq!(
+            lone.rebalance(&[10, 20, 30], (0.15, 5.0), |_, _| true),
+            None
+        );
+        assert_eq!(lone.rebalance(&[10], (0.15, 5.0), |_, _| true), None);
     }
 
     #[test]
@@ -211,7 +244,7 @@ mod tests {
         assert_eq!(d.loads(&[10, 20]), vec![1.0, 1.0 + 1e300]);
         assert_eq!(d.place(&[20, 10]), Some(10));
         // The huge figure makes worker 20 the busiest, but its move cannot even anything out.
-        let m = d.rebalance(&[10, 20], 0.15, 1.0);
+        let m = d.rebalance(&[10, 20], (0.15, 1.0), |_, _| true);
         assert!(m.is_none_or(|m| m.from == 20 && m.to == 10), "{m:?}");
     }
 }

@@ -283,10 +283,18 @@ pub trait RoutingPolicy: Send + Sync {
     fn homes_prefixes_approximately(&self, _workers: &[WorkerView]) -> bool {
         false
     }
-    /// The `balance_tolerance` that bounds a new prefix's home (see `cold_home`); 0 for
+    /// Keys of the workers a shared directory may make the new home of a prefix of `req`: the
+    /// healthy workers within the load bound, in its hash order (see `cold_home::candidates`),
+    /// and of those the ones whose cache has room for it, when any has. Empty for
     /// cache-oblivious policies.
-    fn home_tolerance(&self) -> f64 {
-        0.0
+    fn home_candidates(&self, _req: &RequestFeatures, _workers: &[WorkerView]) -> Vec<u64> {
+        Vec::new()
+    }
+    /// Keys of the healthy workers whose cache has room for one more homed prefix of
+    /// `prompt_bytes` (graceful overflow: a directory moves a prefix only to one of these).
+    /// Empty for cache-oblivious policies.
+    fn room_for_prefix(&self, _workers: &[WorkerView], _prompt_bytes: usize) -> Vec<u64> {
+        Vec::new()
     }
 }
 

@@ -229,8 +229,22 @@ impl RoutingPolicy for CacheAware {
         !self.all_precise(workers)
     }
 
-    fn home_tolerance(&self) -> f64 {
-        self.cfg.balance_tolerance
+    fn home_candidates(&self, req: &RequestFeatures, workers: &[WorkerView]) -> Vec<u64> {
+        let Some(&key) = req.prefix_hashes.first() else {
+            return Vec::new();
+        };
+        let light = cold_home::candidates(key, workers, self.cfg.balance_tolerance);
+        let room = self.room_for(workers, self.sizes(req).prompt);
+        let roomy: Vec<u64> = light.iter().filter(|k| room.contains(k)).copied().collect();
+        if roomy.is_empty() { light } else { roomy }
+    }
+
+    fn room_for_prefix(&self, workers: &[WorkerView], prompt_bytes: usize) -> Vec<u64> {
+        let req = RequestFeatures {
+            prompt_bytes,
+            ..RequestFeatures::default()
+        };
+        self.room_for(workers, self.sizes(&req).prompt)
     }
 
     fn holds_prefix(&self, prefix_hashes: &[u64], workers: &[WorkerView]) -> bool {

@@ -122,7 +122,9 @@ impl Shared {
                 }
                 let s = self.settings;
                 if self.next_beat[r] - self.last_move >= s.move_interval
-                    && let Some(m) = self.redis.rebalance(workers, s.tolerance, s.min_demand)
+                    && let Some(m) =
+                        self.redis
+                            .rebalance(workers, (s.tolerance, s.min_demand), |_, _| true)
                 {
                     self.redis.homes.insert(m.prefix, m.to);
                     self.last_move = self.next_beat[r];

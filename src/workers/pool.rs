@@ -9,7 +9,6 @@ use crate::admission::AdmissionSpec;
 use crate::admission::{AdmissionQueue, QueueConfig};
 use crate::degrade::live::PoolDegradation;
 use crate::metrics::GatewayMetrics;
-use crate::routing::cold_home;
 use crate::routing::least_load::LeastLoad;
 use crate::routing::{Decision, PolicyConfig, RequestFeatures, RoutingPolicy, WorkerView};
 use crate::workers::load_metrics::Dialect;
@@ -156,9 +155,10 @@ impl PoolRuntime {
     }
 
     /// For a fleet's shared directory of homes: the healthy workers' keys and the candidate
-    /// homes of a new prefix keyed `prefix` (see `cold_home::candidates`), when this pool homes
-    /// prefixes approximately (`prefix` policy, some worker without KV events); else `None`.
-    pub fn home_candidates(&self, prefix: u64) -> Option<(Vec<u64>, Vec<u64>)> {
+    /// homes of a new prefix of `features` (see `RoutingPolicy::home_candidates`), when this
+    /// pool homes prefixes approximately (`prefix` policy, some worker without KV events); else
+    /// `None`.
+    pub fn home_candidates(&self, features: &RequestFeatures) -> Option<(Vec<u64>, Vec<u64>)> {
         if !matches!(self.policy.config, PolicyConfig::Prefix(_)) {
             return None;
         }
@@ -168,8 +168,14 @@ impl PoolRuntime {
             return None;
         }
         let healthy = views.iter().filter(|w| w.healthy).map(|w| w.key).collect();
-        let tolerance = policy.home_tolerance();
-        Some((healthy, cold_home::candidates(prefix, &views, tolerance)))
+        Some((healthy, policy.home_candidates(features, &views)))
+    }
+
+    /// Keys of the healthy workers whose cache has room for one more homed prefix of
+    /// `prompt_bytes` (see `RoutingPolicy::room_for_prefix`).
+    pub fn room_for_prefix(&self, prompt_bytes: usize) -> Vec<u64> {
+        let views: Vec<WorkerView> = self.workers().iter().map(|w| w.view()).collect();
+        self.policy.policy.room_for_prefix(&views, prompt_bytes)
     }
 
     /// Routes a request among the current workers, skipping those in `exclude` (already tried).

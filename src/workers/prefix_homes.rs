@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::limits::SharedLimiter;
+use crate::routing::RequestFeatures;
 use crate::routing::directory::{Directory, MIN_DEMAND, MOVE_TOLERANCE, Move};
 use crate::workers::pool::PoolRuntime;
 
@@ -84,11 +85,13 @@ for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ttl) end
 return {moved, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
 ";
 
-/// One pool's copy of the directory and the demand counted since the last sync.
+/// One pool's copy of the directory, the demand counted since the last sync, and the prompt
+/// size of each prefix this replica saw (what a move's target must have room for).
 #[derive(Debug, Default)]
 struct PoolCopy {
     copy: Directory,
     counted: HashMap<u64, f64>,
+    prompt_bytes: HashMap<u64, usize>,
 }
 
 /// What the directory did, for `infergate_state_prefix_homes_total{event}`.
@@ -156,8 +159,9 @@ impl PrefixHomes {
     /// one for the fleet when this replica's copy has none (or only an unhealthy one). `None`
     /// when the pool does not home prefixes approximately, when the directory is full, or when
     /// Redis does not answer in time: routing then computes the home itself.
-    pub async fn home(&self, pool: &PoolRuntime, prefix: u64) -> Option<u64> {
-        let (healthy, candidates) = pool.home_candidates(prefix)?;
+    pub async fn home(&self, pool: &PoolRuntime, features: &RequestFeatures) -> Option<u64> {
+        let &prefix = features.prefix_hashes.first()?;
+        let (healthy, candidates) = pool.home_candidates(features)?;
         let (mine, stale) = {
             let mut pools = self.pools.lock().ok()?;
             if !pools.contains_key(&pool.name) {
@@ -165,6 +169,9 @@ impl PrefixHomes {
             }
             let entry = pools.get_mut(&pool.name)?;
             *entry.counted.entry(prefix).or_insert(0.0) += 1.0;
+            if entry.prompt_bytes.len() < MAX_HOMES || entry.prompt_bytes.contains_key(&prefix) {
+                entry.prompt_bytes.insert(prefix, features.prompt_bytes);
+            }
             let known = entry.copy.homes.get(&prefix).copied();
             if let Some(home) = known.filter(|h| healthy.contains(h)) {
                 return Some(home);
@@ -242,7 +249,17 @@ impl PrefixHomes {
                 .filter(|w| w.is_healthy())
                 .map(|w| w.key)
                 .collect();
-            let proposal = entry.copy.rebalance(&healthy, MOVE_TOLERANCE, MIN_DEMAND);
+            // A prefix this replica never saw has no known size: it does not move on its
+            // proposal (another replica's may move it).
+            let fits = |prefix: u64, worker: u64| {
+                entry
+                    .prompt_bytes
+                    .get(&prefix)
+                    .is_some_and(|&b| pool.room_for_prefix(b).contains(&worker))
+            };
+            let proposal = entry
+                .copy
+                .rebalance(&healthy, (MOVE_TOLERANCE, MIN_DEMAND), fits);
             (std::mem::take(&mut entry.counted), proposal)
         };
         let Some(mut conn) = self.redis.healthy_connection() else {
@@ -297,6 +314,10 @@ impl PrefixHomes {
         if let Ok(mut pools) = self.pools.lock()
             && let Some(entry) = pools.get_mut(&pool.name)
         {
+            // Sizes of prefixes the directory forgot go too, so the map stays bounded.
+            entry
+                .prompt_bytes
+                .retain(|p, _| copy.homes.contains_key(p) || entry.counted.contains_key(p));
             entry.copy = copy;
         }
     }
