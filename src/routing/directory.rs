@@ -26,7 +26,7 @@ pub const MOVE_TOLERANCE: f64 = 0.15;
 pub const MIN_DEMAND: f64 = 40.0;
 /// Share of the mean homed demand a move must take off the busiest worker: less is not worth the
 /// cold prefills it costs.
-const MIN_GAIN: f64 = 0.15;
+const MIN_GAIN: f64 = 0.05;
 
 /// The fleet's homes and demand, keyed by prefix key (a prompt's first block hash) and worker
 /// key (xxh3 of its URL, equal in every replica).
