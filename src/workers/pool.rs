@@ -154,28 +154,18 @@ impl PoolRuntime {
         Some((worker, decision))
     }
 
-    /// For a fleet's shared directory of homes: the healthy workers' keys and the candidate
-    /// homes of a new prefix of `features` (see `RoutingPolicy::home_candidates`), when this
-    /// pool homes prefixes approximately (`prefix` policy, some worker without KV events); else
-    /// `None`.
-    pub fn home_candidates(&self, features: &RequestFeatures) -> Option<(Vec<u64>, Vec<u64>)> {
+    /// The workers as routing sees them now, when this pool homes prefixes approximately
+    /// (`prefix` policy, some worker without KV events): what a fleet's shared directory of
+    /// homes serves (see `workers::prefix_homes`); else `None`.
+    pub fn approximate_views(&self) -> Option<Vec<WorkerView>> {
         if !matches!(self.policy.config, PolicyConfig::Prefix(_)) {
             return None;
         }
         let views: Vec<WorkerView> = self.workers().iter().map(|w| w.view()).collect();
-        let policy = &self.policy.policy;
-        if !policy.homes_prefixes_approximately(&views) {
-            return None;
-        }
-        let healthy = views.iter().filter(|w| w.healthy).map(|w| w.key).collect();
-        Some((healthy, policy.home_candidates(features, &views)))
-    }
-
-    /// Keys of the healthy workers whose cache has room for one more homed prefix of
-    /// `prompt_bytes` (see `RoutingPolicy::room_for_prefix`).
-    pub fn room_for_prefix(&self, prompt_bytes: usize) -> Vec<u64> {
-        let views: Vec<WorkerView> = self.workers().iter().map(|w| w.view()).collect();
-        self.policy.policy.room_for_prefix(&views, prompt_bytes)
+        self.policy
+            .policy
+            .homes_prefixes_approximately(&views)
+            .then_some(views)
     }
 
     /// Routes a request among the current workers, skipping those in `exclude` (already tried).

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::limits::SharedLimiter;
-use crate::routing::RequestFeatures;
 use crate::routing::directory::{Directory, MIN_DEMAND, MOVE_TOLERANCE, Move};
+use crate::routing::{RequestFeatures, WorkerView};
 use crate::workers::pool::PoolRuntime;
 
 /// How often each replica sends its counts and reads the directory back.
@@ -161,8 +161,9 @@ impl PrefixHomes {
     /// Redis does not answer in time: routing then computes the home itself.
     pub async fn home(&self, pool: &PoolRuntime, features: &RequestFeatures) -> Option<u64> {
         let &prefix = features.prefix_hashes.first()?;
-        let (healthy, candidates) = pool.home_candidates(features)?;
-        let (mine, stale) = {
+        let views = pool.approximate_views()?;
+        let healthy = |key: &u64| views.iter().any(|w| w.healthy && w.key == *key);
+        let stale = {
             let mut pools = self.pools.lock().ok()?;
             if !pools.contains_key(&pool.name) {
                 pools.insert(pool.name.clone(), PoolCopy::default());
@@ -173,10 +174,17 @@ impl PrefixHomes {
                 entry.prompt_bytes.insert(prefix, features.prompt_bytes);
             }
             let known = entry.copy.homes.get(&prefix).copied();
-            if let Some(home) = known.filter(|h| healthy.contains(h)) {
+            if let Some(home) = known.filter(healthy) {
                 return Some(home);
             }
-            (entry.copy.place(&candidates)?, known)
+            known
+        };
+        // Only a claim needs the candidates (hash order, load bound, cache room).
+        let policy = &pool.policy().policy;
+        let candidates = policy.home_candidates(features, &views);
+        let mine = {
+            let pools = self.pools.lock().ok()?;
+            pools.get(&pool.name)?.copy.place(&candidates)?
         };
         let mut conn = self.redis.healthy_connection()?;
         let mut call = self.claim.prepare_invoke();
@@ -243,19 +251,16 @@ impl PrefixHomes {
             let Some(entry) = pools.get_mut(&pool.name) else {
                 return;
             };
-            let healthy: Vec<u64> = pool
-                .workers()
-                .iter()
-                .filter(|w| w.is_healthy())
-                .map(|w| w.key)
-                .collect();
+            let views: Vec<WorkerView> = pool.workers().iter().map(|w| w.view()).collect();
+            let healthy: Vec<u64> = views.iter().filter(|w| w.healthy).map(|w| w.key).collect();
             // A prefix this replica never saw has no known size: it does not move on its
             // proposal (another replica's may move it).
+            let policy = &pool.policy().policy;
             let fits = |prefix: u64, worker: u64| {
                 entry
                     .prompt_bytes
                     .get(&prefix)
-                    .is_some_and(|&b| pool.room_for_prefix(b).contains(&worker))
+                    .is_some_and(|&b| policy.room_for_prefix(&views, b).contains(&worker))
             };
             let proposal = entry
                 .copy
