@@ -64,8 +64,8 @@ where
         PromptSize::Tokens(n) => *n,
         PromptSize::Text(t) if !exact_needed => (t.len() as u64).div_ceil(4),
         PromptSize::Text(t) if t.len() < 4096 => valid.estimator.count(t),
-        // A long prompt's pieces counted before (a repeated system prompt) are looked up here;
-        // what is new is counted here too when short (a thread hand-off costs more), else off
+        // A long prompt's lines counted before (a repeated system prompt) are looked up here;
+        // the new lines are counted here too when short (a thread hand-off costs more), else off
         // the reactor.
         PromptSize::Text(t) => {
             let est = valid.estimator;

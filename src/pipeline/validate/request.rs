@@ -173,7 +173,7 @@ trait ChatMessages {
 }
 
 /// Read in the first pass, with the other fields.
-impl ChatMessages for TextMessages<'_> {
+impl<const PLAIN: bool> ChatMessages for TextMessages<'_, PLAIN> {
     fn prompt(messages: Option<&Self>) -> Result<(Vec<u8>, PromptSize), GatewayError> {
         match messages {
             Some(m) if !m.0.is_empty() => Ok(chat_prompt(&m.0)),
@@ -182,7 +182,7 @@ impl ChatMessages for TextMessages<'_> {
     }
 
     fn media(messages: Option<&Self>) -> u32 {
-        messages.map_or(0, TextMessages::media_parts)
+        messages.map_or(0, |m| m.media_parts())
     }
 }
 
@@ -244,14 +244,19 @@ pub fn validate(
 ) -> Result<ValidRequest, GatewayError> {
     // JSON is UTF-8: checked once for the whole body, skipped fields included (they go upstream
     // as sent), so that strings need no check of their own.
-    let text = std::str::from_utf8(&body)
+    let text = simdutf8::basic::from_utf8(&body)
+        .or_else(|_| std::str::from_utf8(&body))
         .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
     // serde would read a struct from an array too: only an object takes the fast path.
     let object = text.trim_start().starts_with('{');
     if object {
         // The usual body in one pass, its messages included; any unusual shape in them is read
         // again below with the messages kept raw.
-        if let Ok(fields) = serde_json::from_str::<Fields<TextMessages>>(text) {
+        if !has_control_bytes(&body) {
+            if let Ok(fields) = serde_json::from_str::<Fields<TextMessages<true>>>(text) {
+                return validate_fields(endpoint, headers, &fields, body.clone(), snapshot, tier);
+            }
+        } else if let Ok(fields) = serde_json::from_str::<Fields<TextMessages>>(text) {
             return validate_fields(endpoint, headers, &fields, body.clone(), snapshot, tier);
         }
     }
@@ -282,6 +287,13 @@ pub fn validate(
             validate_fields(endpoint, headers, &fields, deduped.clone(), snapshot, tier)
         }
     }
+}
+
+/// Whether `body` holds a control character (below 0x20), line breaks and tabs included. In
+/// blocks with no early exit, so that the compiler compares many bytes at once.
+fn has_control_bytes(body: &[u8]) -> bool {
+    body.chunks(64)
+        .any(|block| block.iter().fold(false, |seen, &b| seen | (b < 0x20)))
 }
 
 /// [`validate`] on the fields read from `body`.

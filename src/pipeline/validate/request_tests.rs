@@ -821,3 +821,38 @@ fn content_parts_read_in_one_pass_match_the_general_reading() {
     assert_eq!(fast.features.prefix_hashes, general.features.prefix_hashes);
     assert_eq!((fast.media_parts, general.media_parts), (1, 1));
 }
+
+#[test]
+fn compact_and_pretty_bodies_read_alike_and_control_characters_in_strings_are_refused() {
+    let (snap, tier) = snapshot();
+    let h = HeaderMap::new();
+    let chat = |body: &str| {
+        validate(
+            Endpoint::ChatCompletions,
+            &h,
+            Bytes::from(body.to_owned()),
+            &snap,
+            &tier,
+        )
+    };
+    let want = PromptSize::Text("system\nbe \"brief\"\nuser\nhi é\n".into());
+    // Compact (no control byte anywhere: strings read raw) and pretty-printed (line breaks
+    // between the fields: strings read with serde's check), escapes and parts alike.
+    for body in [
+        r#"{"model":"m","messages":[{"role":"system","content":"be \"brief\""},{"role":"user","content":"hi \u00e9"}]}"#,
+        "{\n  \"model\": \"m\",\n  \"messages\": [\n    {\"role\": \"system\", \"content\": \"be \\\"brief\\\"\"},\n    {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"hi é\"}]}\n  ]\n}",
+        r#"{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"be \"brief\""}]},{"role":"user","content":"hi é"}]}"#,
+    ] {
+        assert_eq!(chat(body).expect(body).prompt, want, "{body}");
+    }
+    // A raw control character inside a string is not JSON, in either kind of body.
+    for body in [
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\u{1}b\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\tb\"}]}]}",
+        "{\"model\":\"m\",\n\"messages\":[{\"role\":\"user\",\"content\":\"a\u{1f}b\"}]}",
+    ] {
+        let e = chat(body).expect_err(body);
+        assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{body}");
+    }
+}
