@@ -848,7 +848,8 @@ impl GatewayMetrics {
         let Ok(mut seen) = self.usage_liars.lock() else {
             return false;
         };
-        seen.len() < MAX_REMEMBERED && seen.insert(worker.to_owned())
+        // Looked up before the copy: a worker that keeps lying costs no allocation a request.
+        !seen.contains(worker) && seen.len() < MAX_REMEMBERED && seen.insert(worker.to_owned())
     }
 
     /// The series of `tenant`'s requests to `model` (labels bounded like the metrics': tenants

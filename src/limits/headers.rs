@@ -15,7 +15,7 @@ const NAMES: [&str; 6] = [
 ];
 
 /// [`NAMES`] as header names, built at compile time.
-const HEADER_NAMES: [HeaderName; 6] = [
+static HEADER_NAMES: [HeaderName; 6] = [
     HeaderName::from_static(NAMES[0]),
     HeaderName::from_static(NAMES[1]),
     HeaderName::from_static(NAMES[2]),
@@ -81,6 +81,10 @@ impl RateHeaders {
     /// The same headers set on `headers` (every answer carries them: prebuilt names, no string
     /// formatting for the counts; the caller makes room).
     pub fn insert_into(&self, headers: &mut hyper::HeaderMap) {
+        // Room for all six at once: one growth of the answer's map, not one per header.
+        if self.limit_requests.is_some() || self.limit_tokens.is_some() {
+            headers.reserve(6);
+        }
         self.each(|i, value| {
             let value = match value {
                 RateValue::Count(n) => HeaderValue::from(n),
@@ -97,15 +101,18 @@ impl RateHeaders {
 /// Formats a duration like OpenAI's reset headers (Go style): "0s", "120ms", "1s", "1.5s",
 /// "6m0s", "1h2m3s". Rounded up to the millisecond, so a client waiting it is never early.
 pub fn format_reset(d: Duration) -> String {
-    use std::fmt::Write;
+    // Digits pushed by hand: `write!` costs more than the rest of the rate-limit headers.
     let total_ms = d.as_nanos().div_ceil(1_000_000);
-    let mut out = String::with_capacity(12);
+    let mut out = String::with_capacity(16);
+    let mut digits = itoa::Buffer::new();
+    let mut push = |out: &mut String, n: u128| out.push_str(digits.format(n));
     if total_ms == 0 {
         out.push_str("0s");
         return out;
     }
     if total_ms < 1000 {
-        let _ = write!(out, "{total_ms}ms");
+        push(&mut out, total_ms);
+        out.push_str("ms");
         return out;
     }
     let hours = total_ms / 3_600_000;
@@ -113,26 +120,34 @@ pub fn format_reset(d: Duration) -> String {
     let seconds = total_ms / 1000 % 60;
     let millis = total_ms % 1000;
     if hours > 0 {
-        let _ = write!(out, "{hours}h");
+        push(&mut out, hours);
+        out.push('h');
     }
     if hours > 0 || minutes > 0 {
-        let _ = write!(out, "{minutes}m");
+        push(&mut out, minutes);
+        out.push('m');
     }
-    let _ = write!(out, "{seconds}");
+    push(&mut out, seconds);
     if millis > 0 {
-        // Three digits, trailing zeros dropped: 1.5s, 12.34s, 1.005s.
-        let (mut frac, mut digits) = (millis, 3);
+        // Three decimals, trailing zeros dropped.
+        out.push('.');
+        let mut frac = millis;
+        let mut width = 3;
         while frac % 10 == 0 {
             frac /= 10;
-            digits -= 1;
+            width -= 1;
         }
-        let _ = write!(out, ".{frac:0digits$}");
+        let mut buf = itoa::Buffer::new();
+        let text = buf.format(frac);
+        for _ in text.len()..width {
+            out.push('0');
+        }
+        out.push_str(text);
     }
     out.push('s');
     out
 }
 
-/// A `Retry-After` value: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(d: Duration) -> u64 {
     let nanos = d.as_nanos().div_ceil(1_000_000_000).max(1);
     u64::try_from(nanos).unwrap_or(u64::MAX)

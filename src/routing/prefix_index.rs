@@ -157,62 +157,16 @@ struct Inner {
 impl Inner {
     /// Makes `hash` the most recent block of `worker`, adding it (weighing `tokens`) if new.
     fn touch(&mut self, worker: u64, hash: u64, tokens: u64) {
-        self.tick += 1;
-        let tick = self.tick;
-        let Some(cache) = self.workers.get_mut(&worker) else {
-            return;
-        };
-        let protect = cache.protected_base > 0;
-        // A block already among the newest eighth of its segment stays where it is: the order
-        // among the newest entries decides nothing until seven eighths of the segment are
-        // evicted, and moving it costs two B-tree updates per block of every request (most of
-        // the routing phase's CPU with a hot system prompt).
-        if let Some(&(old, was_protected)) = cache.ticks.get(&hash) {
-            let segment = if was_protected {
-                cache.protected.len()
-            } else {
-                cache.lru.len()
-            };
-            if was_protected == protect && tick - old <= (segment / RECENT_SHARE) as u64 {
-                return;
-            }
-        }
-        match cache.ticks.insert(hash, (tick, protect)) {
-            Some((old, was_protected)) => {
-                let entry = if was_protected {
-                    cache.protected.remove(&old)
-                } else {
-                    cache.lru.remove(&old)
-                };
-                if let Some(entry) = entry {
-                    if protect {
-                        if !was_protected {
-                            cache.protected_used =
-                                cache.protected_used.saturating_add(entry.tokens);
-                        }
-                        cache.protected.insert(tick, entry);
-                    } else {
-                        if was_protected {
-                            cache.protected_used =
-                                cache.protected_used.saturating_sub(entry.tokens);
-                        }
-                        cache.lru.insert(tick, entry);
-                    }
-                }
-            }
-            None => {
-                cache.ticks.insert(hash, (tick, false));
-                cache.lru.insert(
-                    tick,
-                    Entry {
-                        hash: Some(hash),
-                        tokens,
-                        lead: 0,
-                    },
-                );
-                cache.used = cache.used.saturating_add(tokens);
-                self.holders.entry(hash).or_default().push(worker);
-            }
+        let Inner {
+            holders,
+            workers,
+            tick,
+            ..
+        } = self;
+        if let Some(cache) = workers.get_mut(&worker) {
+            touch_in(cache, holders, tick, (worker, hash, tokens));
+        } else {
+            *tick += 1;
         }
     }
 
@@ -315,6 +269,67 @@ impl Inner {
     }
 }
 
+/// [`Inner::touch`] on the worker's cache, found once for all of a request's blocks.
+fn touch_in(
+    cache: &mut WorkerCache,
+    holders: &mut HashKeyMap<Vec<u64>>,
+    tick: &mut u64,
+    (worker, hash, tokens): (u64, u64, u64),
+) {
+    *tick += 1;
+    let tick = *tick;
+    let protect = cache.protected_base > 0;
+    // A block already among the newest eighth of its segment stays where it is: the order
+    // among the newest entries decides nothing until seven eighths of the segment are
+    // evicted, and moving it costs two B-tree updates per block of every request (most of
+    // the routing phase's CPU with a hot system prompt).
+    if let Some(&(old, was_protected)) = cache.ticks.get(&hash) {
+        let segment = if was_protected {
+            cache.protected.len()
+        } else {
+            cache.lru.len()
+        };
+        if was_protected == protect && tick - old <= (segment / RECENT_SHARE) as u64 {
+            return;
+        }
+    }
+    match cache.ticks.insert(hash, (tick, protect)) {
+        Some((old, was_protected)) => {
+            let entry = if was_protected {
+                cache.protected.remove(&old)
+            } else {
+                cache.lru.remove(&old)
+            };
+            if let Some(entry) = entry {
+                if protect {
+                    if !was_protected {
+                        cache.protected_used = cache.protected_used.saturating_add(entry.tokens);
+                    }
+                    cache.protected.insert(tick, entry);
+                } else {
+                    if was_protected {
+                        cache.protected_used = cache.protected_used.saturating_sub(entry.tokens);
+                    }
+                    cache.lru.insert(tick, entry);
+                }
+            }
+        }
+        None => {
+            cache.ticks.insert(hash, (tick, false));
+            cache.lru.insert(
+                tick,
+                Entry {
+                    hash: Some(hash),
+                    tokens,
+                    lead: 0,
+                },
+            );
+            cache.used = cache.used.saturating_add(tokens);
+            holders.entry(hash).or_default().push(worker);
+        }
+    }
+}
+
 fn forget_in(inner: &mut Inner, worker: u64) {
     if let Some(cache) = inner.workers.remove(&worker) {
         for hash in cache.ticks.into_keys() {
@@ -412,8 +427,16 @@ impl PrefixIndex {
             );
             cache.used = cache.used.saturating_add(placement.extra_tokens);
         }
-        for &hash in placement.hashes.iter().rev() {
-            inner.touch(worker, hash, block_tokens);
+        let Inner {
+            holders,
+            workers,
+            tick,
+            ..
+        } = &mut *inner;
+        if let Some(cache) = workers.get_mut(&worker) {
+            for &hash in placement.hashes.iter().rev() {
+                touch_in(cache, holders, tick, (worker, hash, block_tokens));
+            }
         }
         if let Some(&first) = placement.hashes.first() {
             let prefix = (placement.hashes.len() as u64).saturating_mul(block_tokens);
