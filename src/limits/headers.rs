@@ -133,7 +133,7 @@ pub fn format_reset(d: Duration) -> String {
         out.push('.');
         let mut frac = millis;
         let mut width = 3;
-        while frac % 10 == 0 {
+        while frac.is_multiple_of(10) {
             frac /= 10;
             width -= 1;
         }
