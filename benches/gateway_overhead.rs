@@ -248,6 +248,7 @@ async fn run() -> Result<(), BoxError> {
     ];
     // Another build of the binary (a commit before a change) as the plain gateway, measured in
     // the same run: `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate`.
+    // It runs the features-on column too.
     let baseline = match std::env::var_os("GATEWAY_OVERHEAD_BASELINE") {
         Some(other) => {
             let gw =
@@ -258,7 +259,20 @@ async fn run() -> Result<(), BoxError> {
                 pid: gw.pid(),
                 load: Load::Tiny,
             });
-            Some(gw)
+            let features = start_gateway(
+                Path::new(&other),
+                &dir,
+                &upstream_url,
+                Variant::BaselineFeatures,
+            )
+            .await?;
+            targets.push(Target {
+                name: "infergate, features on (6 KB) (baseline build)",
+                url: features.url.clone(),
+                pid: features.pid(),
+                load: Load::Long,
+            });
+            Some((gw, features))
         }
         None => None,
     };
@@ -400,8 +414,9 @@ async fn run() -> Result<(), BoxError> {
     for gw in quality {
         gw.stop().await;
     }
-    if let Some(gw) = baseline {
+    if let Some((gw, features)) = baseline {
         gw.stop().await;
+        features.stop().await;
     }
     if let Some((mut redis, gw, leased)) = redis {
         gw.stop().await;
@@ -808,6 +823,8 @@ enum Variant {
     RedisLeased(String),
     /// A tenant with a key and a token budget, `prefix` routing.
     Features,
+    /// [`Variant::Features`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
+    BaselineFeatures,
     /// [`Variant::Plain`] with `quality.sample_share` at this share (the plain column samples
     /// the default 5% of answers).
     Quality(&'static str, f64),
@@ -842,8 +859,12 @@ async fn start_gateway(
                  lease: {{requests: 100, tokens: 100000, slots: 4}}}}}}\n"
             ),
         ),
-        Variant::Features => (
-            "gateway-features",
+        Variant::Features | Variant::BaselineFeatures => (
+            if matches!(variant, Variant::Features) {
+                "gateway-features"
+            } else {
+                "gateway-features-baseline"
+            },
             format!(
                 "tenants:\n  - {{name: acme, tier: bench, keys: [\"{}\"]}}\n",
                 infergate::tenants::format_hash(&infergate::tenants::hash_key(BENCH_KEY))
@@ -852,7 +873,7 @@ async fn start_gateway(
         Variant::Quality(sub, share) => (*sub, format!("quality: {{sample_share: {share}}}\n")),
     };
     let ledger = matches!(variant, Variant::Ledger);
-    let features = matches!(variant, Variant::Features);
+    let features = matches!(variant, Variant::Features | Variant::BaselineFeatures);
     let ledger_line = extra.as_str();
     let config = dir.write(
         &format!("{sub}/infergate.yaml"),
