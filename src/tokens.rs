@@ -58,11 +58,16 @@ impl CountTable {
         (entry != 0 && entry & !COUNT_MASK == hash & !COUNT_MASK).then_some(entry & COUNT_MASK)
     }
 
-    /// Keeps `n` as the count of the text hashing to `hash` (unless too large to keep).
-    fn put(&self, hash: u64, n: u64) {
+    /// The count of the text hashing to `hash`, computed (and kept, unless too large) on a miss.
+    fn count(&self, hash: u64, compute: impl FnOnce() -> u64) -> u64 {
+        if let Some(n) = self.get(hash) {
+            return n;
+        }
+        let n = compute();
         if n <= COUNT_MASK {
             self.0[(hash as usize) % SLOTS].store((hash & !COUNT_MASK) | n, Ordering::Relaxed);
         }
+        n
     }
 }
 
@@ -75,9 +80,9 @@ fn table(e: Estimator) -> &'static CountTable {
     }
 }
 
-/// `text`'s lines: each ends after a run of line breaks (and the whitespace between them), so a chat prompt's messages (joined by
-/// newlines) are lines of their own whatever follows them, and a line break stays with the text
-/// before it, as the pre-split keeps it (`.\n` is one piece).
+/// `text`'s lines: each ends after a run of line breaks (and the whitespace between them), so a
+/// chat prompt's messages (joined by newlines) are lines of their own whatever follows them, and
+/// a line break stays with the text before it, as the pre-split keeps it (`.\n` is one piece).
 pub fn lines(text: &str) -> impl Iterator<Item = &str> {
     let mut rest = text;
     std::iter::from_fn(move || {
@@ -153,28 +158,20 @@ struct Counter {
 impl Counter {
     /// Tokens of one line: its words' counts, kept as the line's.
     fn line(&self, line: &str) -> u64 {
-        let hash = xxh3_64(line.as_bytes());
-        if let Some(n) = self.table.get(hash) {
-            return n;
-        }
-        let n = words(line).map(|w| self.word(w)).sum();
-        self.table.put(hash, n);
-        n
+        self.table.count(xxh3_64(line.as_bytes()), || {
+            words(line).map(|w| self.word(w)).sum()
+        })
     }
 
     /// Tokens of one word (or of the text between a word's digit runs).
     fn word(&self, word: &str) -> u64 {
-        let hash = xxh3_64(word.as_bytes());
-        if let Some(n) = self.table.get(hash) {
-            return n;
-        }
-        let n = if word.bytes().any(|b| b.is_ascii_digit()) {
-            self.split_digits(word)
-        } else {
-            self.bpe.encode_ordinary(word).len() as u64
-        };
-        self.table.put(hash, n);
-        n
+        self.table.count(xxh3_64(word.as_bytes()), || {
+            if word.bytes().any(|b| b.is_ascii_digit()) {
+                self.split_digits(word)
+            } else {
+                self.bpe.encode_ordinary(word).len() as u64
+            }
+        })
     }
 
     /// Tokens of a word with digits: a token per three digits of each run, and the text
@@ -206,15 +203,12 @@ impl Counter {
     /// before a digit), so it is counted with a digit after it, less that digit's token.
     fn before_digits(&self, text: &str) -> u64 {
         let hash = xxhash_rust::xxh3::xxh3_64_with_seed(text.as_bytes(), BEFORE_DIGITS);
-        if let Some(n) = self.table.get(hash) {
-            return n;
-        }
-        let mut with_digit = String::with_capacity(text.len() + 1);
-        with_digit.push_str(text);
-        with_digit.push('0');
-        let n = (self.bpe.encode_ordinary(&with_digit).len() as u64).saturating_sub(1);
-        self.table.put(hash, n);
-        n
+        self.table.count(hash, || {
+            let mut with_digit = String::with_capacity(text.len() + 1);
+            with_digit.push_str(text);
+            with_digit.push('0');
+            (self.bpe.encode_ordinary(&with_digit).len() as u64).saturating_sub(1)
+        })
     }
 }
 
@@ -357,6 +351,11 @@ mod tests {
                 .into(),
             "Ünïcödé wörds, 日本語のテキスト, and emoji 🎉🎉 with   three spaces.".into(),
             "a'b 12's it's DON'T we've 3rd 4th 1st-class v2.0.1 x86_64 0x1F".into(),
+            // Whitespace before a digit, and whitespace between line breaks (once failing cases
+            // of the property test below).
+            "  0".into(),
+            "\n \n".into(),
+            "A\n \n".into(),
         ];
         for e in [Estimator::Cl100k, Estimator::O200k] {
             for text in &texts {

@@ -101,17 +101,16 @@ impl RateHeaders {
 /// Formats a duration like OpenAI's reset headers (Go style): "0s", "120ms", "1s", "1.5s",
 /// "6m0s", "1h2m3s". Rounded up to the millisecond, so a client waiting it is never early.
 pub fn format_reset(d: Duration) -> String {
-    // Digits pushed by hand: `write!` costs more than the rest of the rate-limit headers.
+    // Digits by itoa: `write!` goes through core::fmt's machinery for each number.
     let total_ms = d.as_nanos().div_ceil(1_000_000);
     let mut out = String::with_capacity(16);
     let mut digits = itoa::Buffer::new();
-    let mut push = |out: &mut String, n: u128| out.push_str(digits.format(n));
     if total_ms == 0 {
         out.push_str("0s");
         return out;
     }
     if total_ms < 1000 {
-        push(&mut out, total_ms);
+        out.push_str(digits.format(total_ms));
         out.push_str("ms");
         return out;
     }
@@ -120,14 +119,14 @@ pub fn format_reset(d: Duration) -> String {
     let seconds = total_ms / 1000 % 60;
     let millis = total_ms % 1000;
     if hours > 0 {
-        push(&mut out, hours);
+        out.push_str(digits.format(hours));
         out.push('h');
     }
     if hours > 0 || minutes > 0 {
-        push(&mut out, minutes);
+        out.push_str(digits.format(minutes));
         out.push('m');
     }
-    push(&mut out, seconds);
+    out.push_str(digits.format(seconds));
     if millis > 0 {
         // Three decimals, trailing zeros dropped.
         out.push('.');
@@ -137,8 +136,7 @@ pub fn format_reset(d: Duration) -> String {
             frac /= 10;
             width -= 1;
         }
-        let mut buf = itoa::Buffer::new();
-        let text = buf.format(frac);
+        let text = digits.format(frac);
         for _ in text.len()..width {
             out.push('0');
         }
@@ -148,6 +146,7 @@ pub fn format_reset(d: Duration) -> String {
     out
 }
 
+/// A `Retry-After` value: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(d: Duration) -> u64 {
     let nanos = d.as_nanos().div_ceil(1_000_000_000).max(1);
     u64::try_from(nanos).unwrap_or(u64::MAX)

@@ -148,13 +148,13 @@ impl<'de, const PLAIN: bool> Deserialize<'de> for Content<'de, PLAIN> {
 
             fn visit_borrowed_bytes<E: Error>(self, v: &'de [u8]) -> Result<Self::Value, E> {
                 Ok(Content {
-                    text: Cow::Borrowed(utf8(v)?),
+                    text: Cow::Borrowed(raw_text(v)?),
                     media: 0,
                 })
             }
 
             fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Self::Value, E> {
-                self.visit_string(utf8(v)?.to_owned())
+                self.visit_string(raw_text(v)?.to_owned())
             }
 
             fn visit_string<E: Error>(self, v: String) -> Result<Self::Value, E> {
@@ -194,10 +194,16 @@ impl<'de, const PLAIN: bool> Deserialize<'de> for Content<'de, PLAIN> {
     }
 }
 
-/// Raw string bytes as text: a 400 for escapes that decode to no character (a lone surrogate).
-fn utf8<E: Error>(v: &[u8]) -> Result<&str, E> {
-    // SIMD first; the standard check only to word the error.
-    simdutf8::basic::from_utf8(v).or_else(|_| std::str::from_utf8(v).map_err(E::custom))
+/// `v` as text, checked by SIMD; the standard check runs only to word the error.
+pub fn utf8(v: &[u8]) -> Result<&str, std::str::Utf8Error> {
+    simdutf8::basic::from_utf8(v).or_else(|_| std::str::from_utf8(v))
+}
+
+/// Raw string bytes as text: an error for escapes that decode to no character (a lone
+/// surrogate). Borrowed bytes are valid already (the body was checked whole), but only a check
+/// makes them a `str` without unsafe code.
+fn raw_text<E: Error>(v: &[u8]) -> Result<&str, E> {
+    utf8(v).map_err(E::custom)
 }
 
 /// A string's text, as raw bytes when `PLAIN`.
@@ -217,11 +223,11 @@ impl<'de, const PLAIN: bool> Deserialize<'de> for PartText<'de, PLAIN> {
             }
 
             fn visit_borrowed_bytes<E: Error>(self, v: &'de [u8]) -> Result<Self::Value, E> {
-                utf8(v).map(Cow::Borrowed)
+                raw_text(v).map(Cow::Borrowed)
             }
 
             fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Self::Value, E> {
-                utf8(v).map(|t| Cow::Owned(t.to_owned()))
+                raw_text(v).map(|t| Cow::Owned(t.to_owned()))
             }
 
             fn visit_borrowed_str<E: Error>(self, v: &'de str) -> Result<Self::Value, E> {

@@ -23,7 +23,7 @@ use crate::routing::features::{
 };
 use crate::tokens::Estimator;
 
-use super::messages::{TEXT_PARTS, TextMessages};
+use super::messages::{TEXT_PARTS, TextMessages, utf8};
 
 /// Most prefix blocks hashed per request (64 KiB of prompt at the default block size).
 const MAX_PREFIX_BLOCKS: usize = 256;
@@ -243,9 +243,8 @@ pub fn validate(
     tier: &TierSpec,
 ) -> Result<ValidRequest, GatewayError> {
     // JSON is UTF-8: checked once for the whole body, skipped fields included (they go upstream
-    // as sent), so that strings need no check of their own.
-    let text = simdutf8::basic::from_utf8(&body)
-        .or_else(|_| std::str::from_utf8(&body))
+    // as sent), so that strings serde reads need no check of their own.
+    let text = utf8(&body)
         .map_err(|e| GatewayError::bad_request(format!("invalid JSON body: {e}"), None))?;
     // serde would read a struct from an array too: only an object takes the fast path.
     let object = text.trim_start().starts_with('{');
