@@ -276,23 +276,25 @@ fn touch_in(
     tick: &mut u64,
     (worker, hash, tokens): (u64, u64, u64),
 ) {
-    *tick += 1;
-    let tick = *tick;
     let protect = cache.protected_base > 0;
     // A block already among the newest eighth of its segment stays where it is: the order
     // among the newest entries decides nothing until seven eighths of the segment are
     // evicted, and moving it costs two B-tree updates per block of every request (most of
-    // the routing phase's CPU with a hot system prompt).
+    // the routing phase's CPU with a hot system prompt). Ticks advance only when an entry is
+    // inserted, so the ticks since a block's own bound the entries newer than it: a prompt's
+    // unmoved blocks spend none, or a hot 23-block prompt would move ~5 blocks a request.
     if let Some(&(old, was_protected)) = cache.ticks.get(&hash) {
         let segment = if was_protected {
             cache.protected.len()
         } else {
             cache.lru.len()
         };
-        if was_protected == protect && tick - old <= (segment / RECENT_SHARE) as u64 {
+        if was_protected == protect && tick.saturating_sub(old) <= (segment / RECENT_SHARE) as u64 {
             return;
         }
     }
+    *tick += 1;
+    let tick = *tick;
     match cache.ticks.insert(hash, (tick, protect)) {
         Some((old, was_protected)) => {
             let entry = if was_protected {
@@ -410,15 +412,22 @@ impl PrefixIndex {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let default = self.default_capacity;
-        inner.tick += 1;
-        let tick = inner.tick;
-        let cache = inner.cache(worker, default);
-        cache.set_base(placement.capacity, placement.protected, default);
         let block_tokens = placement.block_tokens.max(1.0).round() as u64;
+        let Inner {
+            holders,
+            workers,
+            tick,
+            ..
+        } = inner;
+        let cache = workers
+            .entry(worker)
+            .or_insert_with(|| WorkerCache::new(default));
+        cache.set_base(placement.capacity, placement.protected, default);
         // A precise worker's events account for what it really holds; only guesses add KV.
         if placement.extra_tokens > 0 && !cache.precise {
+            *tick += 1;
             cache.lru.insert(
-                tick,
+                *tick,
                 Entry {
                     hash: None,
                     tokens: placement.extra_tokens,
@@ -427,16 +436,8 @@ impl PrefixIndex {
             );
             cache.used = cache.used.saturating_add(placement.extra_tokens);
         }
-        let Inner {
-            holders,
-            workers,
-            tick,
-            ..
-        } = &mut *inner;
-        if let Some(cache) = workers.get_mut(&worker) {
-            for &hash in placement.hashes.iter().rev() {
-                touch_in(cache, holders, tick, (worker, hash, block_tokens));
-            }
+        for &hash in placement.hashes.iter().rev() {
+            touch_in(cache, holders, tick, (worker, hash, block_tokens));
         }
         if let Some(&first) = placement.hashes.first() {
             let prefix = (placement.hashes.len() as u64).saturating_mul(block_tokens);

@@ -380,6 +380,35 @@ fn a_hot_prefix_is_not_moved_on_every_request_and_still_outlives_cold_ones() {
 }
 
 #[test]
+fn a_hot_prefix_moves_once_per_eighth_of_the_segment_inserted_whatever_its_length() {
+    let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
+    // Room for 400 blocks (a window of 50 inserts): a hot 20-block prefix, then one cold block
+    // per request. Touching the hot blocks inserts nothing, so it must not use the window up.
+    let hot: Vec<u64> = (1..=20).collect();
+    let mut moves = 0;
+    let mut last = None;
+    for i in 0..2_000u64 {
+        let mut hashes = hot.clone();
+        hashes.push(1_000 + i);
+        idx.record(1, at(&hashes, 4_000));
+        let tick = idx.lock().workers[&1].ticks[&1].0;
+        // Counted once the segment is full (while it fills, its eighth is small).
+        if i >= 1_000 && last.is_some_and(|t| t != tick) {
+            moves += 1;
+        }
+        last = Some(tick);
+    }
+    // Each block moves once per 50 inserts: one cold block a request, and the hot blocks' own
+    // moves (20 per 50 inserts), so about every 30 requests. Counting every touch against the
+    // window instead moved it every 2-3 requests (~400 times here).
+    assert!(
+        (20..=50).contains(&moves),
+        "{moves} moves in 1,000 requests"
+    );
+    assert_eq!(idx.matches(&hot), vec![(1, 20)]);
+}
+
+#[test]
 fn a_prefix_is_homed_while_its_leading_block_is_held() {
     let idx = PrefixIndex::new(DEFAULT_WORKER_TOKENS);
     // Two prefixes of 3 and 2 blocks (10 tokens each) on worker 1, room for 6 blocks.
