@@ -5,7 +5,7 @@
 //! tokenizes a prompt the model's way. So the keys are rebuilt from the events' contents: each
 //! stored block's token ids become bytes through the model's vocabulary, and those bytes,
 //! continued from the parent block's, are hashed exactly as the gateway hashes a request's
-//! canonical prompt (`routing::features::prefix_hashes`: 256-byte blocks, chained xxh3). A
+//! canonical prompt (`routing::features::prefix_hashes`: 256-byte blocks, chained by `chain_hash`). A
 //! gateway key is *anchored* to the vLLM block in which its 256th byte lands, and is resident
 //! while that block is (counted, since two blocks may complete the same key). A completion
 //! prompt decodes to its own bytes (special tokens such as BOS decode to nothing, and a
@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use xxhash_rust::xxh3::xxh3_64;
+use crate::routing::features::chain_hash;
 
 use super::vocab::Vocab;
 
@@ -131,10 +131,7 @@ impl BlockMap {
                 for &byte in bytes {
                     partial.push(byte);
                     if partial.len() == self.block_bytes {
-                        let mut buf = Vec::with_capacity(8 + self.block_bytes);
-                        buf.extend_from_slice(&chain.to_le_bytes());
-                        buf.extend_from_slice(&partial);
-                        chain = xxh3_64(&buf);
+                        chain = chain_hash(chain, &partial);
                         partial.clear();
                         keys_done += 1;
                         anchored.push(chain);
