@@ -1,17 +1,18 @@
 //! Prompt token estimates for metering: a real BPE tokenizer (cl100k or o200k, embedded in the
 //! binary, so it works offline), run off the async reactor by the caller for long new text.
 //!
-//! A prompt is counted by lines (each ends after its line breaks), and a line by words: a word
-//! ends before whitespace that follows non-whitespace (but keeps line breaks that follow
-//! punctuation), and after at most [`WORD_BYTES`]. Both tokenizers' pre-split starts a new piece
-//! at such whitespace, so a word's tokens are the same alone as in the text. Inside a word, each
-//! run of ASCII digits is one token per three digits (the pre-split cuts digits into runs of one
-//! to three, each one token in both vocabularies) and the text between runs is counted on its
-//! own, so a number never reaches the tokenizer. Lines and words are kept in one lock-free table keyed by a hash of their bytes:
-//! prompts repeat (system prompts, few-shot examples, a conversation's earlier turns) and so do
-//! words, so a request usually costs one hash of its text and a few lookups. The estimate is a
-//! pure function of the text: the sum of its words' counts, which differs from a whole-text count
-//! only where a cut falls inside a run of whitespace or a word longer than [`WORD_BYTES`].
+//! A prompt is counted by lines (each ends after its line breaks), and a line by words: a word ends
+//! before whitespace that follows non-whitespace (but keeps line breaks that follow punctuation),
+//! and after at most [`WORD_BYTES`]. Both tokenizers' pre-split starts a new piece at such
+//! whitespace, so a word's tokens are the same alone as in the text. Inside a word, each run of
+//! ASCII digits is one token per three digits (the pre-split cuts digits into runs of one to three,
+//! each one token in both vocabularies) and the text between runs is counted on its own, so a
+//! number never reaches the tokenizer. Lines and words are kept in one lock-free table keyed by a
+//! hash of their bytes: prompts repeat (system prompts, few-shot examples, a conversation's earlier
+//! turns) and so do words, so a request usually costs one hash of its text and a few lookups. The
+//! estimate is a pure function of the text: the sum of its words' counts, which differs from a
+//! whole-text count only where a cut falls inside a run of whitespace or a word longer than
+//! [`WORD_BYTES`].
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -281,8 +281,8 @@ fn touch_in(
     // among the newest entries decides nothing until seven eighths of the segment are
     // evicted, and moving it costs two B-tree updates per block of every request (most of
     // the routing phase's CPU with a hot system prompt). Ticks advance only when an entry is
-    // inserted, so the ticks since a block's own bound the entries newer than it: a prompt's
-    // unmoved blocks spend none, or a hot 23-block prompt would move ~5 blocks a request.
+    // inserted, so the ticks taken since a block's own bound the entries newer than it (had
+    // every touch taken one, a hot 23-block prompt would move ~5 blocks a request).
     if let Some(&(old, was_protected)) = cache.ticks.get(&hash) {
         let segment = if was_protected {
             cache.protected.len()

@@ -3,15 +3,15 @@
 //! vLLM's block hashes cannot be recomputed here (a random or `PYTHONHASHSEED` seed, Python's
 //! `hash()` or sha256 of pickled or CBOR tuples, by version and flags), and the gateway never
 //! tokenizes a prompt the model's way. So the keys are rebuilt from the events' contents: each
-//! stored block's token ids become bytes through the model's vocabulary, and those bytes,
-//! continued from the parent block's, are hashed exactly as the gateway hashes a request's
-//! canonical prompt (`routing::features::prefix_hashes`: 256-byte blocks, chained by `chain_hash`). A
-//! gateway key is *anchored* to the vLLM block in which its 256th byte lands, and is resident
-//! while that block is (counted, since two blocks may complete the same key). A completion
-//! prompt decodes to its own bytes (special tokens such as BOS decode to nothing, and a
-//! sentencepiece vocabulary's space before the first word is dropped), so its keys agree exactly; a chat prompt passes through the model's chat template, whose text the
-//! gateway's canonical chat form does not reproduce, so chat keys rarely agree and those
-//! requests keep the approximate index (see the README).
+//! stored block's token ids become bytes through the model's vocabulary, and those bytes, continued
+//! from the parent block's, are hashed exactly as the gateway hashes a request's canonical prompt
+//! (`routing::features::prefix_hashes`: 256-byte blocks, chained by `chain_hash`). A gateway key is
+//! *anchored* to the vLLM block in which its 256th byte lands, and is resident while that block is
+//! (counted, since two blocks may complete the same key). A completion prompt decodes to its own
+//! bytes (special tokens such as BOS decode to nothing, and a sentencepiece vocabulary's space
+//! before the first word is dropped), so its keys agree exactly; a chat prompt passes through the
+//! model's chat template, whose text the gateway's canonical chat form does not reproduce, so chat
+//! keys rarely agree and those requests keep the approximate index (see the README).
 //!
 //! A block whose parent is unknown here (stored before the subscription, or past the cap) is
 //! not mapped: its keys are unknowable, and routing's own guesses still cover them.
