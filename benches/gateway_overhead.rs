@@ -6,7 +6,7 @@
 //! token budget, `prefix` routing, a 6 KB chat body whose system prompt repeats), and through
 //! nginx as a plain reverse proxy, with the tiny body and with the 6 KB one, side by side in one
 //! run. With `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate` another build of the binary runs the
-//! plain gateway too, in the same run, for before/after ratios.
+//! plain, features-on and ledger columns too, in the same run, for before/after ratios.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
 //! `GATEWAY_OVERHEAD_COLUMNS="name;name"` measures only the columns named (their names as printed;
@@ -248,7 +248,7 @@ async fn run() -> Result<(), BoxError> {
     ];
     // Another build of the binary (a commit before a change) as the plain gateway, measured in
     // the same run: `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate`.
-    // It runs the features-on column too.
+    // It runs the features-on and ledger columns too.
     let baseline = match std::env::var_os("GATEWAY_OVERHEAD_BASELINE") {
         Some(other) => {
             let gw =
@@ -272,7 +272,20 @@ async fn run() -> Result<(), BoxError> {
                 pid: features.pid(),
                 load: Load::Long,
             });
-            Some((gw, features))
+            let ledger = start_gateway(
+                Path::new(&other),
+                &dir,
+                &upstream_url,
+                Variant::BaselineLedger,
+            )
+            .await?;
+            targets.push(Target {
+                name: "infergate + usage ledger (baseline build)",
+                url: ledger.url.clone(),
+                pid: ledger.pid(),
+                load: Load::Tiny,
+            });
+            Some((gw, features, ledger))
         }
         None => None,
     };
@@ -414,9 +427,10 @@ async fn run() -> Result<(), BoxError> {
     for gw in quality {
         gw.stop().await;
     }
-    if let Some((gw, features)) = baseline {
+    if let Some((gw, features, ledger)) = baseline {
         gw.stop().await;
         features.stop().await;
+        ledger.stop().await;
     }
     if let Some((mut redis, gw, leased)) = redis {
         gw.stop().await;
@@ -825,6 +839,8 @@ enum Variant {
     Features,
     /// [`Variant::Features`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
     BaselineFeatures,
+    /// [`Variant::Ledger`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
+    BaselineLedger,
     /// [`Variant::Plain`] with `quality.sample_share` at this share (the plain column samples
     /// the default 5% of answers).
     Quality(&'static str, f64),
@@ -845,6 +861,10 @@ async fn start_gateway(
         Variant::Limits => ("gateway-limits", String::new()),
         Variant::Ledger => (
             "gateway-ledger",
+            "ledger: {path: usage.sqlite}\n".to_string(),
+        ),
+        Variant::BaselineLedger => (
+            "gateway-ledger-baseline",
             "ledger: {path: usage.sqlite}\n".to_string(),
         ),
         Variant::Redis(url) => (
@@ -876,7 +896,7 @@ async fn start_gateway(
         ),
         Variant::Quality(sub, share) => (*sub, format!("quality: {{sample_share: {share}}}\n")),
     };
-    let ledger = matches!(variant, Variant::Ledger);
+    let ledger = matches!(variant, Variant::Ledger | Variant::BaselineLedger);
     let features = matches!(variant, Variant::Features | Variant::BaselineFeatures);
     let ledger_line = extra.as_str();
     let config = dir.write(
