@@ -20,6 +20,8 @@ use canary_support::{
 };
 use common::gateway::{chat, eventually};
 use common::open_stream;
+use common::poll::settle;
+use std::time::Duration;
 
 /// Background clients per test: enough that a 10% canary gets several requests per window.
 const CLIENTS: usize = 6;
@@ -29,12 +31,14 @@ const SCHEDULE: &[u32] = &[10, 50, 100];
 
 /// Analysis of the tests where the canary is as healthy as stable: latency ratios wide enough
 /// that two identical engines on a busy test machine never look like a regression (the p99 of
-/// a handful of samples is their maximum).
+/// a handful of samples is their maximum, so one stalled request sets it: under four spinning
+/// neighbours a canary window measured a TTFT p99 of 295 ms against stable's 36, 8.1×, and a
+/// 4× bound rolled the healthy canary back).
 const HEALTHY: Analysis = Analysis {
     sticky: "session",
     window: "1s",
     min_samples: 5,
-    max_p99_ratio: 4.0,
+    max_p99_ratio: 25.0,
     schedule: SCHEDULE,
 };
 
@@ -67,12 +71,15 @@ async fn a_healthy_canary_is_promoted_through_the_schedule() {
     let observer = Observer::start(&split);
     let traffic = Traffic::start(&split, CLIENTS);
 
-    // 10 → 50 → 100, then the ramp is done.
-    let state = eventually("the ramp is done", SETTLE, || async {
-        let state = split.state().await;
-        (last_decision(&state).0 == "done").then_some(state)
-    })
+    // 10 → 50 → 100, then the ramp is done (or, failing, rolled back: the state says why).
+    let state = settle(
+        SETTLE,
+        Duration::from_millis(50),
+        || split.state(),
+        |state| matches!(last_decision(state).0.as_str(), "done" | "rollback"),
+    )
     .await;
+    assert_eq!(last_decision(&state).0, "done", "{state}");
     traffic.stop().await;
     assert_eq!(observer.seen_until(100).await, [10, 50, 100]);
     assert_eq!(canary_weight(&state), 100, "{state}");
