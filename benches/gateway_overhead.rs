@@ -249,46 +249,36 @@ async fn run() -> Result<(), BoxError> {
     // Another build of the binary (a commit before a change) as the plain gateway, measured in
     // the same run: `GATEWAY_OVERHEAD_BASELINE=/path/to/infergate`.
     // It runs the features-on and ledger columns too.
-    let baseline = match std::env::var_os("GATEWAY_OVERHEAD_BASELINE") {
-        Some(other) => {
+    let mut baseline = Vec::new();
+    if let Some(other) = std::env::var_os("GATEWAY_OVERHEAD_BASELINE") {
+        for (variant, name, load) in [
+            (
+                Variant::Plain,
+                "infergate gateway (baseline build)",
+                Load::Tiny,
+            ),
+            (
+                Variant::Features,
+                "infergate, features on (6 KB) (baseline build)",
+                Load::Long,
+            ),
+            (
+                Variant::Ledger,
+                "infergate + usage ledger (baseline build)",
+                Load::Tiny,
+            ),
+        ] {
             let gw =
-                start_gateway(Path::new(&other), &dir, &upstream_url, Variant::Baseline).await?;
+                start_build(Path::new(&other), "-baseline", &dir, &upstream_url, variant).await?;
             targets.push(Target {
-                name: "infergate gateway (baseline build)",
+                name,
                 url: gw.url.clone(),
                 pid: gw.pid(),
-                load: Load::Tiny,
+                load,
             });
-            let features = start_gateway(
-                Path::new(&other),
-                &dir,
-                &upstream_url,
-                Variant::BaselineFeatures,
-            )
-            .await?;
-            targets.push(Target {
-                name: "infergate, features on (6 KB) (baseline build)",
-                url: features.url.clone(),
-                pid: features.pid(),
-                load: Load::Long,
-            });
-            let ledger = start_gateway(
-                Path::new(&other),
-                &dir,
-                &upstream_url,
-                Variant::BaselineLedger,
-            )
-            .await?;
-            targets.push(Target {
-                name: "infergate + usage ledger (baseline build)",
-                url: ledger.url.clone(),
-                pid: ledger.pid(),
-                load: Load::Tiny,
-            });
-            Some((gw, features, ledger))
+            baseline.push(gw);
         }
-        None => None,
-    };
+    }
     // The floor of any hyper-based proxy: the gateway's own server and pooled client with no
     // phase in between.
     let relay = Proc::start(
@@ -427,10 +417,8 @@ async fn run() -> Result<(), BoxError> {
     for gw in quality {
         gw.stop().await;
     }
-    if let Some((gw, features, ledger)) = baseline {
+    for gw in baseline {
         gw.stop().await;
-        features.stop().await;
-        ledger.stop().await;
     }
     if let Some((mut redis, gw, leased)) = redis {
         gw.stop().await;
@@ -825,8 +813,6 @@ async fn relay_one(
 enum Variant {
     /// No tenants and no limits: the gateway's own cost (issue 12's plain column).
     Plain,
-    /// [`Variant::Plain`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
-    Baseline,
     /// The anonymous tenant's tier has request, token and concurrency limits, in process.
     Limits,
     /// [`Variant::Limits`] plus the usage ledger (SQLite in the temp dir) and prices.
@@ -837,10 +823,6 @@ enum Variant {
     RedisLeased(String),
     /// A tenant with a key and a token budget, `prefix` routing.
     Features,
-    /// [`Variant::Features`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
-    BaselineFeatures,
-    /// [`Variant::Ledger`] run by another build (`GATEWAY_OVERHEAD_BASELINE`).
-    BaselineLedger,
     /// [`Variant::Plain`] with `quality.sample_share` at this share (the plain column samples
     /// the default 5% of answers).
     Quality(&'static str, f64),
@@ -855,16 +837,23 @@ async fn start_gateway(
     upstream: &str,
     variant: Variant,
 ) -> Result<Proc, BoxError> {
+    start_build(bin, "", dir, upstream, variant).await
+}
+
+/// [`start_gateway`] for the build at `bin`, its files in the variant's directory with `tag`
+/// appended (another build's columns, `GATEWAY_OVERHEAD_BASELINE`, get their own).
+async fn start_build(
+    bin: &Path,
+    tag: &str,
+    dir: &TempDir,
+    upstream: &str,
+    variant: Variant,
+) -> Result<Proc, BoxError> {
     let (sub, extra) = match &variant {
         Variant::Plain => ("gateway", String::new()),
-        Variant::Baseline => ("gateway-baseline", String::new()),
         Variant::Limits => ("gateway-limits", String::new()),
         Variant::Ledger => (
             "gateway-ledger",
-            "ledger: {path: usage.sqlite}\n".to_string(),
-        ),
-        Variant::BaselineLedger => (
-            "gateway-ledger-baseline",
             "ledger: {path: usage.sqlite}\n".to_string(),
         ),
         Variant::Redis(url) => (
@@ -883,12 +872,8 @@ async fn start_gateway(
                  lease: {{requests: 1000, tokens: 1000000, slots: 16}}}}}}\n"
             ),
         ),
-        Variant::Features | Variant::BaselineFeatures => (
-            if matches!(variant, Variant::Features) {
-                "gateway-features"
-            } else {
-                "gateway-features-baseline"
-            },
+        Variant::Features => (
+            "gateway-features",
             format!(
                 "tenants:\n  - {{name: acme, tier: bench, keys: [\"{}\"]}}\n",
                 infergate::tenants::format_hash(&infergate::tenants::hash_key(BENCH_KEY))
@@ -896,8 +881,9 @@ async fn start_gateway(
         ),
         Variant::Quality(sub, share) => (*sub, format!("quality: {{sample_share: {share}}}\n")),
     };
-    let ledger = matches!(variant, Variant::Ledger | Variant::BaselineLedger);
-    let features = matches!(variant, Variant::Features | Variant::BaselineFeatures);
+    let sub = format!("{sub}{tag}");
+    let ledger = matches!(variant, Variant::Ledger);
+    let features = matches!(variant, Variant::Features);
     let ledger_line = extra.as_str();
     let config = dir.write(
         &format!("{sub}/infergate.yaml"),
@@ -919,10 +905,7 @@ async fn start_gateway(
             "pools:\n  bench:\n    policy: round_robin\n"
         },
     );
-    if !matches!(
-        variant,
-        Variant::Plain | Variant::Baseline | Variant::Quality(..)
-    ) {
+    if !matches!(variant, Variant::Plain | Variant::Quality(..)) {
         dir.write(
             &format!("{sub}/policies/tenants.yaml"),
             "tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n",

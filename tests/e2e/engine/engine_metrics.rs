@@ -386,7 +386,7 @@ async fn a_saturated_engine_is_busy_and_spends_little_time_on_the_host() {
     // quarter: under three spinning neighbours real time measured 0.17 of busy, this 0 to 0.01.
     let _machine = common::machine::whole_machine().await;
     const SLOWDOWN: f64 = 4.0;
-    let e = Engine::start(&["--sim-slowdown", "4"]).await;
+    let e = Engine::start(&["--sim-slowdown", &SLOWDOWN.to_string()]).await;
     let load = Load::run(&e, 32, 150).await;
     assert!(load.steps >= 150.0, "{load:?}");
     assert_eq!(load.gaps_observed, load.steps, "{load:?}");
