@@ -17,12 +17,12 @@ const ROWS: u64 = 300_000;
 
 fn row(i: u64, now: i64) -> UsageRow {
     UsageRow {
-        request_id: format!("{i:032x}"),
+        request_id: format!("{i:032x}").into(),
         start_ms: now - 40,
         end_ms: now,
-        tenant: format!("tenant-{}", i % 20),
-        key_id: format!("{:012x}", i % 50),
-        model: ["llama-3-8b", "llama-3-70b", "infergate-tiny"][(i % 3) as usize].to_string(),
+        tenant: format!("tenant-{}", i % 20).into(),
+        key_id: format!("{:012x}", i % 50).into(),
+        model: ["llama-3-8b", "llama-3-70b", "infergate-tiny"][(i % 3) as usize].into(),
         version: if i.is_multiple_of(10) {
             "canary".into()
         } else {
@@ -31,7 +31,7 @@ fn row(i: u64, now: i64) -> UsageRow {
         pool: "local".into(),
         worker: "http://10.0.0.5:8000".into(),
         status: 200,
-        reason: String::new(),
+        reason: Default::default(),
         prompt_tokens: 1_000 + i % 500,
         cached_tokens: i % 700,
         completion_tokens: 64,

@@ -5,7 +5,9 @@
 # ranks CPU changes in our code; benches/gateway_overhead.rs says what they are worth in req/s.
 #   benches/callgrind/gateway.sh target/release/infergate [label]     (N=2000 requests by default)
 # FEATURES=1 turns on the features-on column's tenant key, limits and `prefix` routing, and sends
-# its 6 KB chat body. CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes); KEEP=path keeps the callgrind file
+# its 6 KB chat body. LIMITS=1 gives the anonymous tier the features-on tier's limits (the
+# gateway_overhead tenant-limits column); LEDGER=1 adds the usage ledger and prices to that (its
+# usage-ledger column; the writer thread's instructions count too). CALLGRIND_OPTS adds callgrind options (e.g. --cache-sim=yes); KEEP=path keeps the callgrind file
 # there (for callgrind_annotate). Needs valgrind and python3; the
 # upstream and client are small Python servers on loopback.
 # With RELAY=1 the binary is the gateway_overhead bench's (target/release/deps/gateway_overhead-*),
@@ -41,6 +43,13 @@ if [ -n "${FEATURES:-}" ]; then
   export CALLGRIND_CLIENT_KEY="$BENCH_KEY"
 else
   printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
+  if [ -n "${LIMITS:-}${LEDGER:-}" ]; then
+    printf 'tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n' > "$dir/policies/tenants.yaml"
+  fi
+  if [ -n "${LEDGER:-}" ]; then
+    printf 'ledger: {path: usage.sqlite}\n' >> "$dir/infergate.yaml"
+    printf 'version: 1\nmodels:\n  bench: {input: 1.0, cached_input: 0.25, output: 4.0}\n' > "$dir/policies/prices.yaml"
+  fi
 fi
 python3 "$here/upstream.py" "$up" & upid=$!
 if [ -n "${RELAY:-}" ]; then

@@ -20,6 +20,7 @@ mod query;
 mod sqlite;
 #[cfg(test)]
 mod tests;
+mod text;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ pub use query::{
     render_csv, render_rows_csv,
 };
 pub use sqlite::SqliteStore;
+pub use text::RowText;
 
 /// Longest a row waits in the queue before it is written.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,29 +44,29 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageRow {
     /// `x-request-id`.
-    pub request_id: String,
+    pub request_id: RowText,
     /// Arrival, Unix ms.
     pub start_ms: i64,
     /// End of the answer (or the refusal), Unix ms; its UTC day is the rollup's day.
     pub end_ms: i64,
     /// Tenant.
-    pub tenant: String,
+    pub tenant: RowText,
     /// Short id of the API key: the first 12 hex digits of its SHA-256 (as in the config's
     /// `sha256:` entry); empty for the anonymous tenant.
-    pub key_id: String,
+    pub key_id: RowText,
     /// The model the client asked for.
-    pub model: String,
+    pub model: RowText,
     /// The version (canary arm) that served it; empty without a split.
-    pub version: String,
+    pub version: RowText,
     /// Pool.
-    pub pool: String,
+    pub pool: RowText,
     /// Worker URL; empty when none answered.
-    pub worker: String,
+    pub worker: RowText,
     /// HTTP status the client got.
     pub status: u16,
     /// Why it was refused or cut short (`rate`, `budget`, `queue_full`, `client_gone`, ...);
     /// empty for a complete answer.
-    pub reason: String,
+    pub reason: RowText,
     /// Prompt tokens (cached ones included).
     pub prompt_tokens: u64,
     /// Prompt tokens served from the worker's prefix cache.
@@ -404,6 +406,7 @@ fn write_loop(
     // The buffer swapped with the request side's at each flush: its capacity (kept across
     // flushes) is what the request side pushes into next, so a push never reallocates.
     let mut batch: VecDeque<UsageRow> = VecDeque::new();
+    let mut recent = RecentBatches::default();
     loop {
         let closing = {
             let Ok(mut q) = queue.rows.lock() else {
@@ -437,7 +440,7 @@ fn write_loop(
                 }
             }
         }
-        recycle(&mut batch, n);
+        recycle(&mut batch, recent.note(n));
         if let Some(keep) = retention_ms
             && last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY)
         {
@@ -454,15 +457,46 @@ fn write_loop(
     }
 }
 
-/// Slots a recycled buffer keeps at least (about 270 KiB).
+/// Slots a recycled buffer keeps at least (about 400 KiB).
 const RECYCLE_FLOOR: usize = 1_024;
 
-/// Empties a written batch (its rows' strings are freed here, on the writer thread) and keeps
-/// its capacity for the next swap, unless a burst left it far bigger than the last batch: then
-/// it shrinks to twice that, so a burst's memory is not held for good.
-fn recycle(batch: &mut VecDeque<UsageRow>, used: usize) {
+/// Flushes whose largest batch sizes the recycled buffers (about a minute at one a second).
+const RECYCLE_WINDOW: usize = 64;
+
+/// The sizes of the last [`RECYCLE_WINDOW`] batches. Sizing the buffers by the last batch alone
+/// shrank them at every lull (a quiet second, a pause between bursts) and the next busy second
+/// grew them again: a reallocation of megabytes on the request path, into fresh pages faulted
+/// in one by one (`perf record -e page-faults`: nine in ten of the gateway's page faults in the
+/// usage-ledger column of `gateway_overhead` were that growth).
+struct RecentBatches {
+    sizes: [usize; RECYCLE_WINDOW],
+    next: usize,
+}
+
+impl Default for RecentBatches {
+    fn default() -> Self {
+        Self {
+            sizes: [0; RECYCLE_WINDOW],
+            next: 0,
+        }
+    }
+}
+
+impl RecentBatches {
+    /// Notes a batch of `n` rows; returns the largest of the window.
+    fn note(&mut self, n: usize) -> usize {
+        self.sizes[self.next % RECYCLE_WINDOW] = n;
+        self.next = self.next.wrapping_add(1);
+        self.sizes.iter().copied().max().unwrap_or(n)
+    }
+}
+
+/// Empties a written batch (its rows are dropped here, on the writer thread) and keeps its
+/// capacity for the next swap, unless it is far bigger than the largest recent batch (`peak`):
+/// then it shrinks to twice that, so a burst's memory is not held for good.
+fn recycle(batch: &mut VecDeque<UsageRow>, peak: usize) {
     batch.clear();
-    let keep = used.saturating_mul(2).max(RECYCLE_FLOOR);
+    let keep = peak.saturating_mul(2).max(RECYCLE_FLOOR);
     if batch.capacity() > keep.saturating_mul(2) {
         batch.shrink_to(keep);
     }

@@ -339,6 +339,21 @@ async fn write(client: &mut Client, rows: &[UsageRow]) -> Result<(), Failure> {
             .map(|r| (r.queue_ms.map(int), r.ttft_ms.map(int)))
             .collect();
         let mut sql = format!("INSERT INTO usage ({ROW_COLUMNS}) VALUES ");
+        let texts: Vec<[&str; 8]> = chunk
+            .iter()
+            .map(|r| {
+                [
+                    r.request_id.as_str(),
+                    r.tenant.as_str(),
+                    r.key_id.as_str(),
+                    r.model.as_str(),
+                    r.version.as_str(),
+                    r.pool.as_str(),
+                    r.worker.as_str(),
+                    r.reason.as_str(),
+                ]
+            })
+            .collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(chunk.len() * 20);
         for (i, r) in chunk.iter().enumerate() {
             if i > 0 {
@@ -348,18 +363,18 @@ async fn write(client: &mut Client, rows: &[UsageRow]) -> Result<(), Failure> {
             let marks: Vec<String> = (1..=20).map(|k| format!("${}", base + k)).collect();
             sql.push_str(&format!("({})", marks.join(",")));
             params.extend_from_slice(&[
-                &r.request_id,
+                &texts[i][0],
                 &r.start_ms,
                 &r.end_ms,
                 &days[i],
-                &r.tenant,
-                &r.key_id,
-                &r.model,
-                &r.version,
-                &r.pool,
-                &r.worker,
+                &texts[i][1],
+                &texts[i][2],
+                &texts[i][3],
+                &texts[i][4],
+                &texts[i][5],
+                &texts[i][6],
                 &statuses[i],
-                &r.reason,
+                &texts[i][7],
                 &nums[i][0],
                 &nums[i][1],
                 &nums[i][2],

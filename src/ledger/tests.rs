@@ -36,11 +36,11 @@ const T0: i64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
 
 fn row(i: u64, tenant: &str, model: &str, end_ms: i64) -> UsageRow {
     UsageRow {
-        request_id: format!("req-{i}"),
+        request_id: format!("req-{i}").into(),
         start_ms: end_ms - 50,
         end_ms,
         tenant: tenant.into(),
-        key_id: format!("key{}", i % 2),
+        key_id: format!("key{}", i % 2).into(),
         model: model.into(),
         pool: "main".into(),
         worker: "http://127.0.0.1:1".into(),
@@ -48,7 +48,7 @@ fn row(i: u64, tenant: &str, model: &str, end_ms: i64) -> UsageRow {
         reason: if i.is_multiple_of(5) {
             "rate".into()
         } else {
-            String::new()
+            RowText::EMPTY
         },
         prompt_tokens: 100 + i,
         cached_tokens: i % 50,
@@ -102,7 +102,7 @@ fn rows_survive_a_restart_and_the_rollup_equals_their_sum() {
     let by_id = |v: &[UsageRow]| {
         let mut ids: Vec<(String, u64)> = v
             .iter()
-            .map(|r| (r.request_id.clone(), r.cost_nanousd))
+            .map(|r| (r.request_id.to_string(), r.cost_nanousd))
             .collect();
         ids.sort();
         ids
@@ -147,7 +147,7 @@ fn a_full_queue_drops_its_oldest_rows_and_counts_them() {
                 open = cv.wait(open).map_err(|_| LedgerError("poisoned".into()))?;
             }
             if let Ok(mut seen) = self.1.lock() {
-                seen.extend(rows.iter().map(|r| r.request_id.clone()));
+                seen.extend(rows.iter().map(|r| r.request_id.to_string()));
             }
             Ok(())
         }
@@ -297,7 +297,7 @@ struct Recorder(Arc<Mutex<Vec<Vec<String>>>>);
 impl LedgerStore for Recorder {
     fn write_batch(&mut self, rows: &[UsageRow]) -> Result<(), LedgerError> {
         if let Ok(mut batches) = self.0.lock() {
-            batches.push(rows.iter().map(|r| r.request_id.clone()).collect());
+            batches.push(rows.iter().map(|r| r.request_id.to_string()).collect());
         }
         Ok(())
     }
@@ -383,7 +383,7 @@ fn a_batch_is_written_in_order_with_each_rows_day() {
         .expect("rows");
     let want: Vec<(String, String)> = rows
         .iter()
-        .map(|r| (r.request_id.clone(), crate::utc::iso_date(r.end_ms)))
+        .map(|r| (r.request_id.to_string(), crate::utc::iso_date(r.end_ms)))
         .collect();
     assert_eq!(back, want);
     assert_eq!(back[0].1, "2026-12-01");
@@ -439,4 +439,22 @@ fn a_written_buffer_is_kept_for_the_next_batch_unless_a_burst_grew_it() {
     recycle(&mut burst, 1);
     assert!(burst.capacity() < 60_000, "a burst's memory is given back");
     assert!(burst.capacity() >= 1_024);
+}
+
+#[test]
+fn a_lull_keeps_the_buffers_of_the_last_minutes_traffic() {
+    let mut recent = RecentBatches::default();
+    let mut buffer: VecDeque<UsageRow> = VecDeque::with_capacity(20_000);
+    recycle(&mut buffer, recent.note(15_000));
+    // A quiet flush (a pause between bursts) keeps the busy second's buffer.
+    recycle(&mut buffer, recent.note(10));
+    assert!(buffer.capacity() >= 20_000, "{}", buffer.capacity());
+    for _ in 0..RECYCLE_WINDOW - 2 {
+        recycle(&mut buffer, recent.note(10));
+        assert!(buffer.capacity() >= 20_000);
+    }
+    // A window of quiet flushes later the memory goes back.
+    recycle(&mut buffer, recent.note(10));
+    assert!(buffer.capacity() < 20_000, "{}", buffer.capacity());
+    assert!(buffer.capacity() >= RECYCLE_FLOOR);
 }

@@ -14,7 +14,7 @@ use hyper::StatusCode;
 use super::reservation::Account;
 use super::split::VersionChoice;
 use crate::error::GatewayError;
-use crate::ledger::{UsageLedger, UsageRow};
+use crate::ledger::{RowText, UsageLedger, UsageRow};
 use crate::metrics::GatewayMetrics;
 use crate::pipeline::forward::relay::attempts::Attempts;
 use crate::pipeline::forward::relay::body::EndReport;
@@ -120,7 +120,7 @@ impl Exit {
     ) -> Self {
         let mut exit = Self::default();
         exit.metrics = Some(metrics);
-        exit.row.request_id = request_id.to_owned();
+        exit.row.request_id = RowText::new(request_id);
         exit.row.start_ms = start_ms;
         exit.started = Some(started);
         exit
@@ -129,12 +129,12 @@ impl Exit {
     /// The caller authenticated as `tenant` with key `key_id`; its row goes to `ledger`.
     pub(super) fn caller(
         &mut self,
-        (tenant, key_id): (&str, String),
+        (tenant, key_id): (&str, &str),
         ledger: Option<Arc<UsageLedger>>,
         price_version: u32,
     ) {
-        self.row.tenant = tenant.to_owned();
-        self.row.key_id = key_id;
+        self.row.tenant = RowText::name(tenant);
+        self.row.key_id = RowText::new(key_id);
         self.caller = true;
         self.ledger = ledger;
         self.price_version = price_version;
@@ -199,26 +199,26 @@ impl Exit {
 
     /// The request was validated: it asks for `model`, served by `pool`.
     pub(super) fn target(&mut self, model: &str, pool: &str) {
-        self.row.model = model.to_owned();
-        self.row.pool = pool.to_owned();
+        self.row.model = RowText::name(model);
+        self.row.pool = RowText::name(pool);
         self.targeted = true;
     }
 
     /// The model the request is now served as (a degradation fallback).
     pub(super) fn model(&mut self, model: &str) {
-        self.row.model.replace_range(.., model);
+        self.row.model = RowText::name(model);
     }
 
     /// The pool the request now goes to (degradation and the split may each move it).
     pub(super) fn pool(&mut self, pool: &str) {
         if self.row.pool != pool {
-            self.row.pool.replace_range(.., pool);
+            self.row.pool = RowText::name(pool);
         }
     }
 
     /// The canary version the split chose: named in the row, priced as its own model.
     pub(super) fn version(&mut self, version: &VersionChoice) {
-        self.row.version.replace_range(.., &version.name);
+        self.row.version = RowText::name(&version.name);
         self.served_model = Some(version.served_model.clone());
     }
 
@@ -393,7 +393,7 @@ impl Exit {
         } else if !(200..300).contains(&end.status) {
             "upstream_status".into()
         } else {
-            String::new()
+            RowText::EMPTY
         };
         row.prompt_tokens = settled.tokens.prompt;
         row.cached_tokens = settled.tokens.cached;
@@ -402,7 +402,7 @@ impl Exit {
         row.price_version = settled.price_version;
         row.ttft_ms = end.ttft.map(|d| d.as_millis() as u64);
         row.total_ms = elapsed.as_millis() as u64;
-        row.worker = end.worker;
+        row.worker = RowText::name(&end.worker);
         self.record(row);
     }
 
@@ -414,22 +414,14 @@ impl Exit {
         if !served_well(end) {
             return;
         }
-        // The row's names are only read again for the ledger: without one they move to the
-        // job rather than being copied (an allocation and a cross-thread free each).
-        let (model, version) = match self.ledger {
-            Some(_) => (self.row.model.clone(), self.row.version.clone()),
-            None => (
-                std::mem::take(&mut self.row.model),
-                std::mem::take(&mut self.row.version),
-            ),
+        let version = match self.row.version.is_empty() {
+            true => "default",
+            false => self.row.version.as_str(),
         };
         q.sampler.submit(QualityJob {
             tenant: self.tenant().unwrap_or("unknown").to_owned(),
-            model,
-            version: match version.is_empty() {
-                true => "default".to_owned(),
-                false => version,
-            },
+            model: self.row.model.to_string(),
+            version: version.to_owned(),
             capture: end.capture.take(),
             asked: q.asked,
             usage: tokens.map(|t| crate::usage_check::TokenUsage {
@@ -467,20 +459,20 @@ impl Exit {
         let (endpoint, max_tokens) = self.request.unzip();
         let started = self.started.unwrap_or_else(Instant::now);
         let line = TraceLine {
-            request_id: row.request_id.clone(),
+            request_id: row.request_id.to_string(),
             start_ms: row.start_ms,
-            tenant: row.tenant.clone(),
+            tenant: row.tenant.to_string(),
             endpoint: endpoint.unwrap_or_default(),
-            model: row.model.clone(),
+            model: row.model.to_string(),
             served_model: self
                 .served_model
                 .clone()
-                .unwrap_or_else(|| row.model.clone()),
+                .unwrap_or_else(|| row.model.to_string()),
             // Embeddings generate nothing: no bound.
             max_tokens: max_tokens.filter(|_| endpoint != Some("/v1/embeddings")),
             traceparent: self.traceparent.clone(),
-            version: row.version.clone(),
-            pool: row.pool.clone(),
+            version: row.version.to_string(),
+            pool: row.pool.to_string(),
             class: self.shape_class.clone(),
             worker: end.worker.clone(),
             status,
@@ -514,7 +506,7 @@ impl Exit {
         UsageRow {
             end_ms: crate::utc::now_ms(),
             status,
-            reason: reason.to_string(),
+            reason: RowText::new(reason),
             total_ms: self.started.map_or(0, |s| s.elapsed().as_millis() as u64),
             ..self.row.clone()
         }

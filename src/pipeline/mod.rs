@@ -196,7 +196,7 @@ async fn run<B: RequestBody>(
 
     let (tenant, key_id) = authenticate::authenticate(&live, &parts.headers)?;
     ctx.exit.caller(
-        (&tenant.name, key_id),
+        (&tenant.name, &key_id),
         gw.ledger.clone(),
         snapshot.prices.version,
     );
