@@ -459,6 +459,7 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
         "p99 × direct",
         "proxy CPU µs/req",
         "of which user µs",
+        "page faults /1k req",
         "req/s × nginx",
         "CPU × nginx",
         "errors",
@@ -494,6 +495,9 @@ fn plain_table(targets: &[Target], runs: &[Samples]) -> Table {
             s.cpu_per_request(),
             s.cpu_us_of(|c| c.user)
                 .map_or_else(|| "–".into(), |us| format!("{us:.1}")),
+            // Per 1,000 requests: the counter is not time, so undo cpu_us_of's 1e6.
+            s.cpu_us_of(|c| c.minor_faults / 1e3)
+                .map_or_else(|| "–".into(), |f| format!("{f:.1}")),
             rate_ratio,
             cpu_ratio,
             s.errors.to_string(),

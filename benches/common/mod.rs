@@ -117,13 +117,15 @@ impl Proc {
     }
 }
 
-/// CPU seconds a process spent in user space and in the kernel.
+/// CPU seconds a process spent in user space and in the kernel, and the page faults it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CpuTimes {
     /// User-space seconds.
     pub user: f64,
     /// Kernel seconds (system calls, and the loopback network stack they run).
     pub system: f64,
+    /// Minor page faults (fresh pages touched: memory the allocator gave back and took again).
+    pub minor_faults: f64,
 }
 
 impl CpuTimes {
@@ -139,6 +141,7 @@ impl std::ops::Add for CpuTimes {
         CpuTimes {
             user: self.user + o.user,
             system: self.system + o.system,
+            minor_faults: self.minor_faults + o.minor_faults,
         }
     }
 }
@@ -149,20 +152,23 @@ impl std::ops::Sub for CpuTimes {
         CpuTimes {
             user: self.user - o.user,
             system: self.system - o.system,
+            minor_faults: self.minor_faults - o.minor_faults,
         }
     }
 }
 
-/// CPU time used so far by process `pid` and its direct children (nginx workers), from `/proc`;
+/// CPU time used (and minor faults taken) so far by process `pid` and its direct children (nginx
+/// workers), from `/proc`;
 /// `None` where `/proc` is unreadable.
 pub fn cpu_times(pid: u32) -> Option<CpuTimes> {
     /// Clock ticks per second of `/proc/*/stat` (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
     const TICKS: f64 = 100.0;
-    // Fields after the `(comm)`: state ppid ... utime (12th) stime (13th).
+    // Fields after the `(comm)`: state ppid ... minflt (8th) ... utime (12th) stime (13th).
     let read = |path: &Path| -> Option<(u32, CpuTimes)> {
         let text = std::fs::read_to_string(path).ok()?;
         let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
         let ppid = fields.get(1)?.parse().ok()?;
+        let minflt: f64 = fields.get(7)?.parse().ok()?;
         let utime: f64 = fields.get(11)?.parse().ok()?;
         let stime: f64 = fields.get(12)?.parse().ok()?;
         Some((
@@ -170,6 +176,7 @@ pub fn cpu_times(pid: u32) -> Option<CpuTimes> {
             CpuTimes {
                 user: utime / TICKS,
                 system: stime / TICKS,
+                minor_faults: minflt,
             },
         ))
     };
