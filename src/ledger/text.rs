@@ -85,9 +85,17 @@ impl RowText {
         }
     }
 
+    /// The text's bytes, without `as_str`'s UTF-8 check (the writer binds and groups by these).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(s) => s.as_bytes(),
+        }
+    }
+
     /// Whether the text is empty.
     pub fn is_empty(&self) -> bool {
-        self.as_str().is_empty()
+        self.bytes().is_empty()
     }
 }
 
@@ -125,7 +133,7 @@ impl From<String> for RowText {
 
 impl PartialEq for RowText {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        self.bytes() == other.bytes()
     }
 }
 
@@ -133,25 +141,25 @@ impl Eq for RowText {}
 
 impl PartialEq<str> for RowText {
     fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
+        self.bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<&str> for RowText {
     fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
+        self.bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<String> for RowText {
     fn eq(&self, other: &String) -> bool {
-        self.as_str() == other
+        self.bytes() == other.as_bytes()
     }
 }
 
 impl std::hash::Hash for RowText {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        self.bytes().hash(state);
     }
 }
 
@@ -170,7 +178,7 @@ impl std::fmt::Display for RowText {
 impl rusqlite::ToSql for RowText {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         Ok(rusqlite::types::ToSqlOutput::Borrowed(
-            rusqlite::types::ValueRef::Text(self.as_bytes()),
+            rusqlite::types::ValueRef::Text(self.bytes()),
         ))
     }
 }
