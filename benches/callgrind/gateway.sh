@@ -33,18 +33,23 @@ pools:
     workers:
       - url: http://127.0.0.1:$up
 YAML
+# The features-on and limits columns' tier: limits far above the load, so each request runs the
+# limiter without being refused.
+bench_tier() {
+  printf 'tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n' > "$dir/policies/tenants.yaml"
+}
 if [ -n "${FEATURES:-}" ]; then
   # The gateway_overhead bench's features-on column: a tenant with a key, a tier with request,
   # token and concurrency limits, `prefix` routing; the client sends a 6 KB chat body.
   hash=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
   printf 'tenants:\n  - {name: acme, tier: bench, keys: ["sha256:%s"]}\n' "$hash" >> "$dir/infergate.yaml"
-  printf 'tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n' > "$dir/policies/tenants.yaml"
+  bench_tier
   printf 'pools:\n  bench:\n    policy: prefix\n' > "$dir/policies/routing.yaml"
   export CALLGRIND_CLIENT_KEY="$BENCH_KEY"
 else
   printf 'pools:\n  bench:\n    policy: round_robin\n' > "$dir/policies/routing.yaml"
   if [ -n "${LIMITS:-}${LEDGER:-}" ]; then
-    printf 'tiers:\n  bench: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000, max_concurrent: 100000}\ndefault_tier: bench\n' > "$dir/policies/tenants.yaml"
+    bench_tier
   fi
   if [ -n "${LEDGER:-}" ]; then
     printf 'ledger: {path: usage.sqlite}\n' >> "$dir/infergate.yaml"

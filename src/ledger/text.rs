@@ -1,14 +1,13 @@
 //! The text fields of a usage row, held without a heap allocation when short.
 //!
-//! A row lives about a second in the writer's queue and is freed on the writer thread. With
-//! `String` fields each request left six small blocks behind on its own thread's allocator
-//! pages, freed in bulk by another thread a second later: those pages emptied and were purged
-//! (`MADV_DONTNEED`), and the request threads faulted fresh ones in (`gateway_overhead`: 3,875
-//! minor faults in 8 s of the usage-ledger column against 390 without the ledger, and the column
-//! ~5% faster with mimalloc's purging off). Request ids (32 hex digits, or a client's UUID), key
-//! ids, tenant, model and pool names and most worker URLs fit inline here; a longer value is
-//! shared (`Arc<str>`), and names taken from the config are interned per thread, so a row never
-//! allocates for them.
+//! A row lives about a second in the writer's queue and is dropped on the writer thread. With
+//! `String` fields each request allocated six small blocks for its row, and another thread freed
+//! them in bulk a second later (mimalloc's cross-thread free, and pages emptied far from the
+//! thread that reuses them). Request ids (32 hex digits, or a client's UUID), key ids, tenant,
+//! model and pool names and most worker URLs fit inline here; a longer value is shared
+//! (`Arc<str>`), and names taken from the config are interned per thread, so a row never
+//! allocates for them. (Most of the ledger column's page faults were the queue's regrowth, see
+//! `RecentBatches`; this type's own effect was not measured apart.)
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -113,12 +112,6 @@ impl std::ops::Deref for RowText {
     }
 }
 
-impl AsRef<str> for RowText {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl From<&str> for RowText {
     fn from(s: &str) -> Self {
         Self::new(s)
@@ -127,7 +120,7 @@ impl From<&str> for RowText {
 
 impl From<String> for RowText {
     fn from(s: String) -> Self {
-        Self::inline(&s).unwrap_or_else(|| RowText(Repr::Shared(Arc::from(s))))
+        Self::new(&s)
     }
 }
 
@@ -147,12 +140,6 @@ impl PartialEq<str> for RowText {
 
 impl PartialEq<&str> for RowText {
     fn eq(&self, other: &&str) -> bool {
-        self.bytes() == other.as_bytes()
-    }
-}
-
-impl PartialEq<String> for RowText {
-    fn eq(&self, other: &String) -> bool {
         self.bytes() == other.as_bytes()
     }
 }
@@ -229,7 +216,7 @@ mod tests {
         ] {
             let t = RowText::new(&s);
             assert!(matches!(t.0, Repr::Shared(_)), "{s}");
-            assert_eq!(t, s);
+            assert_eq!(t, s.as_str());
             assert_eq!(t.len(), s.len());
             assert_eq!(RowText::from(s.clone()), s.as_str());
         }
@@ -249,7 +236,7 @@ mod tests {
         // Many distinct long names: each still reads back whole.
         for i in 0..(MAX_INTERNED * 3) {
             let name = format!("{url}/{i}");
-            assert_eq!(RowText::name(&name), name);
+            assert_eq!(RowText::name(&name), name.as_str());
         }
         assert_eq!(RowText::name(url), url);
     }
