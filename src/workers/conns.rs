@@ -1,22 +1,18 @@
 //! Keep-alive HTTP/1.1 connections to one worker, kept by the worker itself. A checkout pops the
-//! worker's own idle list (no pool map shared by every worker, no key to hash), and a connection
-//! goes back when its answer's body has been read to the end (`ProxyBody`), not from a task
-//! spawned per request to watch it.
+//! worker's own idle list (no pool map shared by every worker, no key to hash), the request is
+//! written and its answer read by the request's own task ([`super::h1`]), and a connection goes
+//! back when its answer's body has been read to the end (`ProxyBody`), not from a task spawned
+//! per request to watch it.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{HOST, HeaderValue};
-use hyper::{Request, Response, Uri};
-use hyper_util::rt::TokioIo;
+use hyper::Response;
+use hyper::Uri;
 
-/// The sending half of one connection to a worker.
-pub type Conn = SendRequest<Full<Bytes>>;
+use super::h1::{Connection, H1Error, RequestHead, WorkerBody};
 
 /// Idle connections kept per worker; one more answer finishing while the list is full closes
 /// its connection.
@@ -31,8 +27,8 @@ pub enum SendError {
     /// No connection could be opened: refused, unreachable, timed out, or a URL that is not
     /// plain `http://`. Says nothing of the worker's address (the client may see it).
     Connect(String),
-    /// The connection failed before the answer's headers.
-    Send(hyper::Error),
+    /// The connection failed before the answer's head, or the head broke HTTP/1.1.
+    Send(H1Error),
 }
 
 impl SendError {
@@ -57,12 +53,12 @@ pub struct Conns {
     /// `host:port` to connect to; `Err` says why the URL cannot be reached.
     addr: Result<String, &'static str>,
     /// The `Host` header of every request.
-    host: Option<HeaderValue>,
+    host: String,
     /// The URL's path (a worker behind a path-routing proxy), prefixed to every request path;
     /// empty for most workers.
     base_path: String,
     /// Oldest at the front; checkouts take the newest (the one least likely closed meanwhile).
-    idle: Mutex<VecDeque<(Instant, Conn)>>,
+    idle: Mutex<VecDeque<(Instant, Connection)>>,
 }
 
 impl Conns {
@@ -78,13 +74,15 @@ impl Conns {
             },
         };
         // Host and port only: never the URL's user info, and no port when it is the default.
-        let host = parsed.as_ref().ok().and_then(Uri::authority).and_then(|a| {
-            let host = match a.port_u16() {
+        let host = parsed
+            .as_ref()
+            .ok()
+            .and_then(Uri::authority)
+            .map(|a| match a.port_u16() {
                 Some(port) if port != 80 => format!("{}:{port}", a.host()),
                 _ => a.host().to_string(),
-            };
-            HeaderValue::from_str(&host).ok()
-        });
+            })
+            .unwrap_or_default();
         let base_path = parsed
             .as_ref()
             .map(|u| u.path().trim_end_matches('/').to_string())
@@ -97,57 +95,43 @@ impl Conns {
         }
     }
 
-    /// The request target (origin form) of `path` on this worker.
-    pub fn target(&self, path: &'static str) -> Result<Uri, hyper::http::Error> {
+    /// The head of a POST of `body_len` bytes to `path` on this worker (its URL's path kept
+    /// in front), with its `Host`; the caller adds its own headers.
+    pub fn post_head(&self, path: &'static str, body_len: usize) -> RequestHead {
         if self.base_path.is_empty() {
-            return Ok(Uri::from_static(path));
+            return RequestHead::post(path.as_bytes(), self.host.as_bytes(), body_len);
         }
-        Ok(format!("{}{path}", self.base_path).parse::<Uri>()?)
+        let target = format!("{}{path}", self.base_path);
+        RequestHead::post(target.as_bytes(), self.host.as_bytes(), body_len)
     }
 
-    /// Sends `req` (its URI in origin form, see [`Conns::target`]) on an idle connection, or on
-    /// a new one opened within `connect_timeout`. A pooled connection that turns out closed
-    /// before the request was written is skipped, the request kept for the next one. The answer
-    /// comes with its connection, for [`Conns::put`] once its body is read.
-    // A plain function around an `async move` block: an `async fn` would keep `req` twice, as
-    // argument and as local, in a future built on every request.
-    pub fn send(
+    /// Sends `head` and `body` on an idle connection, or on a new one opened within
+    /// `connect_timeout`, and reads the answer's head. A pooled connection the worker closed
+    /// meanwhile is skipped, as is one whose write fails (nothing of the request reached the
+    /// worker's application). The answer's body holds the connection: read to its end, it goes
+    /// back with [`Conns::put`].
+    pub async fn send(
         &self,
-        mut req: Request<Full<Bytes>>,
+        mut head: RequestHead,
+        body: &[u8],
         connect_timeout: Duration,
-    ) -> impl Future<Output = Result<(Response<Incoming>, Conn), SendError>> + Send + '_ {
-        if let Some(host) = &self.host {
-            req.headers_mut().insert(HOST, host.clone());
-        }
-        async move {
-            while let Some(mut conn) = self.take() {
-                // Not ready yet: its last answer was just read and the connection task has not
-                // caught up. Closed instead: try the next.
-                if conn.ready().await.is_err() {
-                    continue;
-                }
-                match conn.try_send_request(req).await {
-                    Ok(res) => return Ok((res, conn)),
-                    Err(mut e) => match e.take_message() {
-                        Some(unsent) => req = unsent,
-                        None => return Err(SendError::Send(e.into_error())),
-                    },
-                }
+    ) -> Result<Response<WorkerBody>, SendError> {
+        while let Some(mut conn) = self.take() {
+            if conn.write_request(&mut head, body).await.is_err() {
+                continue;
             }
-            let mut conn = self.connect(connect_timeout).await?;
-            match conn.try_send_request(req).await {
-                Ok(res) => Ok((res, conn)),
-                Err(e) => Err(SendError::Send(e.into_error())),
-            }
+            return conn.read_response().await.map_err(SendError::Send);
         }
+        let mut conn = self.connect(connect_timeout).await?;
+        conn.write_request(&mut head, body)
+            .await
+            .map_err(|e| SendError::Send(H1Error::Io(e)))?;
+        conn.read_response().await.map_err(SendError::Send)
     }
 
     /// Gives back a connection whose last answer was read to the end `now` (the caller's
     /// clock reading, so the hot path reads the clock once).
-    pub fn put(&self, conn: Conn, now: Instant) {
-        if conn.is_closed() {
-            return;
-        }
+    pub fn put(&self, conn: Connection, now: Instant) {
         let mut idle = self.lock();
         evict_older(&mut idle, now);
         if idle.len() < MAX_IDLE {
@@ -166,23 +150,23 @@ impl Conns {
         self.lock().len()
     }
 
-    fn take(&self) -> Option<Conn> {
+    fn take(&self) -> Option<Connection> {
         let now = Instant::now();
         let mut idle = self.lock();
-        while let Some((at, conn)) = idle.pop_back() {
+        while let Some((at, mut conn)) = idle.pop_back() {
             // The newest is idle too long: so are all the others.
             if now.duration_since(at) > IDLE_TIMEOUT {
                 idle.clear();
                 return None;
             }
-            if !conn.is_closed() {
+            if conn.is_open() {
                 return Some(conn);
             }
         }
         None
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<Conn, SendError> {
+    async fn connect(&self, timeout: Duration) -> Result<Connection, SendError> {
         let addr = self
             .addr
             .as_deref()
@@ -194,24 +178,16 @@ impl Conns {
         };
         // Requests and answers are small writes each: no Nagle delay.
         let _ = tcp.set_nodelay(true);
-        let (conn, driver) = http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(SendError::Send)?;
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!(error = %e, "worker connection ended");
-            }
-        });
-        Ok(conn)
+        Ok(Connection::new(tcp))
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, Conn)>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, Connection)>> {
         // The list holds no invariant a panic could break.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-fn evict_older(idle: &mut VecDeque<(Instant, Conn)>, now: Instant) {
+fn evict_older(idle: &mut VecDeque<(Instant, Connection)>, now: Instant) {
     while idle
         .front()
         .is_some_and(|(at, _)| now.duration_since(*at) > IDLE_TIMEOUT)
@@ -223,6 +199,11 @@ fn evict_older(idle: &mut VecDeque<(Instant, Conn)>, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::Full;
+    use hyper::Request;
+    use hyper::body::{Bytes, Incoming};
+    use hyper::header::{HOST, HeaderValue};
+    use hyper_util::rt::TokioIo;
 
     #[test]
     fn request_targets_keep_the_worker_urls_path() {
@@ -234,12 +215,9 @@ mod tests {
             ("http://h:1/engine-a", "/engine-a/v1/chat/completions"),
             ("http://h:1/engine-a/", "/engine-a/v1/chat/completions"),
         ] {
-            let uri = Conns::new(url).target("/v1/chat/completions");
-            assert_eq!(
-                uri.map(|u| u.to_string()).ok().as_deref(),
-                Some(want),
-                "{url}"
-            );
+            let head = Conns::new(url).post_head("/v1/chat/completions", 2);
+            let line = format!("POST {want} HTTP/1.1\r\n");
+            assert!(head.as_bytes().starts_with(line.as_bytes()), "{url}");
         }
     }
 
@@ -259,11 +237,7 @@ mod tests {
             ("http://h:80", "h"),
             ("http://[::1]:9", "[::1]:9"),
         ] {
-            assert_eq!(
-                Conns::new(url).host.as_ref().map(|h| h.as_bytes()),
-                Some(host.as_bytes()),
-                "{url}"
-            );
+            assert_eq!(Conns::new(url).host, host, "{url}");
         }
     }
 
@@ -275,17 +249,17 @@ mod tests {
             .map(|a| a.port())
             .unwrap();
         let conns = Conns::new(&format!("http://127.0.0.1:{port}"));
-        let req = Request::new(Full::new(Bytes::from_static(b"{}")));
-        let err = conns.send(req, Duration::from_secs(2)).await.err().unwrap();
+        let head = conns.post_head("/v1/chat/completions", 2);
+        let err = conns
+            .send(head, b"{}", Duration::from_secs(2))
+            .await
+            .err()
+            .unwrap();
         assert!(err.is_connect(), "{err}");
         assert!(!err.to_string().contains(&port.to_string()), "{err}");
         let https = Conns::new("https://h");
-        let sent = https
-            .send(
-                Request::new(Full::new(Bytes::new())),
-                Duration::from_secs(2),
-            )
-            .await;
+        let head = https.post_head("/v1/chat/completions", 0);
+        let sent = https.send(head, b"", Duration::from_secs(2)).await;
         assert!(sent.err().is_some_and(|e| e.is_connect()));
     }
 
@@ -324,13 +298,20 @@ mod tests {
     /// One request through `conns`, its body read to the end and its connection given back.
     async fn round_trip(conns: &Conns) -> Response<Bytes> {
         use http_body_util::BodyExt;
-        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
-        *req.uri_mut() = conns.target("/v1/chat/completions").unwrap();
-        let (res, conn) = conns.send(req, Duration::from_secs(5)).await.unwrap();
-        let (parts, body) = res.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        conns.put(conn, Instant::now());
-        Response::from_parts(parts, body)
+        let head = conns.post_head("/v1/chat/completions", 2);
+        let res = conns
+            .send(head, b"{}", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (parts, mut body) = res.into_parts();
+        let mut bytes = Vec::new();
+        while let Some(frame) = body.frame().await {
+            bytes.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        if let Some(conn) = body.take_reusable() {
+            conns.put(conn, Instant::now());
+        }
+        Response::from_parts(parts, Bytes::from(bytes))
     }
 
     #[tokio::test]

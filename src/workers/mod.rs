@@ -2,6 +2,7 @@
 
 pub mod conns;
 pub mod engine_triage;
+pub mod h1;
 pub mod kv_events;
 pub mod load_metrics;
 pub mod poller;

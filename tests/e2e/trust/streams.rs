@@ -4,7 +4,10 @@
 //!   before its `[DONE]`, and a whole answer shorter than its Content-Length: the client gets the
 //!   gateway's OpenAI-shaped error event (or a 502), never a clean 200; the request counts as a
 //!   502 upstream error for `infergate_requests_total`, the tenant's outcome and the ledger's
-//!   reason, and only what reached the client is billed.
+//!   reason, and only what reached the client is billed. A stream whose chunked framing breaks
+//!   ends the same way.
+//! - An answer head that breaks HTTP/1.1 (a bad or conflicting Content-Length, a head past
+//!   64 KiB): a failed send, retried on the healthy engine.
 //! - A worker whose `/metrics` is fine but which hangs on every request is ejected after
 //!   `outlier.eject_after` first-byte timeouts (clients are retried on the healthy engine), gets
 //!   one probe when its ejection time is up, and a failed probe ejects it again.
@@ -420,4 +423,68 @@ async fn a_worker_that_hangs_on_requests_is_ejected_probed_once_and_ejected_agai
         i += 1;
     }
     assert_eq!(rogue.requests(), 4);
+}
+
+/// One HTTP/1.1 chunk holding `data`.
+fn chunk(data: &str) -> Step {
+    Step::Send(Bytes::from(format!("{:x}\r\n{data}\r\n", data.len())))
+}
+
+fn chunked_then_junk() -> Vec<Step> {
+    vec![
+        Step::Send(Bytes::from_static(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        )),
+        chunk(&format!("data: {}\n\n", chat_chunk(MODEL, "One"))),
+        chunk(&format!("data: {}\n\n", chat_chunk(MODEL, " two"))),
+        // Not a chunk size; the connection stays open, so only the framing can end the stream.
+        Step::Send(Bytes::from_static(b"zz\r\n")),
+        Step::Hang,
+    ]
+}
+
+#[tokio::test]
+async fn a_stream_whose_chunked_framing_breaks_ends_in_the_gateways_error_event() {
+    broken_stream_case("stream-bad-chunk", chunked_then_junk, 2, "mid_stream").await;
+}
+
+/// The heads the rogue of the next test answers with, in turn: each breaks HTTP/1.1 or a bound.
+static BROKEN_HEADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn broken_head() -> Vec<Step> {
+    let n = BROKEN_HEADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let head = match n % 3 {
+        0 => "HTTP/1.1 200 OK\r\ncontent-length: 12x\r\n\r\n".to_string(),
+        1 => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}".to_string(),
+        // A head past the gateway's 64 KiB bound, never ended.
+        _ => format!("HTTP/1.1 200 OK\r\nx-pad: {}", "a".repeat(70 * 1024)),
+    };
+    vec![Step::Send(Bytes::from(head)), Step::Hang]
+}
+
+#[tokio::test]
+async fn an_answer_head_that_breaks_http_is_retried_on_another_worker() {
+    let rogue = rogue(broken_head).await;
+    let engine = Engine::start(&["--gpu", "l4"]).await;
+    let dir = TempDir::new("broken-head");
+    let gw = tenant_gateway(&dir, &[&rogue.url, &engine.url]).await;
+    let url = gw.at("/v1/chat/completions");
+    for i in 0..6 {
+        let reply = post(
+            &url,
+            Some(&key_of(TENANT)),
+            &chat("Be brief.", &format!("Question {i}."), 4, false),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        assert_eq!(worker_of(&reply.headers), engine.url);
+        assert_eq!(reply.json()["usage"]["completion_tokens"], 4);
+    }
+    // Round robin sent the rogue its share first; each of its broken heads was a failed send.
+    let broken = rogue.requests();
+    assert!(broken >= 3, "the rogue got {broken} requests");
+    let sends = format!("infergate_upstream_errors_total{{pool=\"{POOL}\",kind=\"send\"}}");
+    assert_eq!(gw.metric(&sends).await, broken as f64);
+    let retries = format!("infergate_retries_total{{pool=\"{POOL}\"}}");
+    assert_eq!(gw.metric(&retries).await, broken as f64);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::body::{Body, Bytes, Frame};
 use tokio::time::{Sleep, sleep_until};
 
 use super::stream_end::{self, Fault, Tail};
@@ -18,7 +18,7 @@ use crate::degrade::live::PoolDegradation;
 use crate::error::{BoxError, GatewayError};
 use crate::metrics::GatewayMetrics;
 use crate::usage_check::TokenUsage;
-use crate::workers::conns::Conn;
+use crate::workers::h1::WorkerBody;
 use crate::workers::state::{Attempt, InFlightGuard, PrefillGuard};
 
 /// How a proxied body ended, for the account phase.
@@ -101,7 +101,9 @@ struct Timers {
 
 /// Streams an upstream body to the client.
 pub struct ProxyBody {
-    inner: Incoming,
+    /// The worker's body; it holds the connection, given back to the worker once the body has
+    /// been read to its end (closed otherwise).
+    inner: WorkerBody,
     guard: Option<InFlightGuard>,
     /// The worker's pending-prefill count for this request, released at the first data frame.
     prefill: Option<PrefillGuard>,
@@ -120,9 +122,6 @@ pub struct ProxyBody {
     done: bool,
     tap: UsageTap,
     on_end: Option<OnEnd>,
-    /// The worker connection the answer came on, given back to the worker once the body has
-    /// been read to its end (closed otherwise).
-    conn: Option<Conn>,
     /// The request's turn on the worker, judged when the body ends.
     turn: Option<Attempt>,
     /// The endpoint's streams end with `data: [DONE]`: one that stops before it is cut short.
@@ -135,7 +134,7 @@ pub struct ProxyBody {
 impl ProxyBody {
     /// Wraps `inner`; `guard` is released and `on_end` called when this body ends or is dropped.
     pub fn new(
-        inner: Incoming,
+        inner: WorkerBody,
         guard: InFlightGuard,
         limits: BodyLimits,
         report: BodyReport,
@@ -157,7 +156,6 @@ impl ProxyBody {
             first_chunk: None,
             max_gap: None,
             done: false,
-            conn: None,
             turn: None,
             expects_done: false,
             held: false,
@@ -188,12 +186,6 @@ impl ProxyBody {
         self
     }
 
-    /// Gives `conn` back to the worker when the body ends complete.
-    pub fn with_conn(mut self, conn: Conn) -> Self {
-        self.conn = Some(conn);
-        self
-    }
-
     fn finish(&mut self, ending: Ending) {
         if !self.done {
             self.done = true;
@@ -209,7 +201,9 @@ impl ProxyBody {
                 .e2e
                 .observe(now.duration_since(r.started).as_secs_f64());
             // Read to its end, the answer left the connection clean for the next request.
-            if let (Some(conn), Some(guard), true) = (self.conn.take(), &self.guard, completed) {
+            if let (true, Some(guard)) = (completed, &self.guard)
+                && let Some(conn) = self.inner.take_reusable()
+            {
                 guard.worker().conns.put(conn, now);
             }
             // The worker is free before the end hook frees the admission slot: the queue then

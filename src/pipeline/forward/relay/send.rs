@@ -9,10 +9,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Bytes;
-use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use hyper::{HeaderMap, Method, Request, Response, StatusCode};
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{HeaderMap, Response, StatusCode};
 
 use super::attempts::{Attempts, FailedAttempt};
 use super::body::{BodyLimits, BodyReport, ClientPaced, OnEnd, ProxyBody, grace_ended};
@@ -24,7 +24,8 @@ use crate::metrics::GatewayMetrics;
 use crate::routing::features::DEFAULT_BLOCK_BYTES;
 use crate::routing::{Decision, Feedback, ROUTE_CACHED_HEADER, RequestFeatures};
 use crate::usage_check::TokenUsage;
-use crate::workers::conns::{Conn, SendError};
+use crate::workers::conns::SendError;
+use crate::workers::h1::{RequestHead, WorkerBody};
 use crate::workers::pool::PoolRuntime;
 use crate::workers::pool::Routed;
 use crate::workers::state::{Attempt, KvEventsState, OutlierSettings, Warmth, WorkerState};
@@ -82,9 +83,9 @@ pub struct Outbound<'a> {
     pub capture: bool,
 }
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const REQUEST_ID: &str = "x-request-id";
 const FLIGHT_HEADER: HeaderName = HeaderName::from_static(infergate_engine::flight::FLIGHT_HEADER);
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACEPARENT: &str = "traceparent";
 
 /// Headers that belong to one connection and are never forwarded.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -127,7 +128,7 @@ pub async fn forward(
         // Until its first token, this request's uncached prompt is queued work on the worker.
         let prefill = worker.start_prefill(decision.prefill);
         let precise = worker.kv_events() == KvEventsState::Live;
-        let req = build_request(&worker, &out, precise)?;
+        let head = request_head(&worker, &out, precise);
         let began = Instant::now();
         let mut turn = Some(turn);
         let mut failed = |kind| {
@@ -136,7 +137,7 @@ pub async fn forward(
             }
         };
         // Pinned here and lent to the wait, so the wait's future does not hold a second copy.
-        let request = std::pin::pin!(worker.conns.send(req, settings.connect_timeout));
+        let request = std::pin::pin!(worker.conns.send(head, &out.body, settings.connect_timeout));
         let waited = wait_for_answer(request, &worker, out.grace_over, settings).await;
         // A worker silent past the first-byte timeout is left (its connection closed, which
         // cancels the request on the engine), so another may take the request, within the
@@ -171,7 +172,7 @@ pub async fn forward(
             }
             // The last attempt's 503, or one no other worker could take instead, goes to the
             // client as the worker sent it.
-            Waited::Answered((res, _))
+            Waited::Answered(res)
                 if res.status() == StatusCode::SERVICE_UNAVAILABLE
                     && attempt < settings.retries
                     && another_worker(pool, &tried, worker.key) =>
@@ -190,7 +191,7 @@ pub async fn forward(
         };
         // Nothing reached the client yet: the error table says which failures another worker
         // may take.
-        let (res, conn) = match sent {
+        let res = match sent {
             Ok(answered) => answered,
             Err(e) if e.retryable() || silent => {
                 attempts.failed.push(FailedAttempt {
@@ -245,7 +246,6 @@ pub async fn forward(
             )),
         )
         .with_prefill(prefill)
-        .with_conn(conn)
         // Anything but a 5xx is judged by how its body ends.
         .with_turn(turn)
         .expecting_done(is_stream && out.expects_done);
@@ -306,7 +306,7 @@ pub async fn forward(
 
 /// How a wait for a worker's response headers ended.
 enum Waited {
-    Answered((Response<hyper::body::Incoming>, Conn)),
+    Answered(Response<WorkerBody>),
     Failed(SendError),
     TimedOut,
     /// The worker was ejected meanwhile (hung, or dead without closing): it will not answer.
@@ -339,9 +339,7 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// [`WATCH_AFTER`] on the request alone, the rest also watching for `worker`'s ejection and the
 /// end of the drain's grace.
 async fn wait_for_answer(
-    mut request: Pin<
-        &mut impl Future<Output = Result<(Response<hyper::body::Incoming>, Conn), SendError>>,
-    >,
+    mut request: Pin<&mut impl Future<Output = Result<Response<WorkerBody>, SendError>>>,
     worker: &crate::workers::state::WorkerState,
     grace_over: &tokio::sync::watch::Receiver<bool>,
     settings: ForwardSettings,
@@ -480,25 +478,23 @@ fn note_failure(
     judge(turn, Some(kind), metrics, &pool.name, request_id);
 }
 
-/// The upstream request; `prefix_keys` adds the routing keys for a worker with KV events.
-fn build_request(
+/// The upstream request's head; `prefix_keys` adds the routing keys for a worker with KV
+/// events. A header value that would not be valid (a client's request id) is left out.
+fn request_head(
     worker: &crate::workers::state::WorkerState,
     out: &Outbound<'_>,
     prefix_keys: bool,
-) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let uri = worker.conns.target(out.path).map_err(|e| {
-        // The worker's address goes to the log, never to the client.
-        tracing::warn!(request_id = out.request_id, worker = %worker.url, error = %e, "a worker URL makes no request target");
-        GatewayError::Internal(format!("a worker of this pool has a bad URL: {e}"))
-    })?;
-    let mut headers = HeaderMap::with_capacity(6);
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    // Content-Length: hyper writes it from the body's exact size, without a header value.
+) -> RequestHead {
+    let mut head = worker.conns.post_head(out.path, out.body.len());
+    head.header(
+        "content-type",
+        &HeaderValue::from_static("application/json"),
+    );
     if let Ok(id) = HeaderValue::from_str(out.request_id) {
-        headers.insert(REQUEST_ID, id);
+        head.header(REQUEST_ID, &id);
     }
     if let Some(tp) = out.traceparent {
-        headers.insert(TRACEPARENT, tp.clone());
+        head.header(TRACEPARENT, tp);
     }
     if prefix_keys && !out.features.prefix_hashes.is_empty() {
         let keys = PrefixKeys::header_value(
@@ -507,15 +503,10 @@ fn build_request(
             &out.features.prefix_hashes,
         );
         if let Ok(v) = HeaderValue::from_str(&keys) {
-            headers.insert(PREFIX_KEYS_HEADER, v);
+            head.header(PREFIX_KEYS_HEADER, &v);
         }
     }
-    // Built in place: `Request::builder` re-checks every header it is given.
-    let mut req = Request::new(Full::new(out.body.clone()));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    Ok(req)
+    head
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
