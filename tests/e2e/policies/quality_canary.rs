@@ -60,7 +60,17 @@ async fn serve(healthy: bool) -> (Gateway, TempDir) {
     // is judged only if each also has that many scored answers, which trail the answers by the
     // few still being scored. A 4 s window on a loaded 2-core CI machine closed with 302 stable
     // requests and 299 scored, and promoted the canary unjudged.
-    dir.write_routing(&routing.replace(window, "window: 6s"));
+    //
+    // The latency ratios are raised out of reach: this scenario is about quality, and a p99
+    // over ~300 values per version on a 2-core machine shared with other tests moved past 1.5×
+    // between two equal engines' versions in a fresh-clone CI run (275.7 against 181.4 ms).
+    // The latency checks themselves are unit-tested (`canary::analysis_tests`, `judge`).
+    let mut routing = routing.replace(window, "window: 6s");
+    for ratio in ["max_ttft_p99_ratio: 1.5", "max_itl_p99_ratio: 1.5"] {
+        assert!(routing.contains(ratio), "the scenario's {ratio}");
+        routing = routing.replace(ratio, &ratio.replace("1.5", "1000"));
+    }
+    dir.write_routing(&routing);
     let cache = dir.path.join("cache").to_string_lossy().into_owned();
     let gw = Gateway::up_with(
         Some(&dir.config()),
@@ -174,7 +184,8 @@ async fn a_faster_canary_that_loops_in_5_percent_of_answers_is_rolled_back_for_r
     );
     assert!(reason.contains("one-sided two-proportion z ="), "{reason}");
     assert_eq!(s["weights"], json!([["stable", 100], ["canary", 0]]), "{s}");
-    // Nothing else: the canary is as error-free and at least as fast as stable.
+    // Nothing else: the canary is as error-free as stable (latency is not judged here, see
+    // `serve`).
     assert!(
         !reason.contains("error rate") && !reason.contains("p99"),
         "{reason}"
