@@ -486,15 +486,10 @@ fn request_head(
     prefix_keys: bool,
 ) -> RequestHead {
     let mut head = worker.conns.post_head(out.path, out.body.len());
-    head.header(
-        "content-type",
-        &HeaderValue::from_static("application/json"),
-    );
-    if let Ok(id) = HeaderValue::from_str(out.request_id) {
-        head.header(REQUEST_ID, &id);
-    }
+    head.header("content-type", b"application/json");
+    head.header(REQUEST_ID, out.request_id.as_bytes());
     if let Some(tp) = out.traceparent {
-        head.header(TRACEPARENT, tp);
+        head.header(TRACEPARENT, tp.as_bytes());
     }
     if prefix_keys && !out.features.prefix_hashes.is_empty() {
         let keys = PrefixKeys::header_value(
@@ -502,9 +497,7 @@ fn request_head(
             out.features.prompt_bytes,
             &out.features.prefix_hashes,
         );
-        if let Ok(v) = HeaderValue::from_str(&keys) {
-            head.header(PREFIX_KEYS_HEADER, &v);
-        }
+        head.header(PREFIX_KEYS_HEADER, keys.as_bytes());
     }
     head
 }
