@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use hyper::body::Bytes;
 use hyper::header::{HeaderName, HeaderValue};
 
 /// The `x-ratelimit-*` names, in OpenAI's order.
@@ -78,58 +79,79 @@ impl RateHeaders {
         pairs
     }
 
-    /// The same headers set on `headers` (every answer carries them: prebuilt names, no string
-    /// formatting for the counts; the caller makes room).
+    /// The same headers set on `headers` (every answer carries them: prebuilt names, and the
+    /// values written into one buffer that each value is a slice of, so the six cost one
+    /// allocation, not one or two apiece).
     pub fn insert_into(&self, headers: &mut hyper::HeaderMap) {
-        // Room for all six at once: one growth of the answer's map, not one per header.
-        if self.limit_requests.is_some() || self.limit_tokens.is_some() {
-            headers.reserve(6);
+        if self.limit_requests.is_none() && self.limit_tokens.is_none() {
+            return;
         }
+        // Room for all six at once: one growth of the answer's map, not one per header.
+        headers.reserve(6);
+        let mut text = Vec::with_capacity(96);
+        let mut digits = itoa::Buffer::new();
+        // Each value's header and where its text ends.
+        let mut ends = [(0, 0); NAMES.len()];
+        let mut count = 0;
         self.each(|i, value| {
-            let value = match value {
-                RateValue::Count(n) => HeaderValue::from(n),
-                RateValue::Reset(d) => match HeaderValue::try_from(format_reset(d)) {
-                    Ok(v) => v,
-                    Err(_) => return,
-                },
-            };
-            headers.insert(HEADER_NAMES[i].clone(), value);
+            match value {
+                RateValue::Count(n) => text.extend_from_slice(digits.format(n).as_bytes()),
+                RateValue::Reset(d) => write_reset(&mut text, d),
+            }
+            ends[count] = (i, text.len());
+            count += 1;
         });
+        let text = Bytes::from(text);
+        let mut start = 0;
+        for &(i, end) in &ends[..count] {
+            // Digits and the reset format are visible ASCII: the check always passes.
+            if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
+                headers.insert(HEADER_NAMES[i].clone(), value);
+            }
+            start = end;
+        }
     }
 }
 
 /// Formats a duration like OpenAI's reset headers (Go style): "0s", "120ms", "1s", "1.5s",
 /// "6m0s", "1h2m3s". Rounded up to the millisecond, so a client waiting it is never early.
 pub fn format_reset(d: Duration) -> String {
+    let mut out = Vec::with_capacity(16);
+    write_reset(&mut out, d);
+    // Only ASCII digits and unit letters were written.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// [`format_reset`] appended to `out`.
+fn write_reset(out: &mut Vec<u8>, d: Duration) {
     // Digits by itoa: `write!` goes through core::fmt's machinery for each number.
     let total_ms = d.as_nanos().div_ceil(1_000_000);
-    let mut out = String::with_capacity(16);
     let mut digits = itoa::Buffer::new();
     if total_ms == 0 {
-        out.push_str("0s");
-        return out;
+        out.extend_from_slice(b"0s");
+        return;
     }
     if total_ms < 1000 {
-        out.push_str(digits.format(total_ms));
-        out.push_str("ms");
-        return out;
+        out.extend_from_slice(digits.format(total_ms).as_bytes());
+        out.extend_from_slice(b"ms");
+        return;
     }
     let hours = total_ms / 3_600_000;
     let minutes = total_ms / 60_000 % 60;
     let seconds = total_ms / 1000 % 60;
     let millis = total_ms % 1000;
     if hours > 0 {
-        out.push_str(digits.format(hours));
-        out.push('h');
+        out.extend_from_slice(digits.format(hours).as_bytes());
+        out.push(b'h');
     }
     if hours > 0 || minutes > 0 {
-        out.push_str(digits.format(minutes));
-        out.push('m');
+        out.extend_from_slice(digits.format(minutes).as_bytes());
+        out.push(b'm');
     }
-    out.push_str(digits.format(seconds));
+    out.extend_from_slice(digits.format(seconds).as_bytes());
     if millis > 0 {
         // Three decimals, trailing zeros dropped.
-        out.push('.');
+        out.push(b'.');
         let mut frac = millis;
         let mut width = 3;
         while frac.is_multiple_of(10) {
@@ -138,12 +160,11 @@ pub fn format_reset(d: Duration) -> String {
         }
         let text = digits.format(frac);
         for _ in text.len()..width {
-            out.push('0');
+            out.push(b'0');
         }
-        out.push_str(text);
+        out.extend_from_slice(text.as_bytes());
     }
-    out.push('s');
-    out
+    out.push(b's');
 }
 
 /// A `Retry-After` value: whole seconds, rounded up, at least 1.
@@ -183,6 +204,32 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_secs(6)), 6);
         assert_eq!(retry_after_secs(Duration::from_nanos(8_571_428_572)), 9);
+    }
+
+    #[test]
+    fn headers_set_on_an_answer_match_the_pairs() {
+        let h = RateHeaders {
+            limit_requests: Some(600),
+            remaining_requests: Some(599),
+            reset_requests: Some(Duration::from_millis(100)),
+            limit_tokens: Some(1_000_000),
+            remaining_tokens: Some(12),
+            reset_tokens: Some(Duration::from_secs(3723)),
+        };
+        let mut map = hyper::HeaderMap::new();
+        h.insert_into(&mut map);
+        let set: Vec<(&str, String)> = map
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let mut want = h.header_pairs();
+        want.sort();
+        let mut got = set;
+        got.sort();
+        assert_eq!(got, want);
+        let mut none = hyper::HeaderMap::new();
+        RateHeaders::default().insert_into(&mut none);
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -120,7 +120,14 @@ impl Conns {
             if conn.write_request(&mut head, body).await.is_err() {
                 continue;
             }
-            return conn.read_response().await.map_err(SendError::Send);
+            match conn.read_response().await {
+                // The worker closed the kept connection as the request went out (the close
+                // probe at checkout sees a close only once the reactor has: a close in flight
+                // can pass it): no byte of an answer came, so the next connection takes it.
+                Err(H1Error::Unanswered) => continue,
+                Err(H1Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => continue,
+                answer => return answer.map_err(SendError::Send),
+            }
         }
         let mut conn = self.connect(connect_timeout).await?;
         conn.write_request(&mut head, body)
@@ -354,5 +361,46 @@ mod tests {
         assert_eq!(conns.idle(), 1);
         conns.evict_idle(Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1));
         assert_eq!(conns.idle(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_closed_as_the_request_goes_out_passes_it_to_a_new_one() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        // The first connection answers one request, then reads the next and closes without a
+        // byte of answer (an idle close racing the request); later ones answer every request.
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    for n in 0.. {
+                        let mut seen = Vec::new();
+                        while !seen.ends_with(b"{}") {
+                            match tcp.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => seen.extend_from_slice(&buf[..k]),
+                            }
+                        }
+                        if first && n == 1 {
+                            return;
+                        }
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if tcp.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let conns = Conns::new(&url);
+        for _ in 0..3 {
+            assert_eq!(round_trip(&conns).await.body().as_ref(), b"ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

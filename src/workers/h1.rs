@@ -18,7 +18,7 @@ use bytes::{Buf, BytesMut};
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
 use hyper::{HeaderMap, Response, StatusCode, Version};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Largest response head (status line and headers) a worker may send.
@@ -42,7 +42,10 @@ const COPY_BELOW: usize = 4 * 1024;
 pub enum H1Error {
     /// The socket failed (reset, broken pipe).
     Io(io::Error),
-    /// The worker closed the connection before the answer's head.
+    /// The worker closed the connection before any byte of an answer: on a kept connection,
+    /// the worker closing it idle as the request went out.
+    Unanswered,
+    /// The worker closed the connection in the middle of the answer's head.
     ClosedBeforeHead,
     /// The worker closed the connection before the body's end.
     ClosedMidBody,
@@ -56,6 +59,7 @@ impl fmt::Display for H1Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             H1Error::Io(e) => write!(f, "connection error: {e}"),
+            H1Error::Unanswered => f.write_str("connection closed before any response"),
             H1Error::ClosedBeforeHead => f.write_str("connection closed before the response head"),
             H1Error::ClosedMidBody => f.write_str("connection closed before the body's end"),
             H1Error::Malformed(what) => write!(f, "malformed response: {what}"),
@@ -172,7 +176,11 @@ impl Connection {
                 .await
                 .map_err(H1Error::Io)?;
             if n == 0 {
-                return Err(H1Error::ClosedBeforeHead);
+                return Err(if self.buf.is_empty() && interim == 0 {
+                    H1Error::Unanswered
+                } else {
+                    H1Error::ClosedBeforeHead
+                });
             }
         };
         let mut framing = Framing::of(&head)?;
@@ -189,18 +197,15 @@ impl Connection {
 
     /// Reads what the socket has into the buffer; `Ok(0)` is the worker's end of the connection.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            if self.buf.capacity() - self.buf.len() < READ_ROOM / 4 {
-                self.buf.reserve(READ_ROOM);
-            }
-            match self.tcp.try_read_buf(&mut self.buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(self.tcp.poll_read_ready(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        if self.buf.capacity() - self.buf.len() < READ_ROOM / 4 {
+            self.buf.reserve(READ_ROOM);
         }
+        // Through `poll_read`, not `try_read_buf`: a read shorter than the room clears the
+        // socket's readiness, so the next checkout's close probe ([`Self::is_open`]) costs no
+        // system call (`try_read_buf` leaves it set until a read would block).
+        let read = self.tcp.read_buf(&mut self.buf);
+        tokio::pin!(read);
+        read.poll(cx)
     }
 }
 
@@ -796,7 +801,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_worker_that_closes_early_fails_the_answer() {
-        // Before the head, in the middle of a length, in the middle of a chunk.
+        // Before any byte, in the head, in the middle of a length, in the middle of a chunk.
+        let (conn, _) = exchange(b"", true).await;
+        assert!(matches!(call(conn).await, Err(H1Error::Unanswered)));
         let (conn, _) = exchange(b"HTTP/1.1 200 OK\r\ncontent-le", true).await;
         assert!(matches!(call(conn).await, Err(H1Error::ClosedBeforeHead)));
         let (conn, _) = exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", true).await;
