@@ -415,13 +415,16 @@ impl Exit {
             return;
         }
         let version = match self.row.version.is_empty() {
-            true => "default",
-            false => self.row.version.as_str(),
+            true => RowText::name("default"),
+            false => self.row.version.clone(),
         };
         q.sampler.submit(QualityJob {
-            tenant: self.tenant().unwrap_or("unknown").to_owned(),
-            model: self.row.model.to_string(),
-            version: version.to_owned(),
+            tenant: match self.caller {
+                true => self.row.tenant.clone(),
+                false => RowText::name("unknown"),
+            },
+            model: self.row.model.clone(),
+            version,
             capture: end.capture.take(),
             asked: q.asked,
             usage: tokens.map(|t| crate::usage_check::TokenUsage {

@@ -13,6 +13,7 @@ use prometheus::IntCounter;
 use super::capture::Capture;
 use super::signals::{self, Asked, SIGNAL_NAMES, Signals};
 use super::windows::{DriftBook, FEATURES, Observation, Reference, Scores, WindowSettings};
+use crate::ledger::RowText;
 use crate::metrics::GatewayMetrics;
 use crate::usage_check::TokenUsage;
 
@@ -102,12 +103,13 @@ pub trait SignalWindow: Send {
 
 /// One answer handed to the worker.
 pub struct QualityJob {
-    /// The caller's tenant (from config: bounded).
-    pub tenant: String,
+    /// The caller's tenant (from config: bounded). Row texts, like the ledger's: no allocation
+    /// on the request's thread for a job freed on the sampler's.
+    pub tenant: RowText,
     /// The model as the client named it.
-    pub model: String,
+    pub model: RowText,
     /// The version that served it (`default` without a canary).
-    pub version: String,
+    pub version: RowText,
     /// The answer's text, when the request was sampled.
     pub capture: Option<Box<Capture>>,
     /// What the request asked of the answer's shape.
@@ -172,7 +174,11 @@ fn run(rx: &Receiver<QualityJob>, metrics: &GatewayMetrics) {
 }
 
 fn handle(job: QualityJob, m: &GatewayMetrics, books: &mut Books) {
-    let labels = [job.tenant.as_str(), &job.model, &job.version];
+    let labels = [
+        job.tenant.as_str(),
+        job.model.as_str(),
+        job.version.as_str(),
+    ];
     if let Some(capture) = &job.capture {
         let raised = signals::score(
             &capture.answer(),
