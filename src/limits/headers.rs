@@ -227,6 +227,9 @@ mod tests {
         let mut got = set;
         got.sort();
         assert_eq!(got, want);
+        assert_eq!(map["x-ratelimit-reset-tokens"], "1h2m3s");
+        assert_eq!(map["x-ratelimit-remaining-tokens"], "12");
+        assert_eq!(map["x-ratelimit-reset-requests"], "100ms");
         let mut none = hyper::HeaderMap::new();
         RateHeaders::default().insert_into(&mut none);
         assert!(none.is_empty());
