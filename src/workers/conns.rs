@@ -125,7 +125,6 @@ impl Conns {
                 // probe at checkout sees a close only once the reactor has: a close in flight
                 // can pass it): no byte of an answer came, so the next connection takes it.
                 Err(H1Error::Unanswered) => continue,
-                Err(H1Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => continue,
                 answer => return answer.map_err(SendError::Send),
             }
         }

@@ -42,8 +42,8 @@ const COPY_BELOW: usize = 4 * 1024;
 pub enum H1Error {
     /// The socket failed (reset, broken pipe).
     Io(io::Error),
-    /// The worker closed the connection before any byte of an answer: on a kept connection,
-    /// the worker closing it idle as the request went out.
+    /// The worker closed or reset the connection before any byte of an answer: on a kept
+    /// connection, the worker closing it idle as the request went out.
     Unanswered,
     /// The worker closed the connection in the middle of the answer's head.
     ClosedBeforeHead,
@@ -172,15 +172,18 @@ impl Connection {
             if let Some(head) = answer_head(&mut self.buf, &mut interim)? {
                 break head;
             }
-            let n = std::future::poll_fn(|cx| self.poll_fill(cx))
-                .await
-                .map_err(H1Error::Io)?;
-            if n == 0 {
-                return Err(if self.buf.is_empty() && interim == 0 {
-                    H1Error::Unanswered
-                } else {
-                    H1Error::ClosedBeforeHead
-                });
+            let read = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+            // Closed or reset before any byte of an answer: the worker never took the request
+            // up (a kept connection it closed as the request went out).
+            let untouched = self.buf.is_empty() && interim == 0;
+            match read {
+                Ok(0) if untouched => return Err(H1Error::Unanswered),
+                Ok(0) => return Err(H1Error::ClosedBeforeHead),
+                Err(e) if untouched && e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(H1Error::Unanswered);
+                }
+                Err(e) => return Err(H1Error::Io(e)),
+                Ok(_) => {}
             }
         };
         let mut framing = Framing::of(&head)?;
@@ -607,9 +610,12 @@ mod tests {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A worker on loopback that reads one request head and body, then writes `answer` and
-    /// keeps the connection open until the client closes it (or closes it itself when `close`
-    /// is set). Returns a connection to it and the request it saw. How a body arriving in
+    /// The answer [`exchange`] gives by resetting the connection.
+    const RESET: &[u8] = b"(reset)";
+
+    /// A worker on loopback that reads one request head and body, then writes `answer` (or
+    /// resets the connection, for [`RESET`]) and keeps the connection open until the client
+    /// closes it (or closes it itself when `close` is set). Returns a connection to it and the request it saw. How a body arriving in
     /// pieces is read is [`decode`]'s to test, without a socket's timing.
     async fn exchange(
         answer: &'static [u8],
@@ -638,6 +644,11 @@ mod tests {
                 }
             }
             let _ = seen_tx.send(seen);
+            if answer == RESET {
+                // Closed with a zero linger: the kernel sends a reset, not a close.
+                let _ = tcp.set_zero_linger();
+                return;
+            }
             // The client may have given up on a broken answer already.
             let _ = tcp.write_all(answer).await;
             if !close {
@@ -803,6 +814,8 @@ mod tests {
     async fn a_worker_that_closes_early_fails_the_answer() {
         // Before any byte, in the head, in the middle of a length, in the middle of a chunk.
         let (conn, _) = exchange(b"", true).await;
+        assert!(matches!(call(conn).await, Err(H1Error::Unanswered)));
+        let (conn, _) = exchange(RESET, true).await;
         assert!(matches!(call(conn).await, Err(H1Error::Unanswered)));
         let (conn, _) = exchange(b"HTTP/1.1 200 OK\r\ncontent-le", true).await;
         assert!(matches!(call(conn).await, Err(H1Error::ClosedBeforeHead)));
