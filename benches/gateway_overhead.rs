@@ -9,6 +9,8 @@
 //! plain, features-on and ledger columns too, in the same run, for before/after ratios.
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
+//! `GATEWAY_OVERHEAD_BINARY=/path/to/infergate` runs every gateway column on that binary (the
+//! profile-guided build of deploy/pgo/build.sh) instead of the one Cargo built.
 //! `GATEWAY_OVERHEAD_COLUMNS="name;name"` measures only the columns named (their names as printed;
 //! `direct` is always kept), and `GATEWAY_OVERHEAD_STREAMS=0` skips the streaming table: for quick
 //! before/after checks while profiling.
@@ -212,7 +214,10 @@ fn chat_body(load: Load, stream: bool, n: u64) -> Bytes {
 }
 
 async fn run() -> Result<(), BoxError> {
-    let bin = common::infergate_bin();
+    // `GATEWAY_OVERHEAD_BINARY=/path/to/infergate` measures that build (a profile-guided one,
+    // deploy/pgo/build.sh) in every gateway column instead of the one Cargo built.
+    let bin = std::env::var_os("GATEWAY_OVERHEAD_BINARY")
+        .map_or_else(common::infergate_bin, PathBuf::from);
     let upstream = start_upstream().await?;
     let upstream_url = format!("http://{upstream}");
     let dir = TempDir::new("overhead");
@@ -435,6 +440,7 @@ async fn run() -> Result<(), BoxError> {
         "machine: {}; client, upstream and proxy share it",
         common::machine_note()
     );
+    println!("gateway binary: {}", bin.display());
     for (t, s) in targets.iter().zip(plain.iter().chain(&streamed)) {
         if let Some(e) = &s.first_error {
             println!("note: {}: first error: {e}", t.name);
