@@ -36,6 +36,8 @@ cp "$root/config/infergate.yaml" "$dir/config/"
 cp -r "$root/policies" "$dir/policies"
 sed -i '/^  paid:/,/^  [a-z]*:$/{s/requests_per_minute: .*/requests_per_minute: 100000000/;s/tokens_per_minute: .*/tokens_per_minute: 100000000000/;s/max_concurrent: .*/max_concurrent: 100000/}' \
   "$dir/policies/tenants.yaml"
+grep -q 'requests_per_minute: 100000000$' "$dir/policies/tenants.yaml" \
+  || { echo "error: policies/tenants.yaml has no paid tier to raise" >&2; exit 1; }
 INFERGATE_CACHE_DIR="$dir/cache" "$bin" up --config "$dir/config/infergate.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
   > "$dir/up.log" 2>&1 &
 up_pid=$!
@@ -56,7 +58,10 @@ for workload in chat shared-system-prompt; do
   "$bin" bench --url "$url" --api-key "$key" --workload "$workload" --rate 40 \
     --duration "${secs}s" --out "$dir/bench-$workload.json" > "$dir/bench-$workload.log" 2>&1 \
     || { cat "$dir/bench-$workload.log" >&2; exit 1; }
-  echo "bench $workload done"
+  sent="$(grep -o '"requests": *[0-9]*' "$dir/bench-$workload.json" | head -1 | grep -o '[0-9]*$')"
+  ok="$(grep -o '"ok": *[0-9]*' "$dir/bench-$workload.json" | head -1 | grep -o '[0-9]*$')"
+  echo "streaming $workload: $ok of $sent answered 2xx"
+  [ "${sent:-0}" -gt 0 ] && [ "${ok:-0}" -ge $((sent / 2)) ] || { cat "$dir/bench-$workload.log" >&2; exit 1; }
 done
 
 # Non-streaming: a ~6 KB system prompt shared by every request and a question that differs, the
@@ -69,7 +74,7 @@ for i in $(seq 1 "$nonstream"); do
   printf 'url = "%s/v1/chat/completions"\nheader = "authorization: Bearer %s"\nheader = "content-type: application/json"\ndata = "{\\"model\\":\\"llama-3-8b\\",\\"max_tokens\\":4,\\"messages\\":[{\\"role\\":\\"system\\",\\"content\\":\\"%s\\"},{\\"role\\":\\"user\\",\\"content\\":\\"Question %d: which clause covers trip %d?\\"}]}"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\n' \
     "$url" "$key" "$system" "$i" "$((i * 7919 % 100003))" >> "$cfg"
 done
-codes="$(curl -s --parallel --parallel-max 8 -K "$cfg")"
+codes="$(curl -s --no-progress-meter --parallel --parallel-max 8 -K "$cfg")"
 ok="$(printf '%s\n' "$codes" | grep -c '^200$' || true)"
 echo "non-streaming: $ok of $nonstream answered 200"
 # Some 429s are expected (the demo tier's limits); a run that mostly fails trains the wrong path.

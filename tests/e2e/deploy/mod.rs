@@ -3,3 +3,4 @@
 mod deploy_files;
 mod deploy_grafana;
 mod deploy_k8s;
+mod deploy_pgo;
