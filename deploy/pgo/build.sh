@@ -24,12 +24,13 @@ fi
 tool="$(profdata)"
 [ -n "$tool" ] || { echo "error: llvm-profdata not found in $(rustc --print sysroot)" >&2; exit 2; }
 
-rm -rf "$out/profiles"
-mkdir -p "$out/profiles"
 echo "== 1/3 instrumented build"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$out/profiles" \
   cargo build --release --locked -p infergate-cli --target-dir "$out/instrumented" "$@"
 echo "== 2/3 training run"
+# Build scripts and proc macros ran instrumented too: only the training run's profiles count.
+rm -rf "$out/profiles"
+mkdir -p "$out/profiles"
 # %m: one file per binary, merged as processes exit; %p keeps concurrent processes apart.
 LLVM_PROFILE_FILE="$out/profiles/%m_%p.profraw" "$here/train.sh" "$out/instrumented/release/infergate"
 "$tool" merge -o "$out/infergate.profdata" "$out/profiles"

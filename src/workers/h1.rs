@@ -31,6 +31,9 @@ const MAX_CHUNK_LINE: usize = 1024;
 const MAX_TRAILER_BYTES: usize = 64 * 1024;
 /// Most interim (1xx) heads before the answer's own.
 const MAX_INTERIM: usize = 8;
+/// Headers the gateway may add to an answer: `x-request-id`, pool, worker, route, version,
+/// degradation and the six rate-limit headers.
+const GATEWAY_HEADERS: usize = 12;
 /// Room made for each read.
 const READ_ROOM: usize = 16 * 1024;
 /// Body pieces up to this size are copied out, so the read buffer stays the connection's for
@@ -240,7 +243,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     // One copy of the head; the header values are views of it.
     let base = buf.as_ptr() as usize;
     let head = Bytes::copy_from_slice(&buf[..len]);
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    // Room for the headers the gateway adds to the answer (request id, pool, worker, version,
+    // rate limits), so that the map does not grow twice on its way out.
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + GATEWAY_HEADERS);
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| H1Error::Malformed("header name"))?;
