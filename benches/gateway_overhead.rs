@@ -10,7 +10,8 @@
 //! Non-streaming: throughput and p50/p99 latency. Streaming (20 chunks 5 ms apart): the gap between
 //! chunks as the client sees it. Run with `cargo bench --bench gateway_overhead`.
 //! `GATEWAY_OVERHEAD_BINARY=/path/to/infergate` runs every gateway column on that binary (the
-//! profile-guided build of deploy/pgo/build.sh) instead of the one Cargo built.
+//! profile-guided build of deploy/pgo/build.sh) instead of the one Cargo built. Relative paths in
+//! both are from the repository root (Cargo runs the bench in `src/cli`).
 //! `GATEWAY_OVERHEAD_COLUMNS="name;name"` measures only the columns named (their names as printed;
 //! `direct` is always kept), and `GATEWAY_OVERHEAD_STREAMS=0` skips the streaming table: for quick
 //! before/after checks while profiling.
@@ -217,7 +218,7 @@ async fn run() -> Result<(), BoxError> {
     // `GATEWAY_OVERHEAD_BINARY=/path/to/infergate` measures that build (a profile-guided one,
     // deploy/pgo/build.sh) in every gateway column instead of the one Cargo built.
     let bin = std::env::var_os("GATEWAY_OVERHEAD_BINARY")
-        .map_or_else(common::infergate_bin, PathBuf::from);
+        .map_or_else(common::infergate_bin, common::repo_path);
     let upstream = start_upstream().await?;
     let upstream_url = format!("http://{upstream}");
     let dir = TempDir::new("overhead");
@@ -273,8 +274,14 @@ async fn run() -> Result<(), BoxError> {
                 Load::Tiny,
             ),
         ] {
-            let gw =
-                start_build(Path::new(&other), "-baseline", &dir, &upstream_url, variant).await?;
+            let gw = start_build(
+                &common::repo_path(other.clone()),
+                "-baseline",
+                &dir,
+                &upstream_url,
+                variant,
+            )
+            .await?;
             targets.push(Target {
                 name,
                 url: gw.url.clone(),

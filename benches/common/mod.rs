@@ -35,6 +35,12 @@ pub fn infergate_bin() -> PathBuf {
     path
 }
 
+/// `path` as given, or under the repository root when relative (Cargo runs benches in their
+/// package's directory, not where the command was typed).
+pub fn repo_path(path: std::ffi::OsString) -> PathBuf {
+    Path::new(kit::REPO).join(path)
+}
+
 /// A scratch directory (the kit's, removed on drop); `.0` is its path.
 pub struct TempDir(pub PathBuf, kit::TempDir);
 
