@@ -8,13 +8,17 @@
 # SIGTERM, so each process writes its profile.
 #   deploy/pgo/train.sh path/to/instrumented/infergate
 # NONSTREAM=N sets the number of non-streaming requests (default 3000), BENCH_SECONDS each
-# streaming workload's run (default 15).
+# streaming workload's run (default 15), BENCH_RATE its arrivals a second (default 40) and
+# PARALLEL the non-streaming requests in flight (default 8): the e2e test runs it small, beside
+# other tests.
 set -euo pipefail
 bin="$1"
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 nonstream="${NONSTREAM:-3000}"
 secs="${BENCH_SECONDS:-15}"
+rate="${BENCH_RATE:-40}"
+parallel="${PARALLEL:-8}"
 command -v curl >/dev/null || { echo "error: curl is needed for the training run" >&2; exit 2; }
 dir="$(mktemp -d)"
 up_pid=""
@@ -55,7 +59,7 @@ echo "training against $url"
 # Streaming: shipped workloads (shared system prompts, per-tenant traffic), in the binary's own
 # load driver.
 for workload in chat shared-system-prompt; do
-  "$bin" bench --url "$url" --api-key "$key" --workload "$workload" --rate 40 \
+  "$bin" bench --url "$url" --api-key "$key" --workload "$workload" --rate "$rate" \
     --duration "${secs}s" --out "$dir/bench-$workload.json" > "$dir/bench-$workload.log" 2>&1 \
     || { cat "$dir/bench-$workload.log" >&2; exit 1; }
   sent="$(grep -o '"requests": *[0-9]*' "$dir/bench-$workload.json" | head -1 | grep -o '[0-9]*$')"
@@ -74,7 +78,7 @@ for i in $(seq 1 "$nonstream"); do
   printf 'url = "%s/v1/chat/completions"\nheader = "authorization: Bearer %s"\nheader = "content-type: application/json"\ndata = "{\\"model\\":\\"llama-3-8b\\",\\"max_tokens\\":4,\\"messages\\":[{\\"role\\":\\"system\\",\\"content\\":\\"%s\\"},{\\"role\\":\\"user\\",\\"content\\":\\"Question %d: which clause covers trip %d?\\"}]}"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\n' \
     "$url" "$key" "$system" "$i" "$((i * 7919 % 100003))" >> "$cfg"
 done
-codes="$(curl -s --no-progress-meter --parallel --parallel-max 8 -K "$cfg")"
+codes="$(curl -s --no-progress-meter --parallel --parallel-max "$parallel" -K "$cfg")"
 ok="$(printf '%s\n' "$codes" | grep -c '^200$' || true)"
 echo "non-streaming: $ok of $nonstream answered 200"
 # Some 429s are expected (the demo tier's limits); a run that mostly fails trains the wrong path.
