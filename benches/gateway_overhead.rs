@@ -215,8 +215,6 @@ fn chat_body(load: Load, stream: bool, n: u64) -> Bytes {
 }
 
 async fn run() -> Result<(), BoxError> {
-    // `GATEWAY_OVERHEAD_BINARY=/path/to/infergate` measures that build (a profile-guided one,
-    // deploy/pgo/build.sh) in every gateway column instead of the one Cargo built.
     let bin = std::env::var_os("GATEWAY_OVERHEAD_BINARY")
         .map_or_else(common::infergate_bin, common::repo_path);
     let upstream = start_upstream().await?;

@@ -620,8 +620,9 @@ mod tests {
 
     /// A worker on loopback that reads one request head and body, then writes `answer` (or
     /// resets the connection, for [`RESET`]) and keeps the connection open until the client
-    /// closes it (or closes it itself when `close` is set). Returns a connection to it and the request it saw. How a body arriving in
-    /// pieces is read is [`decode`]'s to test, without a socket's timing.
+    /// closes it (or closes it itself when `close` is set). Returns a connection to it and the
+    /// request it saw. How a body arriving in pieces is read is [`decode`]'s to test, without a
+    /// socket's timing.
     async fn exchange(
         answer: &'static [u8],
         close: bool,
